@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Installs everything the project needs on a fresh Debian machine (apt + pip), idempotent.
+set -euo pipefail
+cd "$(dirname "$0")"
+SUDO=""
+[ "$(id -u)" = 0 ] || SUDO=sudo
+APT_PACKAGES=(
+  libosmesa6 libegl1 libgl1   # headless MuJoCo rendering (EGL / OSMesa)
+)
+missing=()
+for p in "${APT_PACKAGES[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
+if [ ${#missing[@]} -gt 0 ]; then
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+python3 -m pip install -q -e ".[test]"

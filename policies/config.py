@@ -1,0 +1,117 @@
+"""Run configuration: typed schemas for Hydra, composition from ``policies/config/`` YAML,
+and the clear one-line errors a user gets for a bad task name or override."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+from hydra import compose, initialize_config_dir
+from hydra.core.config_store import ConfigStore
+from hydra.errors import HydraException
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from sim.crazyflie.hover import QuadTaskConfig
+from sim.registry import TASKS
+
+from .ppo import PPOConfig
+from .sac import SACConfig
+
+CONFIG_DIR = Path(__file__).parent / "config"
+ALGOS = {"ppo": PPOConfig, "sac": SACConfig}
+
+
+@dataclass
+class RunConfig:
+    """Top-level run settings (``python -m policies.train key=value ...``)."""
+
+    task: Any = None  # task group: task/<name>.yaml
+    algo: Any = None  # algorithm group: algo/<name>.yaml
+    seed: int = 0
+    device: str = "cpu"  # torch device for simulation and learning, e.g. cuda
+    threads: int = 2  # torch CPU threads
+    run_dir: Optional[str] = None  # default runs/<task>/<algo>_seed<seed>_<time>
+    resume: Optional[str] = None  # run directory to continue from its last checkpoint
+    max_env_steps: int = 200_000_000  # budget in environment steps (all envs together)
+    max_seconds: float = 1800.0  # wall-clock budget
+    eval_every_steps: int = 1_000_000  # evaluate (hover criterion) and checkpoint this often
+    eval_episodes: int = 100
+    stop_at_success: float = 0.95  # stop at the first evaluation with this success rate (0: never)
+    checkpoint_every_seconds: float = 30.0  # also checkpoint this often between evaluations
+    progress: bool = True  # progress bar
+
+
+# Keys a resumed run may change: budgets and presentation, never what is learned.
+RESUMABLE_OVERRIDES = {"max_env_steps", "max_seconds", "progress", "resume", "threads"}
+
+
+class UserError(Exception):
+    """A mistake the user can fix; printed as one line, no traceback."""
+
+
+def _register_schemas() -> None:
+    cs = ConfigStore.instance()
+    cs.store(name="run_schema", node=RunConfig)
+    cs.store(group="task", name="quad_task_schema", node=QuadTaskConfig)
+    for name, schema in ALGOS.items():
+        cs.store(group="algo", name=f"{name}_schema", node=schema)
+
+
+_register_schemas()
+
+
+def compose_config(overrides: list[str]) -> DictConfig:
+    """Compose the run config from YAML + command-line overrides, validated against the schemas."""
+    for o in overrides:
+        key, _, value = o.partition("=")
+        if key == "task" and value not in TASKS:
+            raise UserError(f"unknown task '{value}'. Valid tasks: {', '.join(sorted(TASKS))}")
+        if key == "algo" and value not in ALGOS:
+            raise UserError(f"unknown algo '{value}'. Valid algos: {', '.join(sorted(ALGOS))}")
+        if "=" not in o:
+            raise UserError(f"override '{o}' is not of the form key=value")
+    try:
+        with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
+            cfg = compose("config", overrides=overrides)
+    except (HydraException, OmegaConfBaseException) as e:
+        raise UserError(f"bad override: {_first_lines(e)}") from None
+    return cfg
+
+
+def _first_lines(e: Exception) -> str:
+    msgs = []
+    while e is not None:
+        text = " ".join(line.strip() for line in str(e).splitlines() if line.strip() and "full_key" not in line
+                        and "object_type" not in line and "reference_type" not in line)
+        if text and text not in msgs:
+            msgs.append(text)
+        e = e.__cause__
+    return ": ".join(msgs)
+
+
+def to_objects(cfg: DictConfig) -> tuple[QuadTaskConfig, Any]:
+    """Typed task and algorithm config objects from a composed config."""
+    return OmegaConf.to_object(cfg.task), OmegaConf.to_object(cfg.algo)
+
+
+def config_hash(cfg: DictConfig) -> str:
+    """Hash of everything that affects learning (budgets and paths excluded)."""
+    d = OmegaConf.to_container(cfg, resolve=True)
+    for k in RESUMABLE_OVERRIDES | {"run_dir", "eval_every_steps", "eval_episodes", "stop_at_success",
+                                    "checkpoint_every_seconds"}:
+        d.pop(k, None)
+    return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def diff_keys(a: Any, b: Any, prefix: str = "") -> list[str]:
+    """Dotted keys whose values differ between two plain containers."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        out = []
+        for k in sorted(set(a) | set(b)):
+            out += diff_keys(a.get(k), b.get(k), f"{prefix}{k}.")
+        return out
+    return [] if a == b else [prefix.rstrip(".")]

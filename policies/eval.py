@@ -1,0 +1,104 @@
+"""Evaluate a trained run: ``python -m policies.eval <run_dir> [backend=torch|mujoco|pybullet]
+[episodes=100] [video=true] [plot=true] [seed=12345]``.
+
+Prints the hover criterion's success rate and errors, writes eval_<backend>.json, a plot of
+position error over time (PNG) and optionally an MP4/GIF of a few episodes rendered
+offscreen with MuJoCo, all into the run directory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+from omegaconf import OmegaConf
+
+from . import checkpoint as ckpt
+from .config import UserError, to_objects
+from .evaluate import MEAN_ERROR_LAST_2S, EvalResult, evaluate_hover
+
+OPTIONS = {"backend": str, "episodes": int, "video": bool, "plot": bool, "seed": int, "device": str}
+DEFAULTS = {"backend": "torch", "episodes": 100, "video": False, "plot": True, "seed": 12345, "device": "cpu"}
+
+
+def parse(argv: list[str]) -> tuple[Path, dict]:
+    if not argv or "=" in argv[0]:
+        raise UserError("usage: python -m policies.eval <run_dir> [backend=torch|mujoco|pybullet] [episodes=N] "
+                        "[video=true] [plot=true] [seed=N]")
+    opts = dict(DEFAULTS)
+    for a in argv[1:]:
+        k, _, v = a.partition("=")
+        if k not in OPTIONS or not _:
+            raise UserError(f"unknown option '{a}': expected key=value with key in {', '.join(OPTIONS)}")
+        try:
+            opts[k] = {"true": True, "false": False}[v.lower()] if OPTIONS[k] is bool else OPTIONS[k](v)
+        except (KeyError, ValueError):
+            raise UserError(f"option {k}={v}: expected a value of type {OPTIONS[k].__name__}") from None
+    if opts["backend"] not in ("torch", "mujoco", "pybullet"):
+        raise UserError(f"backend={opts['backend']}: expected one of torch, mujoco, pybullet")
+    return Path(argv[0]), opts
+
+
+def plot_errors(res: EvalResult, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    t = np.arange(res.position_error.shape[0]) * 0.01
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot(t, res.position_error * 100, color="tab:blue", alpha=0.15, lw=0.8)
+    ax.plot(t, np.nanmedian(res.position_error, axis=1) * 100, color="k", lw=2, label="median")
+    ax.axhline(MEAN_ERROR_LAST_2S * 100, color="tab:red", ls="--", label="5 cm (last-2 s mean bound)")
+    ax.axvspan(3.0, 5.0, color="tab:green", alpha=0.08, label="criterion window")
+    ax.set(xlabel="time [s]", ylabel="position error [cm]", yscale="log",
+           title=f"{res.backend}: success {res.success_rate * 100:.0f}% of {res.episodes}")
+    ax.legend(loc="upper right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        run_dir, o = parse(argv)
+        actor, rec = ckpt.load_policy(run_dir, o["device"])
+    except (UserError, ckpt.CheckpointError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    task_cfg, _ = to_objects(OmegaConf.create(rec["config"]))
+    frames: list[np.ndarray] = []
+    cb = None
+    if o["video"]:
+        if o["backend"] != "mujoco":
+            print("note: video is rendered with MuJoCo; use backend=mujoco to record one", file=sys.stderr)
+        else:
+            os.environ.setdefault("MUJOCO_GL", "egl")
+
+            def cb(env, t):
+                if t % 3 == 0:  # 33 fps
+                    frames.append(np.concatenate(env.backend.render([0, 1, 2], 160, 120), axis=1))
+
+    res = evaluate_hover(actor, task_cfg, o["episodes"], o["backend"], o["seed"], o["device"], frames_cb=cb)
+    print(res.summary())
+    (run_dir / f"eval_{o['backend']}.json").write_text(json.dumps(res.as_dict(), indent=2))
+    if o["plot"]:
+        plot_errors(res, run_dir / f"eval_{o['backend']}_error.png")
+        print(f"plot: {run_dir / ('eval_' + o['backend'] + '_error.png')}")
+    if frames:
+        import imageio.v2 as imageio
+
+        path = run_dir / "eval_mujoco.gif"
+        imageio.mimsave(path, frames, duration=0.03)
+        print(f"video: {path}")
+    return 0 if res.success_rate >= 0.95 else 1
+
+
+if __name__ == "__main__":
+    with torch.no_grad():
+        sys.exit(main())

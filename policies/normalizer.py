@@ -1,0 +1,36 @@
+"""Running mean/std normalisation of observations or value targets (exported with the actor)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class RunningNorm(nn.Module):
+    """Tracks per-feature mean and variance of everything passed to :meth:`update`
+    (parallel Welford / Chan et al. merge) and normalises with them, clipped to +-clip."""
+
+    def __init__(self, dim: int, clip: float = 10.0, eps: float = 1e-4):
+        super().__init__()
+        self.clip, self.eps = clip, eps
+        self.register_buffer("mean", torch.zeros(dim))
+        self.register_buffer("var", torch.ones(dim))
+        self.register_buffer("count", torch.tensor(eps, dtype=torch.float64))
+
+    @torch.no_grad()
+    def update(self, x: torch.Tensor) -> None:
+        x = x.reshape(-1, self.mean.numel())
+        n = x.shape[0]
+        batch_mean, batch_var = x.mean(0), x.var(0, unbiased=False)
+        total = self.count + n
+        delta = batch_mean - self.mean
+        self.mean += (delta * (n / total)).float()
+        m2 = self.var * self.count + batch_var * n + delta.square() * (self.count * n / total)
+        self.var.copy_((m2 / total).float())
+        self.count.copy_(total)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return ((x - self.mean) / torch.sqrt(self.var + self.eps)).clamp(-self.clip, self.clip)
+
+    def denormalize(self, y: torch.Tensor) -> torch.Tensor:
+        return y * torch.sqrt(self.var + self.eps) + self.mean

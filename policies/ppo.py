@@ -1,0 +1,165 @@
+"""PPO with an asymmetric actor-critic: the actor sees the 22-float policy observation,
+the critic also sees the privileged simulator state.
+
+One iteration = ``horizon`` steps of every environment, then ``epochs`` passes of clipped
+PPO over ``minibatches`` shuffled minibatches. Time-limit truncations are bootstrapped with
+the critic's value of the final observation; non-finite transitions are masked out.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from .networks import Actor, Critic, squashed_log_prob
+from .normalizer import RunningNorm
+
+
+@dataclass
+class PPOConfig:
+    name: str = "ppo"
+    num_envs: int = 4096  # parallel environments
+    horizon: int = 16  # steps per environment per iteration
+    epochs: int = 4  # optimisation passes over each batch
+    minibatches: int = 4
+    gamma: float = 0.99
+    gae_lambda: float = 0.95
+    clip: float = 0.2  # policy ratio clip
+    lr: float = 1e-3
+    desired_kl: float = 0.01  # adaptive learning rate target (0 disables)
+    entropy_coef: float = 0.0
+    value_coef: float = 1.0
+    max_grad_norm: float = 1.0
+    init_log_std: float = -1.0  # initial exploration std exp(-1) ~ 0.37 in pre-tanh units
+    actor_hidden: list[int] = field(default_factory=lambda: [32, 32])
+    critic_hidden: list[int] = field(default_factory=lambda: [128, 128])
+    activation: str = "tanh"
+
+
+class PPO:
+    def __init__(self, cfg: PPOConfig, env, device: torch.device, seed: int):
+        self.cfg, self.env, self.device = cfg, env, device
+        torch.manual_seed(seed)
+        obs_dim = env.single_observation_space["policy"].shape[0]
+        critic_dim = env.single_observation_space["critic"].shape[0]
+        act_dim = env.single_action_space.shape[0]
+        self.actor = Actor(obs_dim, act_dim, cfg.actor_hidden, cfg.activation, env.hover_action, cfg.init_log_std).to(device)
+        self.critic = Critic(critic_dim, cfg.critic_hidden, cfg.activation).to(device)
+        self.value_norm = RunningNorm(1).to(device)
+        self.opt = torch.optim.Adam([*self.actor.parameters(), *self.critic.parameters()], lr=cfg.lr)
+        self.lr = cfg.lr
+        self.gen = torch.Generator(device=device)
+        self.gen.manual_seed(seed + 1)
+        self.obs, _ = env.reset(seed=seed)
+
+    def value(self, critic_obs: torch.Tensor) -> torch.Tensor:
+        return self.value_norm.denormalize(self.critic(critic_obs)[:, None])[:, 0]
+
+    @torch.no_grad()
+    def rollout(self) -> dict[str, torch.Tensor]:
+        c, env = self.cfg, self.env
+        T, N = c.horizon, env.num_envs
+        buf = {k: [] for k in ("obs", "critic", "u", "logp", "value", "reward", "done", "valid")}
+        episode_returns = []
+        for _ in range(T):
+            obs, critic_obs = self.obs["policy"], self.obs["critic"]
+            self.actor.obs_norm.update(obs)
+            self.critic.obs_norm.update(critic_obs)
+            mu, log_std = self.actor.dist_params(obs)
+            u = mu + log_std.exp() * torch.randn(mu.shape, generator=self.gen, device=self.device)
+            logp = squashed_log_prob(u, mu, log_std)
+            value = self.value(critic_obs)
+            self.obs, reward, term, trunc, info = env.step(torch.tanh(u))
+            valid = ~info["nonfinite"] if "nonfinite" in info else torch.ones(N, dtype=torch.bool, device=self.device)
+            if trunc.any():
+                # Time limit is not a terminal state: bootstrap with V(final observation).
+                reward = reward + c.gamma * trunc.float() * self.value(info["final_obs"]["critic"])
+            for k, v in zip(buf, (obs, critic_obs, u, logp, value, reward, term | trunc, valid)):
+                buf[k].append(v)
+        batch = {k: torch.stack(v) for k, v in buf.items()}  # [T, N, ...]
+        last_value = self.value(self.obs["critic"])
+
+        # Generalised advantage estimation, backwards in time.
+        adv = torch.zeros_like(batch["reward"])
+        gae = torch.zeros(N, device=self.device)
+        for t in reversed(range(T)):
+            next_value = last_value if t == T - 1 else batch["value"][t + 1]
+            not_done = 1.0 - batch["done"][t].float()
+            delta = batch["reward"][t] + c.gamma * next_value * not_done - batch["value"][t]
+            gae = delta + c.gamma * c.gae_lambda * not_done * gae
+            adv[t] = gae
+        batch["adv"] = adv
+        batch["ret"] = adv + batch["value"]
+        return {k: v.flatten(0, 1) for k, v in batch.items()}
+
+    def update(self, b: dict[str, torch.Tensor]) -> dict[str, float]:
+        c = self.cfg
+        valid = b["valid"]
+        b = {k: v[valid] for k, v in b.items()}
+        self.value_norm.update(b["ret"][:, None])
+        ret_n = (b["ret"][:, None] - self.value_norm.mean) / torch.sqrt(self.value_norm.var + self.value_norm.eps)
+        ret_n = ret_n[:, 0]
+        adv = (b["adv"] - b["adv"].mean()) / (b["adv"].std() + 1e-8)
+        n = adv.shape[0]
+        mb = n // c.minibatches
+        stats = {"policy_loss": 0.0, "value_loss": 0.0, "kl": 0.0, "entropy": 0.0}
+        updates = 0
+        for _ in range(c.epochs):
+            perm = torch.randperm(n, generator=self.gen, device=self.device)
+            for i in range(c.minibatches):
+                idx = perm[i * mb:(i + 1) * mb]
+                mu, log_std = self.actor.dist_params(b["obs"][idx])
+                logp = squashed_log_prob(b["u"][idx], mu, log_std)
+                log_ratio = logp - b["logp"][idx]
+                ratio = log_ratio.exp()
+                a = adv[idx]
+                policy_loss = -torch.min(ratio * a, ratio.clamp(1 - c.clip, 1 + c.clip) * a).mean()
+                value_loss = (self.critic(b["critic"][idx]) - ret_n[idx]).square().mean()
+                entropy = log_std.sum(-1).mean()  # Gaussian entropy up to a constant
+                loss = policy_loss + c.value_coef * value_loss - c.entropy_coef * entropy
+                self.opt.zero_grad(set_to_none=True)
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_([*self.actor.parameters(), *self.critic.parameters()], c.max_grad_norm)
+                self.opt.step()
+                with torch.no_grad():
+                    kl = ((ratio - 1) - log_ratio).mean().item()
+                if c.desired_kl > 0:  # adaptive step size, as in rsl_rl / legged_gym
+                    if kl > 2 * c.desired_kl:
+                        self.lr = max(self.lr / 1.5, 1e-5)
+                    elif kl < c.desired_kl / 2:
+                        self.lr = min(self.lr * 1.5, 1e-2)
+                    for g in self.opt.param_groups:
+                        g["lr"] = self.lr
+                stats["policy_loss"] += policy_loss.item()
+                stats["value_loss"] += value_loss.item()
+                stats["kl"] += kl
+                stats["entropy"] += entropy.item()
+                updates += 1
+        out = {k: v / updates for k, v in stats.items()}
+        out["lr"] = self.lr
+        out["action_std"] = self.actor.log_std.exp().mean().item()
+        return out
+
+    def train_iteration(self) -> dict[str, float]:
+        """Collect one batch and learn from it; returns scalar metrics for logging."""
+        batch = self.rollout()
+        metrics = self.update(batch)
+        metrics["reward"] = batch["reward"].mean().item()
+        return metrics
+
+    def state_dict(self) -> dict:
+        return {
+            "actor": self.actor.state_dict(), "critic": self.critic.state_dict(),
+            "value_norm": self.value_norm.state_dict(), "opt": self.opt.state_dict(), "lr": self.lr,
+            "gen": self.gen.get_state(), "obs": self.obs,
+        }
+
+    def load_state_dict(self, d: dict) -> None:
+        self.actor.load_state_dict(d["actor"])
+        self.critic.load_state_dict(d["critic"])
+        self.value_norm.load_state_dict(d["value_norm"])
+        self.opt.load_state_dict(d["opt"])
+        self.lr = d["lr"]
+        self.gen.set_state(d["gen"])
+        self.obs = d["obs"]

@@ -1,0 +1,141 @@
+"""Soft actor-critic with automatic temperature and an asymmetric critic: the actor sees the
+22-float policy observation, the twin Q-functions see the privileged critic observation
+and the action. Many environments step in parallel; each iteration adds one transition per
+environment and takes ``updates_per_iteration`` gradient steps.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+
+import torch
+
+from .networks import Actor, Critic, squashed_log_prob
+from .replay import ReplayBuffer
+
+
+@dataclass
+class SACConfig:
+    name: str = "sac"
+    num_envs: int = 64
+    buffer_size: int = 1_000_000
+    batch_size: int = 1024
+    updates_per_iteration: int = 4  # gradient steps per parallel env step (UTD = this / num_envs)
+    warmup_steps: int = 10_000  # env steps with the initial (near-hover) policy before updating
+    gamma: float = 0.99
+    tau: float = 0.005  # target network Polyak rate
+    actor_lr: float = 1e-3
+    critic_lr: float = 1e-3
+    alpha_lr: float = 1e-3
+    init_alpha: float = 0.1
+    target_entropy_per_dim: float = -1.0
+    actor_hidden: list[int] = field(default_factory=lambda: [32, 32])
+    critic_hidden: list[int] = field(default_factory=lambda: [128, 128])
+    activation: str = "relu"
+
+
+class SAC:
+    def __init__(self, cfg: SACConfig, env, device: torch.device, seed: int):
+        self.cfg, self.env, self.device = cfg, env, device
+        torch.manual_seed(seed)
+        obs_dim = env.single_observation_space["policy"].shape[0]
+        critic_dim = env.single_observation_space["critic"].shape[0]
+        self.act_dim = act_dim = env.single_action_space.shape[0]
+        self.actor = Actor(obs_dim, act_dim, cfg.actor_hidden, "tanh", env.hover_action, -1.0,
+                           state_dependent_std=True).to(device)
+        self.q = Critic(critic_dim + act_dim, cfg.critic_hidden, cfg.activation, num_outputs=2).to(device)
+        self.q_target = copy.deepcopy(self.q)
+        self.log_alpha = torch.tensor(float(torch.tensor(cfg.init_alpha).log()), device=device, requires_grad=True)
+        self.actor_opt = torch.optim.Adam(self.actor.parameters(), lr=cfg.actor_lr)
+        self.q_opt = torch.optim.Adam(self.q.parameters(), lr=cfg.critic_lr)
+        self.alpha_opt = torch.optim.Adam([self.log_alpha], lr=cfg.alpha_lr)
+        self.buffer = ReplayBuffer(cfg.buffer_size, {"obs": (obs_dim,), "critic": (critic_dim,), "action": (act_dim,),
+                                                     "reward": (), "next_obs": (obs_dim,), "next_critic": (critic_dim,),
+                                                     "done": ()}, device)
+        self.gen = torch.Generator(device=device)
+        self.gen.manual_seed(seed + 1)
+        self.obs, _ = env.reset(seed=seed)
+
+    def _sample(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        mu, log_std = self.actor.dist_params(obs)
+        u = mu + log_std.exp() * torch.randn(mu.shape, generator=self.gen, device=self.device)
+        return torch.tanh(u), squashed_log_prob(u, mu, log_std)
+
+    def _q(self, net, critic_obs, action) -> torch.Tensor:
+        return net(torch.cat((critic_obs, action), dim=-1))  # [B, 2]
+
+    @torch.no_grad()
+    def collect(self) -> torch.Tensor:
+        obs = self.obs
+        self.actor.obs_norm.update(obs["policy"])
+        self.q.obs_norm.update(torch.cat((obs["critic"], torch.zeros(obs["critic"].shape[0], self.act_dim, device=self.device)), -1))
+        action, _ = self._sample(obs["policy"])
+        self.obs, reward, term, trunc, info = self.env.step(action)
+        nxt = {k: v.clone() for k, v in self.obs.items()}
+        if "final_obs" in info:  # same-step autoreset: learn from the observation that ended the episode
+            m = info["done_mask"][:, None]
+            nxt = {k: torch.where(m, info["final_obs"][k], nxt[k]) for k in nxt}
+        keep = ~info["nonfinite"] if "nonfinite" in info else torch.ones_like(term)
+        self.buffer.add(obs=obs["policy"][keep], critic=obs["critic"][keep], action=action[keep], reward=reward[keep],
+                        next_obs=nxt["policy"][keep], next_critic=nxt["critic"][keep], done=term[keep].float())
+        return reward
+
+    def update(self) -> dict[str, float]:
+        c = self.cfg
+        b = self.buffer.sample(c.batch_size, self.gen)
+        alpha = self.log_alpha.exp().detach()
+        with torch.no_grad():
+            a2, logp2 = self._sample(b["next_obs"])
+            q_next = self._q(self.q_target, b["next_critic"], a2).min(-1).values - alpha * logp2
+            target = b["reward"] + c.gamma * (1 - b["done"]) * q_next
+        q = self._q(self.q, b["critic"], b["action"])
+        q_loss = (q - target[:, None]).square().mean()
+        self.q_opt.zero_grad(set_to_none=True)
+        q_loss.backward()
+        self.q_opt.step()
+
+        a, logp = self._sample(b["obs"])
+        actor_loss = (alpha * logp - self._q(self.q, b["critic"], a).min(-1).values).mean()
+        self.actor_opt.zero_grad(set_to_none=True)
+        actor_loss.backward()
+        self.actor_opt.step()
+
+        alpha_loss = -(self.log_alpha * (logp.detach() + c.target_entropy_per_dim * self.act_dim)).mean()
+        self.alpha_opt.zero_grad(set_to_none=True)
+        alpha_loss.backward()
+        self.alpha_opt.step()
+
+        with torch.no_grad():
+            for p, pt in zip(self.q.parameters(), self.q_target.parameters()):
+                pt.lerp_(p, c.tau)
+        return {"q_loss": q_loss.item(), "actor_loss": actor_loss.item(), "alpha": alpha.item()}
+
+    def train_iteration(self) -> dict[str, float]:
+        reward = self.collect()
+        metrics = {"reward": reward.mean().item()}
+        if self.env.total_steps >= self.cfg.warmup_steps:
+            for _ in range(self.cfg.updates_per_iteration):
+                metrics.update(self.update())
+        return metrics
+
+    def state_dict(self) -> dict:
+        return {
+            "actor": self.actor.state_dict(), "q": self.q.state_dict(), "q_target": self.q_target.state_dict(),
+            "log_alpha": self.log_alpha.detach().clone(), "actor_opt": self.actor_opt.state_dict(),
+            "q_opt": self.q_opt.state_dict(), "alpha_opt": self.alpha_opt.state_dict(),
+            "buffer": self.buffer.state_dict(), "gen": self.gen.get_state(), "obs": self.obs,
+        }
+
+    def load_state_dict(self, d: dict) -> None:
+        self.actor.load_state_dict(d["actor"])
+        self.q.load_state_dict(d["q"])
+        self.q_target.load_state_dict(d["q_target"])
+        with torch.no_grad():
+            self.log_alpha.copy_(d["log_alpha"])
+        self.actor_opt.load_state_dict(d["actor_opt"])
+        self.q_opt.load_state_dict(d["q_opt"])
+        self.alpha_opt.load_state_dict(d["alpha_opt"])
+        self.buffer.load_state_dict(d["buffer"])
+        self.gen.set_state(d["gen"])
+        self.obs = d["obs"]

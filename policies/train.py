@@ -1,0 +1,178 @@
+"""Training entry point: ``python -m policies.train task=quad_hover [algo=ppo seed=0 device=cpu ...]``.
+
+A run directory holds the resolved config (config.yaml), checkpoints/ (last.pt for resume,
+best.pt for eval/export), TensorBoard logs (tb/) and results.json. The loop is algorithm
+agnostic: an algorithm exposes train_iteration(), actor, state_dict() and load_state_dict().
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from datetime import datetime
+from pathlib import Path
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+from torch.utils.tensorboard import SummaryWriter
+from tqdm import tqdm
+
+from sim.registry import get_task
+
+from . import checkpoint as ckpt
+from .config import RESUMABLE_OVERRIDES, UserError, compose_config, config_hash, diff_keys, to_objects
+from .evaluate import evaluate_hover
+
+T_START = time.time()
+
+
+def make_algo(name: str, algo_cfg, env, device: torch.device, seed: int):
+    if name == "ppo":
+        from .ppo import PPO
+
+        return PPO(algo_cfg, env, device, seed)
+    if name == "sac":
+        from .sac import SAC
+
+        return SAC(algo_cfg, env, device, seed)
+    raise UserError(f"unknown algo '{name}'")
+
+
+def prepare(argv: list[str]) -> tuple[DictConfig, Path, dict | None]:
+    """Resolve config, run directory and (when resuming) the checkpoint to continue from."""
+    resume = next((a.split("=", 1)[1] for a in argv if a.startswith("resume=")), None)
+    if resume is None:
+        cfg = compose_config(argv)
+        run_dir = Path(cfg.run_dir or f"runs/{cfg.task.name}/{cfg.algo.name}_seed{cfg.seed}_{datetime.now():%Y%m%d-%H%M%S}")
+        if (run_dir / ckpt.LAST).exists():
+            raise UserError(f"{run_dir} already holds a run; continue it with resume={run_dir} or pick another run_dir")
+        cfg.run_dir = str(run_dir)
+        return cfg, run_dir, None
+
+    run_dir = Path(resume)
+    saved_path = run_dir / "config.yaml"
+    if not saved_path.is_file():
+        raise UserError(f"resume={resume}: no config.yaml there; expected a run directory made by policies.train")
+    saved = OmegaConf.load(saved_path)
+    # Re-compose from the saved choices plus the new overrides, then allow only budget changes.
+    base = [f"task={saved.task.name}", f"algo={saved.algo.name}"]
+    cfg = compose_config(base + [a for a in argv if not a.startswith("resume=")])
+    cfg.run_dir, cfg.resume = saved.run_dir, None
+    new, old = OmegaConf.to_container(cfg), OmegaConf.to_container(saved)
+    for k in RESUMABLE_OVERRIDES:
+        old[k] = new[k]
+    explicit = {a.split("=", 1)[0].lstrip("+") for a in argv}
+    bad = [k for k in diff_keys(new, old) if k in explicit or k.split(".")[0] in explicit]
+    if bad:
+        raise UserError(f"resume={resume}: cannot change {', '.join(bad)} of an existing run "
+                        f"(only {', '.join(sorted(RESUMABLE_OVERRIDES - {'resume'}))} may change)")
+    merged = OmegaConf.merge(saved, {k: cfg[k] for k in RESUMABLE_OVERRIDES if k != "resume"})
+    try:
+        state = ckpt.load(run_dir / ckpt.LAST, merged.device)
+    except ckpt.CheckpointError as e:
+        raise UserError(str(e)) from None
+    if state.get("config_hash") != config_hash(merged):
+        raise UserError(f"resume={resume}: checkpoint was written by a different config than {saved_path}")
+    return merged, run_dir, state
+
+
+def run(cfg: DictConfig, run_dir: Path, resume_state: dict | None) -> dict:
+    task_cfg, algo_cfg = to_objects(cfg)
+    device = torch.device(cfg.device)
+    torch.set_num_threads(cfg.threads)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if resume_state is None:
+        OmegaConf.save(cfg, run_dir / "config.yaml")
+
+    spec = get_task(task_cfg.name)
+    env = spec.env_cls(task_cfg, algo_cfg.num_envs, device=device, seed=cfg.seed)
+    algo = make_algo(algo_cfg.name, algo_cfg, env, device, cfg.seed)
+    tr = {"iteration": 0, "env_steps": 0, "seconds": 0.0, "next_eval": cfg.eval_every_steps,
+          "best_success": -1.0, "evals": [], "time_to_success": None}
+    if resume_state is not None:
+        algo.load_state_dict(resume_state["algo"])
+        env.load_state_dict(resume_state["env"])
+        torch.set_rng_state(resume_state["torch_rng"])
+        tr = resume_state["trainer"]
+    writer = SummaryWriter(str(run_dir / "tb"), purge_step=tr["iteration"] or None)
+    if resume_state is None:
+        writer.add_text("config", f"```\n{OmegaConf.to_yaml(cfg)}\n```")
+
+    def save_last():
+        ckpt.save_atomic({"algo": algo.state_dict(), "env": env.state_dict(), "torch_rng": torch.get_rng_state(),
+                          "trainer": tr, "config_hash": config_hash(cfg)}, run_dir / ckpt.LAST)
+
+    bar = tqdm(total=cfg.max_env_steps, initial=tr["env_steps"], unit="step", unit_scale=True,
+               disable=not cfg.progress, dynamic_ncols=True, desc=f"{task_cfg.name}/{algo_cfg.name}")
+    t_session = time.time()
+    seconds_before = tr["seconds"]
+    last_ckpt = time.time()
+    success = tr["evals"][-1]["success_rate"] if tr["evals"] else float("nan")
+    stop = False
+    while not stop:
+        t0 = time.time()
+        metrics = algo.train_iteration()
+        steps = env.total_steps - tr["env_steps"]
+        tr["env_steps"] = env.total_steps
+        tr["iteration"] += 1
+        tr["seconds"] = seconds_before + time.time() - t_session
+        sps = steps / max(time.time() - t0, 1e-9)
+        for k, v in metrics.items():
+            writer.add_scalar(f"train/{k}", v, tr["env_steps"])
+        writer.add_scalar("perf/steps_per_second", sps, tr["env_steps"])
+        writer.add_scalar("train/curriculum", env.curriculum(), tr["env_steps"])
+        writer.add_scalar("train/nonfinite_resets", env.nonfinite_resets, tr["env_steps"])
+
+        out_of_budget = tr["env_steps"] >= cfg.max_env_steps or tr["seconds"] >= cfg.max_seconds
+        if tr["env_steps"] >= tr["next_eval"] or out_of_budget:
+            tr["next_eval"] += cfg.eval_every_steps
+            res = evaluate_hover(algo.actor, task_cfg, cfg.eval_episodes, device=device, seed=cfg.seed + 10_000)
+            success = res.success_rate
+            rec = {**res.as_dict(), "env_steps": tr["env_steps"], "seconds": tr["seconds"]}
+            tr["evals"].append(rec)
+            writer.add_scalar("eval/success_rate", res.success_rate, tr["env_steps"])
+            writer.add_scalar("eval/mean_final_error_m", res.mean_final_error, tr["env_steps"])
+            if res.success_rate > tr["best_success"]:
+                tr["best_success"] = res.success_rate
+                ckpt.save_atomic(ckpt.policy_record(algo.actor, cfg, rec, tr["env_steps"]), run_dir / ckpt.BEST)
+            if cfg.stop_at_success > 0 and res.success_rate >= cfg.stop_at_success:
+                if tr["time_to_success"] is None:
+                    tr["time_to_success"] = time.time() - T_START if resume_state is None else None
+                stop = True
+            bar.write(f"eval @ {tr['env_steps']:,} steps, {tr['seconds']:.1f} s: {res.summary()}")
+            save_last()
+            last_ckpt = time.time()
+        elif time.time() - last_ckpt >= cfg.checkpoint_every_seconds:
+            save_last()
+            last_ckpt = time.time()
+        bar.update(steps)
+        bar.set_postfix(sps=f"{sps:,.0f}", success=f"{success:.2f}", reward=f"{metrics['reward']:.3f}")
+        stop = stop or out_of_budget
+    bar.close()
+    writer.close()
+
+    results = {"run_dir": str(run_dir), "env_steps": tr["env_steps"], "train_seconds": tr["seconds"],
+               "best_success": tr["best_success"], "time_to_success_s": tr["time_to_success"], "evals": tr["evals"]}
+    (run_dir / "results.json").write_text(json.dumps(results, indent=2))
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        cfg, run_dir, state = prepare(argv)
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    res = run(cfg, run_dir, state)
+    passed = res["best_success"] >= cfg.stop_at_success
+    print(f"best success rate {res['best_success'] * 100:.1f}% after {res['env_steps']:,} env steps, "
+          f"{res['train_seconds']:.1f} s ({'passes' if passed else 'does not pass'} the hover criterion)")
+    print(f"run directory: {run_dir}  (config.yaml, checkpoints/, tb/, results.json)")
+    print(f"evaluate: python -m policies.eval {run_dir} backend=mujoco")
+    return 0 if passed or cfg.stop_at_success <= 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,31 @@
+"""Rotor force model shared by every backend.
+
+Written with array operators only, so the same code runs on NumPy arrays (MuJoCo,
+PyBullet backends, one vehicle) and on batched PyTorch tensors (training backend).
+"""
+
+from __future__ import annotations
+
+from .params import CrazyflieParams
+
+
+def rotor_thrusts(rpm, kf, thrust_scale=1.0):
+    """Thrust of each rotor, N, shape [..., 4]. ``thrust_scale`` models battery sag.
+
+    ``rpm`` may be slightly negative inside an integrator stage; thrust keeps its sign
+    convention T = kf * rpm * |rpm| so the model stays smooth there.
+    """
+    return kf * rpm * abs(rpm) * thrust_scale
+
+
+def body_torque_terms(thrusts, params: CrazyflieParams):
+    """Roll and pitch torques (N m, body FLU) and the signed thrust sum for yaw.
+
+    Torque of rotor i at (x_i, y_i, 0) pushing +z: r x F = (y_i T_i, -x_i T_i, 0).
+    Yaw reaction torque is km * sum_i s_i T_i; the caller multiplies by km so that km can
+    be randomized per environment.
+    """
+    tx = sum(xy[1] * thrusts[..., i] for i, xy in enumerate(params.rotor_xy))
+    ty = sum(-xy[0] * thrusts[..., i] for i, xy in enumerate(params.rotor_xy))
+    yaw_sum = sum(s * thrusts[..., i] for i, s in enumerate(params.rotor_yaw_sign))
+    return tx, ty, yaw_sum

@@ -1,0 +1,370 @@
+"""quad_hover: hold a target point from random initial states (Crazyflie 2.x).
+
+Everything a reviewer needs to audit the task is in this file, in this order: the config
+(randomization ranges, noise, reward weights), the policy and critic observations, the
+reward terms, termination, and the domain randomizer. ``quad_track`` (track.py) reuses it
+with a moving reference.
+
+Policy contract (fixed; firmware, ROS 2 nodes and exported models depend on it), 22 floats:
+    position - reference (3, world, m) | rotation matrix body->world, row-major (9)
+    | linear velocity - reference velocity (3, world, m/s) | angular velocity (3, body, rad/s)
+    | previous action (4)
+Action: 4 floats in [-1, 1]; rotor i rpm setpoint = (a_i + 1) / 2 * rpm_max; period 10 ms.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+from .dynamics import OMEGA, POS, QUAT, RPM, STATE_DIM, VEL, TorchBackend, VehicleBatch, quat_to_rotmat
+from .params import GRAVITY, NOMINAL, CrazyflieParams, action_to_rpm
+
+OBS_DIM = 22
+ACT_DIM = 4
+POLICY_PERIOD = 0.01  # s, 100 Hz
+CRITIC_DIM = 45
+
+
+@dataclass
+class Range:
+    lo: float
+    hi: float
+
+
+@dataclass
+class RandomizationConfig:
+    """Domain randomization, sampled per episode. Ranges are multipliers of the nominal value
+    unless they carry a unit. Chosen to cover the Crazyflie 2.x fleet: bare frame to one deck
+    plus a heavier battery (+~5 g), motor/prop wear and battery sag."""
+
+    enabled: bool = True
+    mass_scale: Range = field(default_factory=lambda: Range(0.9, 1.2))
+    inertia_scale: Range = field(default_factory=lambda: Range(0.9, 1.2))
+    kf_scale: Range = field(default_factory=lambda: Range(0.9, 1.1))
+    km_scale: Range = field(default_factory=lambda: Range(0.8, 1.2))
+    motor_tau: Range = field(default_factory=lambda: Range(0.03, 0.15))  # s
+    # Full battery 4.2 V down to ~3.7 V under load loses ~10-15% of peak thrust.
+    thrust_scale: Range = field(default_factory=lambda: Range(0.85, 1.0))
+    max_latency_steps: int = 2  # action applied 0..2 policy periods late
+    # Constant per-episode disturbances, std per axis. 0.004 N is 1.5 % of the weight.
+    force_std: float = 0.004  # N, world frame
+    torque_std: float = 2e-6  # N m, body frame
+
+
+@dataclass
+class NoiseConfig:
+    """Gaussian observation noise (std) on the policy observation only."""
+
+    enabled: bool = True
+    pos: float = 0.002  # m (motion-capture / UWB-grade state estimate)
+    rot: float = 0.005  # per rotation-matrix entry
+    vel: float = 0.01  # m/s
+    omega: float = 0.05  # rad/s (gyro noise after the firmware's low-pass)
+
+
+@dataclass
+class InitConfig:
+    """Initial-state distribution (uniform per component, tilt about a random axis)."""
+
+    pos: float = 0.3  # m per axis around the target
+    tilt_deg: float = 30.0
+    vel: float = 0.5  # m/s per axis
+    omega: float = 1.0  # rad/s per axis
+
+
+@dataclass
+class RewardConfig:
+    """reward = alive - cost, cost a weighted sum of the named terms below (per 10 ms step).
+    The curriculum (Learning to Fly in Seconds, Eschmann et al. 2024) ramps the smoothness
+    weights from ``curriculum_start`` x to 1 x over ``curriculum_steps`` environment steps."""
+
+    alive: float = 2.0
+    position: float = 5.0  # per m of distance (linear, so precision keeps paying near the target)
+    velocity: float = 0.5  # per (m/s)^2
+    orientation: float = 2.0  # per sin^2(angle/2) from level, yaw included
+    angular_velocity: float = 0.05  # per (rad/s)^2
+    action: float = 0.5  # per squared deviation from the nominal hover action
+    action_rate: float = 1.0  # per squared change of action between steps
+    termination: float = 50.0  # one-off penalty when the episode fails
+    curriculum_start: float = 0.1
+    curriculum_steps: int = 20_000_000
+
+
+@dataclass
+class QuadTaskConfig:
+    name: str = "quad_hover"
+    episode_seconds: float = 5.0
+    target: tuple[float, float, float] = (0.0, 0.0, 1.0)  # m, world
+    fail_distance: float = 1.0  # m from the reference ends the episode as a failure
+    substeps: int = 1  # RK4 steps per 10 ms policy period in the torch backend
+    # quad_track only: figure-eight size (m, half-width) and mean speed along it (m/s)
+    track_size: float = 0.5
+    track_speed: float = 0.5
+    randomization: RandomizationConfig = field(default_factory=RandomizationConfig)
+    noise: NoiseConfig = field(default_factory=NoiseConfig)
+    init: InitConfig = field(default_factory=InitConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+
+
+def make_backend(name: str, num_envs: int, params: CrazyflieParams, substeps: int, device):
+    """Simulator backend by name: torch (training), mujoco or pybullet (evaluation)."""
+    if name == "torch":
+        return TorchBackend(num_envs, params, POLICY_PERIOD, substeps, device)
+    if name == "mujoco":
+        from .mujoco_backend import MujocoBackend
+
+        return MujocoBackend(num_envs, params, POLICY_PERIOD, device=device)
+    if name == "pybullet":
+        from .pybullet_backend import PybulletBackend
+
+        return PybulletBackend(num_envs, params, POLICY_PERIOD, device=device)
+    raise ValueError(f"unknown backend '{name}': expected one of torch, mujoco, pybullet")
+
+
+class QuadHoverEnv(gym.vector.VectorEnv):
+    """Batched hover task. Observations are dicts of torch tensors: ``policy`` [N, 22] (noisy,
+    the contract above) and ``critic`` [N, 45] (privileged: noise-free state, rotor speeds,
+    disturbances, randomized parameters). Autoreset happens in the same step; the observation
+    that ended an episode is in ``info["final_obs"]``."""
+
+    metadata = {"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP}
+
+    def __init__(
+        self,
+        cfg: QuadTaskConfig,
+        num_envs: int,
+        device: str | torch.device = "cpu",
+        seed: int = 0,
+        backend: str = "torch",
+        params: CrazyflieParams = NOMINAL,
+    ):
+        self.cfg, self.num_envs, self.params = cfg, num_envs, params
+        self.device = torch.device(device)
+        self.backend = make_backend(backend, num_envs, params, cfg.substeps, self.device)
+        self.max_steps = int(round(cfg.episode_seconds / POLICY_PERIOD))
+        self.hover_action = params.hover_action
+        self.gen = torch.Generator(device=self.device)
+        self.gen.manual_seed(seed)
+        self.total_steps = 0  # env steps taken by all envs together (drives the curriculum)
+        self.nonfinite_resets = 0
+
+        box = gym.spaces.Box
+        self.single_observation_space = gym.spaces.Dict(
+            policy=box(-np.inf, np.inf, (OBS_DIM,), np.float32),
+            critic=box(-np.inf, np.inf, (CRITIC_DIM,), np.float32),
+        )
+        self.single_action_space = box(-1.0, 1.0, (ACT_DIM,), np.float32)
+        self.observation_space = gym.vector.utils.batch_space(self.single_observation_space, num_envs)
+        self.action_space = gym.vector.utils.batch_space(self.single_action_space, num_envs)
+
+        n, d = num_envs, self.device
+        self.t = torch.zeros(n, dtype=torch.long, device=d)
+        self.phase = torch.zeros(n, device=d)  # used by moving references (quad_track)
+        self.prev_action = torch.full((n, ACT_DIM), self.hover_action, device=d)
+        self.action_hist = torch.full((n, self.cfg.randomization.max_latency_steps + 1, ACT_DIM), self.hover_action, device=d)
+        self.latency = torch.zeros(n, dtype=torch.long, device=d)
+        self.force = torch.zeros(n, 3, device=d)
+        self.torque = torch.zeros(n, 3, device=d)
+        self.vehicle = VehicleBatch.nominal(n, params, d)
+        self.target = torch.tensor(cfg.target, device=d).expand(n, 3)
+
+    # ----------------------------------------------------------------- reference
+    def reference(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Reference position (world, m) and velocity (world, m/s) per env: a fixed point."""
+        return self.target, torch.zeros_like(self.target)
+
+    # ----------------------------------------------------------------- observation
+    def _observe(self) -> dict[str, torch.Tensor]:
+        s = self.backend.state
+        ref_pos, ref_vel = self.reference()
+        rot = quat_to_rotmat(s[:, QUAT]).reshape(-1, 9)
+        e_pos, e_vel, omega = s[:, POS] - ref_pos, s[:, VEL] - ref_vel, s[:, OMEGA]
+        clean = torch.cat((e_pos, rot, e_vel, omega, self.prev_action), dim=-1)
+
+        policy = clean
+        nz = self.cfg.noise
+        if nz.enabled:
+            std = torch.tensor([nz.pos] * 3 + [nz.rot] * 9 + [nz.vel] * 3 + [nz.omega] * 3 + [0.0] * 4, device=self.device)
+            policy = clean + std * self._randn(clean.shape)
+
+        p, v = self.params, self.vehicle
+        max_lat = max(self.cfg.randomization.max_latency_steps, 1)
+        critic = torch.cat(
+            (
+                clean,
+                s[:, RPM] / p.rpm_max,
+                self.force / p.weight,
+                self.torque / 1e-5,
+                (v.mass / p.mass)[:, None],
+                v.inertia / torch.tensor(p.inertia, device=self.device),
+                (v.kf / p.kf)[:, None],
+                (v.km / p.km)[:, None],
+                (v.motor_tau / 0.1)[:, None],
+                v.thrust_scale[:, None],
+                (self.latency.float() / max_lat)[:, None],
+                (self.t.float() / self.max_steps)[:, None],
+                self.reference()[1],
+            ),
+            dim=-1,
+        )
+        return {"policy": policy, "critic": critic}
+
+    # ----------------------------------------------------------------- reward
+    def curriculum(self) -> float:
+        r = self.cfg.reward
+        frac = min(self.total_steps / max(r.curriculum_steps, 1), 1.0)
+        return r.curriculum_start + (1.0 - r.curriculum_start) * frac
+
+    def reward_terms(self, action: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Named cost terms (before weighting), each [N]."""
+        s = self.backend.state
+        ref_pos, ref_vel = self.reference()
+        qw = s[:, 3]
+        return {
+            "position": (s[:, POS] - ref_pos).norm(dim=-1),
+            "velocity": (s[:, VEL] - ref_vel).square().sum(-1),
+            "orientation": 1.0 - qw.square(),  # sin^2(angle / 2) to level with yaw 0
+            "angular_velocity": s[:, OMEGA].square().sum(-1),
+            "action": (action - self.hover_action).square().sum(-1),
+            "action_rate": (action - self.prev_action).square().sum(-1),
+        }
+
+    def reward(self, terms: dict[str, torch.Tensor], failed: torch.Tensor) -> torch.Tensor:
+        w = self.cfg.reward
+        c = self.curriculum()
+        cost = (
+            w.position * terms["position"]
+            + w.velocity * terms["velocity"]
+            + w.orientation * terms["orientation"]
+            + w.angular_velocity * terms["angular_velocity"]
+            + c * w.action * terms["action"]
+            + c * w.action_rate * terms["action_rate"]
+        )
+        return w.alive - cost - w.termination * failed.float()
+
+    # ----------------------------------------------------------------- termination
+    def failed(self) -> torch.Tensor:
+        """Episode failure: farther than fail_distance from the reference, or non-finite state."""
+        ref_pos, _ = self.reference()
+        dist = (self.backend.state[:, POS] - ref_pos).norm(dim=-1)
+        return (dist > self.cfg.fail_distance) | ~self.finite()
+
+    def finite(self) -> torch.Tensor:
+        return torch.isfinite(self.backend.state).all(-1)
+
+    # ----------------------------------------------------------------- randomization
+    def randomize(self, idx: torch.Tensor) -> None:
+        """Draw physical parameters, latency and disturbances for environments ``idx``."""
+        r, p, k = self.cfg.randomization, self.params, len(idx)
+        v = self.vehicle
+        if r.enabled:
+            v.mass[idx] = p.mass * self._uniform(k, r.mass_scale)
+            v.inertia[idx] = torch.tensor(p.inertia, device=self.device) * self._uniform(k, r.inertia_scale)[:, None]
+            v.kf[idx] = p.kf * self._uniform(k, r.kf_scale)
+            v.km[idx] = p.km * self._uniform(k, r.km_scale)
+            v.motor_tau[idx] = self._uniform(k, r.motor_tau)
+            v.thrust_scale[idx] = self._uniform(k, r.thrust_scale)
+            self.latency[idx] = torch.randint(0, r.max_latency_steps + 1, (k,), generator=self.gen, device=self.device)
+            self.force[idx] = r.force_std * self._randn((k, 3))
+            self.torque[idx] = r.torque_std * self._randn((k, 3))
+
+    def initial_state(self, idx: torch.Tensor) -> torch.Tensor:
+        """Random initial state around the reference (InitConfig), rotors at this vehicle's hover speed."""
+        k, ic = len(idx), self.cfg.init
+        s = torch.zeros(k, STATE_DIM, device=self.device)
+        ref_pos, ref_vel = self.reference()
+        s[:, POS] = ref_pos[idx] + ic.pos * (2 * self._rand((k, 3)) - 1)
+        axis = self._randn((k, 3))
+        axis = axis / axis.norm(dim=-1, keepdim=True).clamp_min(1e-9)
+        angle = math.radians(ic.tilt_deg) * self._rand((k,))
+        s[:, QUAT] = torch.cat((torch.cos(angle / 2)[:, None], axis * torch.sin(angle / 2)[:, None]), dim=-1)
+        s[:, VEL] = ref_vel[idx] + ic.vel * (2 * self._rand((k, 3)) - 1)
+        s[:, OMEGA] = ic.omega * (2 * self._rand((k, 3)) - 1)
+        v = self.vehicle
+        hover_rpm = torch.sqrt(v.mass[idx] * GRAVITY / (4 * v.kf[idx] * v.thrust_scale[idx]))
+        s[:, RPM] = hover_rpm[:, None]
+        return s
+
+    # ----------------------------------------------------------------- gym API
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        if seed is not None:
+            self.gen.manual_seed(seed)
+        self._reset_envs(torch.arange(self.num_envs, device=self.device))
+        return self._observe(), {}
+
+    def _reset_envs(self, idx: torch.Tensor) -> None:
+        self.t[idx] = 0
+        self.phase[idx] = 2 * math.pi * self._rand((len(idx),))
+        self.randomize(idx)
+        a0 = torch.full((len(idx), ACT_DIM), self.hover_action, device=self.device)
+        self.prev_action[idx] = a0
+        self.action_hist[idx] = a0[:, None, :]
+        self.backend.set_state(idx, self.initial_state(idx), self.vehicle)
+
+    def step(self, action: torch.Tensor):
+        action = action.to(self.device, torch.float32).clamp(-1.0, 1.0)
+        # Latency: shift the history, apply the action issued `latency` periods ago.
+        self.action_hist = torch.cat((action[:, None], self.action_hist[:, :-1]), dim=1)
+        applied = self.action_hist[torch.arange(self.num_envs, device=self.device), self.latency]
+        self.backend.step(action_to_rpm(applied, self.params.rpm_max), self.force, self.torque)
+        self.t += 1
+        self.total_steps += self.num_envs
+
+        terms = self.reward_terms(action)
+        failed = self.failed()
+        bad = ~self.finite()
+        reward = self.reward(terms, failed)
+        self.prev_action = action
+        truncated = (self.t >= self.max_steps) & ~failed
+        done = failed | truncated
+
+        info: dict = {}
+        if done.any():
+            idx = done.nonzero().squeeze(-1)
+            info["final_obs"] = self._observe()
+            info["done_mask"] = done
+            if bad.any():
+                # Never let a non-finite state reach training: zero it, mark it, reset it.
+                self.nonfinite_resets += int(bad.sum())
+                info["nonfinite"] = bad
+                reward = torch.where(bad, torch.zeros_like(reward), reward)
+                info["final_obs"] = {k: torch.nan_to_num(v, 0.0, 0.0, 0.0) for k, v in info["final_obs"].items()}
+            self._reset_envs(idx)
+        info["position_error"] = terms["position"]
+        return self._observe(), reward, failed, truncated, info
+
+    # ----------------------------------------------------------------- checkpointing
+    def state_dict(self) -> dict:
+        """Everything needed to continue bit-exactly after a resume."""
+        return {
+            "state": self.backend.state.clone(),
+            "vehicle": {k: t.clone() for k, t in self.vehicle.items()},
+            "t": self.t.clone(), "phase": self.phase.clone(), "prev_action": self.prev_action.clone(),
+            "action_hist": self.action_hist.clone(), "latency": self.latency.clone(),
+            "force": self.force.clone(), "torque": self.torque.clone(),
+            "gen": self.gen.get_state(), "total_steps": self.total_steps, "nonfinite_resets": self.nonfinite_resets,
+        }
+
+    def load_state_dict(self, d: dict) -> None:
+        for k, t in d["vehicle"].items():
+            setattr(self.vehicle, k, t.to(self.device))
+        for k in ("t", "phase", "prev_action", "action_hist", "latency", "force", "torque"):
+            setattr(self, k, d[k].to(self.device))
+        self.gen.set_state(d["gen"])
+        self.total_steps, self.nonfinite_resets = d["total_steps"], d["nonfinite_resets"]
+        self.backend.set_state(torch.arange(self.num_envs, device=self.device), d["state"].to(self.device), self.vehicle)
+
+    # ----------------------------------------------------------------- random helpers
+    def _rand(self, shape) -> torch.Tensor:
+        return torch.rand(shape, generator=self.gen, device=self.device)
+
+    def _randn(self, shape) -> torch.Tensor:
+        return torch.randn(shape, generator=self.gen, device=self.device)
+
+    def _uniform(self, k: int, r: Range) -> torch.Tensor:
+        return r.lo + (r.hi - r.lo) * self._rand((k,))

@@ -1,0 +1,43 @@
+"""quad_track: follow a figure-eight (lemniscate of Gerono) at a configurable speed.
+
+Same observation, reward, termination and randomization as quad_hover (hover.py); only
+the reference moves. The 22-float observation carries position and velocity errors
+relative to the moving reference, so the policy contract is unchanged.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .hover import POLICY_PERIOD, QuadHoverEnv
+
+
+def lemniscate(phase: torch.Tensor, size: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Offset (m) and its derivative w.r.t. phase of the figure-eight in the horizontal plane:
+    x = size sin(phase), y = size/2 sin(2 phase), z = 0."""
+    z = torch.zeros_like(phase)
+    pos = torch.stack((size * torch.sin(phase), 0.5 * size * torch.sin(2 * phase), z), dim=-1)
+    dpos = torch.stack((size * torch.cos(phase), size * torch.cos(2 * phase), z), dim=-1)
+    return pos, dpos
+
+
+def phase_rate(size: float, speed: float, samples: int = 4096) -> float:
+    """Phase rate (rad/s) that makes the mean speed along the figure-eight ``speed`` m/s."""
+    _, d = lemniscate(torch.linspace(0, 2 * math.pi, samples), size)
+    length = d.norm(dim=-1).mean().item() * 2 * math.pi  # m per lap
+    return 2 * math.pi * speed / length
+
+
+class QuadTrackEnv(QuadHoverEnv):
+    """Tracking variant: the reference starts at a random phase of the figure-eight."""
+
+    def __init__(self, cfg, *args, **kwargs):
+        self.omega_ref = phase_rate(cfg.track_size, cfg.track_speed)
+        super().__init__(cfg, *args, **kwargs)
+
+    def reference(self) -> tuple[torch.Tensor, torch.Tensor]:
+        phase = self.phase + self.omega_ref * POLICY_PERIOD * self.t.float()
+        off, doff = lemniscate(phase, self.cfg.track_size)
+        return self.target + off, doff * self.omega_ref
