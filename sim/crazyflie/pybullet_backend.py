@@ -1,0 +1,216 @@
+"""PyBullet backend: same interface as :class:`~sim.crazyflie.dynamics.TorchBackend`.
+
+One headless (DIRECT) PyBullet world holds every environment as a free rigid body built from
+a URDF generated from :class:`CrazyflieParams`; collisions are disabled, so bodies never
+interact except through the optional downwash model. Each substep applies the four rotor
+thrusts at the rotor hubs, the yaw reaction torque and the external force/torque, then calls
+``stepSimulation`` (semi-implicit Euler, timestep dt / substeps). Optional aerodynamic effects
+follow the models of gym-pybullet-drones (ground effect, rotor drag, downwash) with the
+coefficients of ``params``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+
+import numpy as np
+import pybullet as p
+import torch
+
+from .dynamics import OMEGA, POS, QUAT, RPM, VEL, VehicleBatch
+from .forces import body_torque_terms, rotor_thrusts
+from .params import GRAVITY, CrazyflieParams
+
+# gym-pybullet-drones clips rotor heights in its ground-effect model at
+# 0.25 R sqrt(15 C / 4), which caps the extra thrust at 4/15 of the rotor's own thrust.
+GROUND_EFFECT_MAX_GAIN = 4.0 / 15.0
+# Horizontal distance beyond which another drone's downwash is ignored, m (gym-pybullet-drones).
+DOWNWASH_RANGE = 10.0
+RPM_TO_RAD_S = 2.0 * math.pi / 60.0
+
+
+def build_urdf(params: CrazyflieParams) -> str:
+    """Single-link URDF: nominal mass and principal inertia, frame collision box."""
+    ixx, iyy, izz = params.inertia
+    size = " ".join(f"{2 * h:.9g}" for h in params.frame_half_extents)
+    return f"""<?xml version="1.0"?>
+<robot name="crazyflie">
+  <link name="base_link">
+    <inertial>
+      <origin xyz="0 0 0" rpy="0 0 0"/>
+      <mass value="{params.mass:.9g}"/>
+      <inertia ixx="{ixx:.9g}" ixy="0" ixz="0" iyy="{iyy:.9g}" iyz="0" izz="{izz:.9g}"/>
+    </inertial>
+    <collision>
+      <origin xyz="0 0 0" rpy="0 0 0"/>
+      <geometry><box size="{size}"/></geometry>
+    </collision>
+  </link>
+</robot>
+"""
+
+
+class PybulletBackend:
+    """All environments as bodies of one PyBullet world, stepped with timestep dt / substeps.
+
+    ``ground_effect``: extra rotor thrust near the ground plane z = 0 (Shi et al. 2019).
+    ``drag``: rotor drag opposing the body-frame velocity, proportional to the rotor speeds.
+    ``downwash``: every drone is pushed down by drones flying above it. The environments share
+    one airspace for this model, so only enable it when they form one swarm.
+    """
+
+    name = "pybullet"
+
+    def __init__(
+        self,
+        num_envs: int,
+        params: CrazyflieParams,
+        dt: float,
+        substeps: int = 10,
+        device="cpu",
+        ground_effect: bool = False,
+        drag: bool = False,
+        downwash: bool = False,
+    ):
+        self.num_envs, self.params, self.device = num_envs, params, torch.device(device)
+        self.dt, self.substeps = dt, substeps
+        self.ground_effect, self.drag, self.downwash = ground_effect, drag, downwash
+        self._client = p.connect(p.DIRECT)
+        p.setGravity(0.0, 0.0, -GRAVITY, physicsClientId=self._client)
+        p.setTimeStep(dt / substeps, physicsClientId=self._client)
+        with tempfile.NamedTemporaryFile("w", suffix=".urdf", delete=False) as f:
+            f.write(build_urdf(params))
+        try:
+            self._bodies = [
+                p.loadURDF(f.name, flags=p.URDF_USE_INERTIA_FROM_FILE, physicsClientId=self._client)
+                for _ in range(num_envs)
+            ]
+        finally:
+            os.unlink(f.name)
+        for b in self._bodies:
+            p.setCollisionFilterGroupMask(b, -1, 0, 0, physicsClientId=self._client)
+            # PyBullet damps velocities by default and lets resting bodies sleep: neither is physics.
+            p.changeDynamics(
+                b, -1, linearDamping=0.0, angularDamping=0.0,
+                activationState=p.ACTIVATION_STATE_DISABLE_SLEEPING, physicsClientId=self._client,
+            )
+        self._hubs = np.array([(x, y, 0.0) for x, y in params.rotor_xy])  # body frame, m
+        self._drag_coeff = np.array((params.drag_coeff_xy, params.drag_coeff_xy, params.drag_coeff_z))
+        self._ground_effect_h_clip = 0.25 * params.prop_radius * math.sqrt(params.ground_effect_coeff / GROUND_EFFECT_MAX_GAIN)
+        self._rpm = np.zeros((num_envs, 4))
+        self._set_vehicle(VehicleBatch.nominal(num_envs, params, self.device))
+        self._read()
+        self.state = self._state()
+
+    def _set_vehicle(self, vehicle: VehicleBatch) -> None:
+        self.vehicle = vehicle
+        v = {k: t.detach().to("cpu", torch.float64).numpy() for k, t in vehicle.items()}
+        for b, m, inertia in zip(self._bodies, v["mass"].tolist(), v["inertia"].tolist()):
+            p.changeDynamics(b, -1, mass=m, localInertiaDiagonal=inertia, physicsClientId=self._client)
+        self._kf, self._thrust_scale, self._km = v["kf"][:, None], v["thrust_scale"][:, None], v["km"]
+        # Exact solution of drpm/dt = (cmd - rpm) / tau over one substep with cmd held.
+        self._lag = 1.0 - np.exp(-self.dt / self.substeps / v["motor_tau"])[:, None]
+
+    def _read(self) -> None:
+        """Pull every body's pose and velocity from PyBullet (world frame, quaternions x y z w)."""
+        c = self._client
+        pos, quat = zip(*(p.getBasePositionAndOrientation(b, physicsClientId=c) for b in self._bodies))
+        vel, omega_world = zip(*(p.getBaseVelocity(b, physicsClientId=c) for b in self._bodies))
+        self._pos, self._quat_xyzw = np.array(pos), np.array(quat)
+        self._rot = np.array([p.getMatrixFromQuaternion(q, physicsClientId=c) for q in quat]).reshape(-1, 3, 3)
+        self._vel, self._omega_world = np.array(vel), np.array(omega_world)
+
+    def _state(self) -> torch.Tensor:
+        # PyBullet reports angular velocity in the world frame; ours is body: R^T omega_world.
+        omega_body = np.einsum("nji,nj->ni", self._rot, self._omega_world)
+        quat = self._quat_xyzw[:, [3, 0, 1, 2]]
+        state = np.concatenate((self._pos, quat, self._vel, omega_body, self._rpm), axis=1)
+        return torch.as_tensor(state, dtype=torch.float32, device=self.device)
+
+    def set_state(self, idx: torch.Tensor, state: torch.Tensor, vehicle: VehicleBatch) -> None:
+        """Place environments ``idx`` in ``state`` with physical parameters ``vehicle`` (full batch)."""
+        ids = torch.arange(self.num_envs)[torch.as_tensor(idx).cpu()].tolist()
+        s = state.detach().to("cpu", torch.float64).reshape(len(ids), -1).numpy()
+        q = s[:, QUAT] / np.linalg.norm(s[:, QUAT], axis=-1, keepdims=True)
+        for k, i in enumerate(ids):
+            b, q_xyzw = self._bodies[i], q[k, [1, 2, 3, 0]].tolist()
+            rot = np.reshape(p.getMatrixFromQuaternion(q_xyzw, physicsClientId=self._client), (3, 3))
+            p.resetBasePositionAndOrientation(b, s[k, POS].tolist(), q_xyzw, physicsClientId=self._client)
+            p.resetBaseVelocity(b, s[k, VEL].tolist(), (rot @ s[k, OMEGA]).tolist(), physicsClientId=self._client)
+        self._rpm[ids] = s[:, RPM]
+        self._set_vehicle(vehicle)
+        self._read()
+        self.state = self._state()
+
+    def _ground_effect_gain(self, hub_z: np.ndarray) -> np.ndarray:
+        """Extra thrust per unit rotor thrust, [N, 4], from rotor heights above z = 0 (m).
+
+        Shi et al. 2019 as in gym-pybullet-drones: C (R / 4z)^2, heights clipped from below,
+        and only while the drone is upright (body z pointing up).
+        """
+        z = np.maximum(hub_z, self._ground_effect_h_clip)
+        gain = self.params.ground_effect_coeff * (self.params.prop_radius / (4.0 * z)) ** 2
+        return gain * (self._rot[:, 2, 2] > 0.0)[:, None]
+
+    def _drag_force(self) -> np.ndarray:
+        """Rotor drag, world frame, N: -diag(c_xy, c_xy, c_z) v_body times the summed rotor speeds (rad/s)."""
+        v_body = np.einsum("nji,nj->ni", self._rot, self._vel)
+        f_body = -self._drag_coeff * (self._rpm.sum(-1, keepdims=True) * RPM_TO_RAD_S) * v_body
+        return np.einsum("nij,nj->ni", self._rot, f_body)
+
+    def _downwash_force(self) -> np.ndarray:
+        """Downward push on each drone, world frame, N, from every drone above it (gym-pybullet-drones model)."""
+        c1, c2, c3 = self.params.downwash_coeffs
+        dz = self._pos[None, :, 2] - self._pos[:, None, 2]  # [i, j]: height of drone j above drone i
+        dxy = np.linalg.norm(self._pos[None, :, :2] - self._pos[:, None, :2], axis=-1)
+        above = (dz > 0.0) & (dxy < DOWNWASH_RANGE)
+        dz = np.where(above, dz, 1.0)  # placeholder height where no drone is above, masked out below
+        alpha = c1 * (self.params.prop_radius / (4.0 * dz)) ** 2
+        beta = c2 * dz + c3
+        push = np.where(above, alpha * np.exp(-0.5 * (dxy / beta) ** 2), 0.0).sum(-1)
+        force = np.zeros((self.num_envs, 3))
+        force[:, 2] = -push
+        return force
+
+    def step(self, rpm_cmd: torch.Tensor, force_world: torch.Tensor, torque_body: torch.Tensor) -> torch.Tensor:
+        """Advance every environment by dt seconds; returns the new [N, 17] state.
+
+        ``rpm_cmd`` [N, 4] rotor speed setpoints, ``force_world`` [N, 3] N (world),
+        ``torque_body`` [N, 3] N m (body), all held over the step.
+        """
+        cmd, f_ext, t_ext = (x.detach().to("cpu", torch.float64).numpy() for x in (rpm_cmd, force_world, torque_body))
+        c = self._client
+        for _ in range(self.substeps):
+            # Semi-implicit Euler: every force is evaluated at the start of the substep.
+            thrusts = rotor_thrusts(self._rpm, self._kf, self._thrust_scale)
+            hubs = self._pos[:, None, :] + np.einsum("nij,kj->nki", self._rot, self._hubs)  # [N, 4, 3] world
+            lift = thrusts * (1.0 + self._ground_effect_gain(hubs[..., 2])) if self.ground_effect else thrusts
+            rotor_forces = self._rot[:, None, :, 2] * lift[..., None]  # along body z, [N, 4, 3] world
+            # Roll and pitch torques come from the hub forces themselves; only the yaw reaction is a torque.
+            torque_b = t_ext.copy()
+            torque_b[:, 2] += self._km * body_torque_terms(thrusts, self.params)[2]
+            torque = np.einsum("nij,nj->ni", self._rot, torque_b)
+            force = f_ext
+            if self.drag:
+                force = force + self._drag_force()
+            if self.downwash:
+                force = force + self._downwash_force()
+            for b, fr, hub, f, pos, tq in zip(
+                self._bodies, rotor_forces.tolist(), hubs.tolist(), force.tolist(), self._pos.tolist(), torque.tolist()
+            ):
+                for k in range(4):
+                    p.applyExternalForce(b, -1, fr[k], hub[k], p.WORLD_FRAME, physicsClientId=c)
+                p.applyExternalForce(b, -1, f, pos, p.WORLD_FRAME, physicsClientId=c)
+                # WORLD_FRAME: PyBullet applies a LINK_FRAME torque on a base link in the wrong frame.
+                p.applyExternalTorque(b, -1, tq, p.WORLD_FRAME, physicsClientId=c)
+            p.stepSimulation(physicsClientId=c)
+            self._rpm += (cmd - self._rpm) * self._lag
+            self._read()
+        self.state = self._state()
+        return self.state
+
+    def close(self) -> None:
+        """Disconnect the PyBullet world."""
+        p.disconnect(physicsClientId=self._client)

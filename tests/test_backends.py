@@ -1,0 +1,193 @@
+"""The MuJoCo and PyBullet backends fly the same Crazyflie as the torch training backend.
+
+Every backend starts from the same state, gets the same motor commands and external wrench,
+and must produce the same 1 s trajectory; the optional PyBullet aerodynamic effects are
+checked against their models; MuJoCo renders headless.
+"""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from sim.crazyflie.dynamics import OMEGA, POS, QUAT, RPM, VEL, TorchBackend, VehicleBatch, quat_mul
+from sim.crazyflie.mujoco_backend import MujocoBackend
+from sim.crazyflie.params import NOMINAL
+from sim.crazyflie.pybullet_backend import RPM_TO_RAD_S, PybulletBackend
+
+DT = 0.01  # s, control period
+STEPS = 100  # 1 s of flight
+
+# Largest difference to the torch reference (substeps=10, h = 1 ms) over the whole flight.
+TOLERANCES = {
+    # MuJoCo (RK4, forces at the substep midpoint) matches a float64 RK4 to a few micrometres; what
+    # is left is the float32 rounding of the torch state (measured 2.9e-5 m, 2.4e-5 rad, 1e-4 m/s,
+    # 3.8e-5 rad/s). ~10x margin: a wrong frame, sign or parameter shows up far above (holding the
+    # forces at the substep-start attitude alone gives 8.8e-4 m).
+    MujocoBackend: dict(pos=2.5e-4, angle=2.5e-4, vel=1e-3, omega=5e-4),
+    # PyBullet integrates with semi-implicit Euler (first order): its velocities lag the true ones
+    # by about h/2 * acceleration. Measured 0.64 mm, 1.7e-4 rad, 2.4 mm/s, 4.5e-3 rad/s at h = 1 ms,
+    # halving with h (see the convergence test). Tolerances allow 2.5-6x that.
+    PybulletBackend: dict(pos=2e-3, angle=1e-3, vel=6e-3, omega=0.015),
+}
+
+
+def initial_state(n: int) -> torch.Tensor:
+    """1 m up, tilted (roll 0.1, pitch -0.05, yaw 0.3 rad), moving and rotating, rotors at hover."""
+    s = torch.zeros(n, 17)
+    s[:, POS] = torch.tensor((0.0, 0.0, 1.0))
+    half = torch.tensor((0.1, -0.05, 0.3)) / 2
+    (cr, cp, cy), (sr, sp, sy) = torch.cos(half), torch.sin(half)
+    s[:, QUAT] = torch.stack(
+        (cr * cp * cy + sr * sp * sy, sr * cp * cy - cr * sp * sy, cr * sp * cy + sr * cp * sy, cr * cp * sy - sr * sp * cy)
+    )
+    s[:, VEL] = torch.tensor((0.3, -0.2, 0.1))
+    s[:, OMEGA] = torch.tensor((0.3, -0.2, 0.4))
+    s[:, RPM] = NOMINAL.hover_rpm
+    return s
+
+
+def vehicles(n: int) -> VehicleBatch:
+    """Environment 0 nominal, the others randomized in every field (per-environment parameters)."""
+    v = VehicleBatch.nominal(n, NOMINAL)
+    v.mass[1:] *= 1.1
+    v.inertia[1:] *= torch.tensor((1.1, 0.9, 1.2))
+    v.km[1:] *= 1.2
+    v.motor_tau[1:] = 0.1
+    v.thrust_scale[1:] = 1.05
+    return v
+
+
+def inputs(k: int, n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Hover rpm with +-1.5 % per-motor sinusoids (tilts up to ~18 deg), plus a small external wrench."""
+    t = k * DT
+    freq, phase = torch.tensor((2.1, 2.7, 3.3, 1.9)), torch.tensor((0.0, 1.0, 2.0, 3.0))
+    rpm_cmd = NOMINAL.hover_rpm * (1.0 + 0.015 * torch.sin(2 * math.pi * freq * t + phase))
+    force_world = torch.tensor((0.01 * math.sin(3 * t), 0.005, -0.003))  # N
+    torque_body = torch.tensor((2e-6, -1e-6, 3e-6 * math.cos(2 * t)))  # N m
+    return rpm_cmd.repeat(n, 1), force_world.repeat(n, 1), torque_body.repeat(n, 1)
+
+
+def fly(backend, steps: int = STEPS) -> torch.Tensor:
+    n = backend.num_envs
+    backend.set_state(torch.arange(n), initial_state(n), vehicles(n))
+    return torch.stack([backend.step(*inputs(k, n)).clone() for k in range(steps)])
+
+
+def max_errors(traj: torch.Tensor, ref: torch.Tensor) -> dict[str, float]:
+    traj, ref = traj.double(), ref.double()
+    q_ref_conj = ref[..., QUAT] * torch.tensor((1.0, -1.0, -1.0, -1.0), dtype=torch.float64)
+    q_err = quat_mul(q_ref_conj, traj[..., QUAT])
+    angle = 2 * torch.atan2(q_err[..., 1:].norm(dim=-1), q_err[..., 0].abs())
+    return dict(
+        pos=(traj[..., POS] - ref[..., POS]).norm(dim=-1).max().item(),
+        angle=angle.max().item(),
+        vel=(traj[..., VEL] - ref[..., VEL]).norm(dim=-1).max().item(),
+        omega=(traj[..., OMEGA] - ref[..., OMEGA]).norm(dim=-1).max().item(),
+    )
+
+
+@pytest.fixture
+def make():
+    """Backend factory that closes what it made (PyBullet worlds, MuJoCo renderers)."""
+    made = []
+
+    def _make(cls, n: int, **kwargs):
+        made.append(cls(n, NOMINAL, DT, **kwargs))
+        return made[-1]
+
+    yield _make
+    for backend in made:
+        if hasattr(backend, "close"):
+            backend.close()
+
+
+@pytest.fixture(scope="module")
+def reference() -> torch.Tensor:
+    return fly(TorchBackend(2, NOMINAL, DT, substeps=10))
+
+
+@pytest.mark.parametrize("cls", [MujocoBackend, PybulletBackend])
+def test_trajectory_matches_torch(cls, make, reference):
+    backend = make(cls, 2)
+    traj = fly(backend)
+    assert traj.shape == reference.shape and traj.dtype == torch.float32
+    tilt = torch.acos(1 - 2 * (reference[..., 4] ** 2 + reference[..., 5] ** 2))
+    assert 0.1 < tilt.max() < 0.5, "the manoeuvre should tilt the drone clearly but not flip it"
+    errors = max_errors(traj, reference)
+    for key, tol in TOLERANCES[cls].items():
+        assert errors[key] < tol, f"{backend.name} {key} error {errors[key]:.3g} > {tol:.3g} ({errors})"
+    assert (traj[..., RPM] - reference[..., RPM]).abs().max() < 0.05  # rpm, float32 rounding of ~1.4e4
+
+
+def test_pybullet_error_is_first_order_integration(make, reference):
+    """Halving PyBullet's timestep halves its error: the disagreement is discretization, not model."""
+    coarse = max_errors(fly(make(PybulletBackend, 2, substeps=10)), reference)
+    fine = max_errors(fly(make(PybulletBackend, 2, substeps=20)), reference)
+    for key in ("pos", "vel", "omega"):
+        assert 0.4 < fine[key] / coarse[key] < 0.6, (key, coarse, fine)
+
+
+@pytest.mark.parametrize("cls", [TorchBackend, MujocoBackend, PybulletBackend])
+def test_set_state_subset_leaves_other_envs(cls, make):
+    backend = make(cls, 2)
+    before = backend.state.clone()
+    state = initial_state(1)
+    backend.set_state(torch.tensor([1]), state, vehicles(2))
+    assert torch.equal(backend.state[0], before[0])
+    torch.testing.assert_close(backend.state[1], state[0], atol=1e-6, rtol=1e-6)
+
+
+def hover(backend, pos: list, vel=(0.0, 0.0, 0.0), steps: int = 20) -> torch.Tensor:
+    """Level drones at ``pos`` [N, 3] with rotors at hover rpm, flown for ``steps``; final state."""
+    n = backend.num_envs
+    s = torch.zeros(n, 17)
+    s[:, POS], s[:, 3], s[:, VEL], s[:, RPM] = torch.tensor(pos), 1.0, torch.tensor(vel), NOMINAL.hover_rpm
+    backend.set_state(torch.arange(n), s, VehicleBatch.nominal(n, NOMINAL))
+    cmd, zero = torch.full((n, 4), NOMINAL.hover_rpm), torch.zeros(n, 3)
+    for _ in range(steps):
+        backend.step(cmd, zero, zero)
+    return backend.state
+
+
+def test_pybullet_ground_effect_lifts_only_near_ground(make):
+    pos = [[0.0, 0.0, 0.03], [0.0, 0.0, 1.0]]
+    rise = hover(make(PybulletBackend, 2, ground_effect=True), pos)[:, 2] - hover(make(PybulletBackend, 2), pos)[:, 2]
+    # 3 cm up the model gives its maximum, 4/15 extra thrust: ~5 cm higher after 0.2 s.
+    assert rise[0] > 0.02
+    # 1 m up the extra thrust is 4e-4 of the weight: < 0.1 mm after 0.2 s.
+    assert abs(rise[1]) < 1e-4
+
+
+def test_pybullet_drag_decelerates(make):
+    vel, steps = (1.0, -0.5, 0.2), 20
+    with_drag = hover(make(PybulletBackend, 1, drag=True), [[0.0, 0.0, 1.0]], vel, steps)
+    plain = hover(make(PybulletBackend, 1), [[0.0, 0.0, 1.0]], vel, steps)
+    # Level drone: a = -diag(c_xy, c_xy, c_z) * sum(rotor rad/s) / m * v, so v decays exponentially.
+    rate = torch.tensor((NOMINAL.drag_coeff_xy, NOMINAL.drag_coeff_xy, NOMINAL.drag_coeff_z))
+    rate = rate * 4 * NOMINAL.hover_rpm * RPM_TO_RAD_S / NOMINAL.mass
+    expected = torch.tensor(vel) * (torch.exp(-rate * steps * DT) - 1.0)
+    torch.testing.assert_close(with_drag[0, VEL] - plain[0, VEL], expected, rtol=0.03, atol=1e-5)
+
+
+def test_pybullet_downwash_pushes_the_lower_drone(make):
+    pos = [[0.0, 0.0, 1.0], [0.0, 0.0, 2.0]]  # drone 1 hovers 1 m above drone 0
+    dz = hover(make(PybulletBackend, 2, downwash=True), pos)[:, 2] - hover(make(PybulletBackend, 2), pos)[:, 2]
+    assert dz[0] < -0.02  # model force 0.076 N (~0.3 weight) down: ~5 cm lower after 0.2 s
+    assert abs(dz[1]) < 1e-6
+
+
+def test_mujoco_render_shows_drone_and_target(make):
+    backend = make(MujocoBackend, 2)
+    s = initial_state(2)
+    s[1, POS] = torch.tensor((2.0, 0.0, 1.0))
+    backend.set_state(torch.arange(2), s, vehicles(2))
+    target = np.array([[0.1, 0.05, 1.05]])
+    frames = backend.render([0], width=96, height=72, targets=target)
+    assert frames.shape == (1, 72, 96, 3) and frames.dtype == np.uint8
+    r, g, b = (frames[0, ..., c].astype(int) for c in range(3))
+    assert ((r > 120) & (g < 70) & (b < 70)).sum() > 5, "front rotors (red) not visible"
+    assert ((g > r + 60) & (g > b + 60)).sum() > 5, "target marker (green) not visible"
+    r, g, b = (backend.render([0], width=96, height=72)[0, ..., c].astype(int) for c in range(3))
+    assert ((g > r + 60) & (g > b + 60)).sum() == 0, "target marker drawn without a target"
