@@ -6,6 +6,8 @@ SUDO=""
 [ "$(id -u)" = 0 ] || SUDO=sudo
 APT_PACKAGES=(
   libosmesa6 libegl1 libgl1   # headless MuJoCo rendering (EGL / OSMesa)
+  gcc clang libclang-rt-14-dev  # host build of the exported C policy, sanitizers, libFuzzer
+  gcc-arm-none-eabi libnewlib-arm-none-eabi qemu-system-arm  # Cortex-M4 cross-build, emulated STM32F405
 )
 missing=()
 for p in "${APT_PACKAGES[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done

@@ -94,8 +94,10 @@ def _first_lines(e: Exception) -> str:
 
 
 def to_objects(cfg: DictConfig) -> tuple[QuadTaskConfig, Any]:
-    """Typed task and algorithm config objects from a composed config."""
-    return OmegaConf.to_object(cfg.task), OmegaConf.to_object(cfg.algo)
+    """Typed task and algorithm config objects from a composed or saved (plain) config."""
+    task = OmegaConf.merge(OmegaConf.structured(QuadTaskConfig), cfg.task)
+    algo = OmegaConf.merge(OmegaConf.structured(ALGOS[cfg.algo.name]), cfg.algo)
+    return OmegaConf.to_object(task), OmegaConf.to_object(algo)
 
 
 def config_hash(cfg: DictConfig) -> str:

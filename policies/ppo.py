@@ -19,7 +19,7 @@ from .normalizer import RunningNorm
 @dataclass
 class PPOConfig:
     name: str = "ppo"
-    num_envs: int = 4096  # parallel environments
+    num_envs: int = 2048  # parallel environments
     horizon: int = 16  # steps per environment per iteration
     epochs: int = 4  # optimisation passes over each batch
     minibatches: int = 4
@@ -31,9 +31,9 @@ class PPOConfig:
     entropy_coef: float = 0.0
     value_coef: float = 1.0
     max_grad_norm: float = 1.0
-    init_log_std: float = -1.0  # initial exploration std exp(-1) ~ 0.37 in pre-tanh units
+    init_log_std: float = -2.0  # initial exploration std exp(-2) ~ 0.14 in pre-tanh units
     actor_hidden: list[int] = field(default_factory=lambda: [32, 32])
-    critic_hidden: list[int] = field(default_factory=lambda: [128, 128])
+    critic_hidden: list[int] = field(default_factory=lambda: [64, 64])
     activation: str = "tanh"
 
 

@@ -84,6 +84,10 @@ def run(cfg: DictConfig, run_dir: Path, resume_state: dict | None) -> dict:
     run_dir.mkdir(parents=True, exist_ok=True)
     if resume_state is None:
         OmegaConf.save(cfg, run_dir / "config.yaml")
+    latest = run_dir.parent.parent / "latest" if run_dir.parent.parent.name == "runs" else None
+    if latest is not None:  # runs/latest -> this run, for the README's commands
+        latest.unlink(missing_ok=True)
+        latest.symlink_to(run_dir.resolve(), target_is_directory=True)
 
     spec = get_task(task_cfg.name)
     env = spec.env_cls(task_cfg, algo_cfg.num_envs, device=device, seed=cfg.seed)

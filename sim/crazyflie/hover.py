@@ -5,7 +5,7 @@ Everything a reviewer needs to audit the task is in this file, in this order: th
 reward terms, termination, and the domain randomizer. ``quad_track`` (track.py) reuses it
 with a moving reference.
 
-Policy contract (fixed; firmware, ROS 2 nodes and exported models depend on it), 22 floats:
+Policy contract (contract.py; firmware, ROS 2 nodes and exported models depend on it), 22 floats:
     position - reference (3, world, m) | rotation matrix body->world, row-major (9)
     | linear velocity - reference velocity (3, world, m/s) | angular velocity (3, body, rad/s)
     | previous action (4)
@@ -22,11 +22,9 @@ import numpy as np
 import torch
 
 from .dynamics import OMEGA, POS, QUAT, RPM, STATE_DIM, VEL, TorchBackend, VehicleBatch, quat_to_rotmat
+from .contract import ACT_DIM, OBS_DIM, POLICY_PERIOD
 from .params import GRAVITY, NOMINAL, CrazyflieParams, action_to_rpm
 
-OBS_DIM = 22
-ACT_DIM = 4
-POLICY_PERIOD = 0.01  # s, 100 Hz
 CRITIC_DIM = 45
 
 

@@ -1,0 +1,1 @@
+"""Export of trained policies: ONNX (any runtime) and dependency-free C (microcontrollers)."""

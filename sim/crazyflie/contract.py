@@ -1,0 +1,66 @@
+"""The Crazyflie policy's input/output contract, written once.
+
+Trained policies are exported with this contract in their ONNX metadata; every consumer
+(ROS 2 policy node, firmware generator, evaluators) compares the model's contract with
+this one on load and refuses a mismatch.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+
+from .params import NOMINAL
+
+
+@dataclass(frozen=True)
+class Field:
+    name: str
+    size: int
+    frame: str
+    unit: str
+
+
+@dataclass(frozen=True)
+class PolicyContract:
+    version: str = "crazyflie-rpm-v1"
+    observation: tuple[Field, ...] = (
+        Field("position_minus_reference", 3, "world ENU", "m"),
+        Field("rotation_matrix_body_to_world_row_major", 9, "body FLU -> world ENU", "1"),
+        Field("velocity_minus_reference", 3, "world ENU", "m/s"),
+        Field("angular_velocity", 3, "body FLU", "rad/s"),
+        Field("previous_action", 4, "rotor order M1..M4", "1"),
+    )
+    action_size: int = 4
+    action_range: tuple[float, float] = (-1.0, 1.0)
+    action_meaning: str = "rotor i rpm setpoint = (a_i + 1) / 2 * rpm_max"
+    rotor_order: tuple[str, ...] = ("M1 front-right (+x,-y)", "M2 back-right (-x,-y)",
+                                    "M3 back-left (-x,+y)", "M4 front-left (+x,+y)")
+    rpm_max: float = NOMINAL.rpm_max
+    policy_period_s: float = 0.01
+    quaternion_convention: str = "w,x,y,z body->world"
+    extra: dict = field(default_factory=dict, compare=False, hash=False)
+
+    @property
+    def obs_size(self) -> int:
+        return sum(f.size for f in self.observation)
+
+    def to_json(self) -> str:
+        d = asdict(self)
+        d.pop("extra")
+        return json.dumps(d, sort_keys=True)
+
+    def mismatch(self, other_json: str) -> list[str]:
+        """Names of contract fields that differ from a serialized contract ([] if equal)."""
+        try:
+            other = json.loads(other_json)
+        except (TypeError, ValueError):
+            return ["<contract is not valid JSON>"]
+        mine = json.loads(self.to_json())
+        return sorted(k for k in set(mine) | set(other) if mine.get(k) != other.get(k))
+
+
+CONTRACT = PolicyContract()
+OBS_DIM = CONTRACT.obs_size  # 22
+ACT_DIM = CONTRACT.action_size  # 4
+POLICY_PERIOD = CONTRACT.policy_period_s  # s

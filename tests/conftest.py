@@ -1,0 +1,47 @@
+"""Shared fixtures: a small seeded actor saved as a run directory, so export can be tested
+end to end without training."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from policies import checkpoint as ckpt
+from policies.config import compose_config
+from policies.networks import Actor
+
+HOVER_ACTION = 0.334  # ~ hover rpm fraction of the nominal Crazyflie, as the trainer initialises it
+
+
+def make_actor(activation: str = "tanh", seed: int = 0) -> Actor:
+    """Actor with seeded weights large enough that actions span [-1, 1] (a fresh Actor's output
+    layer is ~0, which would make every parity check trivially pass), and a normaliser whose
+    mean and variance differ per feature so a wrong normalisation shows up."""
+    torch.manual_seed(seed)
+    actor = Actor(obs_dim=22, act_dim=4, hidden=[32, 32], activation=activation, init_action=HOVER_ACTION)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for m in actor.net:
+            if isinstance(m, torch.nn.Linear):
+                m.weight.copy_(torch.randn(m.weight.shape, generator=g) * 1.5 / math.sqrt(m.in_features))
+                m.bias.copy_(0.2 * torch.randn(m.bias.shape, generator=g))
+        norm = actor.obs_norm
+        norm.mean.copy_(0.5 * torch.randn(22, generator=g))
+        norm.var.copy_(torch.empty(22).uniform_(0.05, 4.0, generator=g))
+        norm.count.fill_(1e5)
+    return actor.eval()
+
+
+@pytest.fixture(scope="session")
+def run_dir(tmp_path_factory) -> Path:
+    """A minimal run directory as policies.train leaves it: config.yaml + checkpoints/best.pt."""
+    d = tmp_path_factory.mktemp("run")
+    cfg = compose_config([])
+    OmegaConf.save(cfg, d / "config.yaml")
+    eval_result = {"success_rate": 0.5, "episodes": 10}
+    ckpt.save_atomic(ckpt.policy_record(make_actor(), cfg, eval_result, env_steps=12345), d / ckpt.BEST)
+    return d

@@ -1,0 +1,296 @@
+"""Exported policies act like the trained one and refuse to run where they would be wrong.
+
+A small seeded actor (tests/conftest.py) is exported end to end by policies.export. The ONNX
+model must match PyTorch, carry its contract and provenance, and be refused by OnnxPolicy when
+it does not fit. The generated C must compile warning-free under strict flags, match
+onnxruntime, run clean under ASan/UBSan, and survive fuzzing: any 22 floats give either a
+finite action in [-1, 1] or an error code with the safe action.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from omegaconf import OmegaConf
+from torch import nn
+
+from export.c_codegen import UnsupportedLayerError, generate_c
+from export.onnx_policy import ContractError, OnnxPolicy
+from policies import checkpoint as ckpt
+from policies.config import config_hash
+from policies.export import PARITY_TOL, export_run, main
+from sim.crazyflie.contract import CONTRACT
+
+from conftest import make_actor
+
+REPO = Path(__file__).resolve().parents[1]
+C_DIR = Path(__file__).parent / "c"
+N = 10_000  # parity_observations: N random then N on-distribution observations
+STRICT = ["-std=c99", "-Wall", "-Wextra", "-Werror", "-Wdouble-promotion"]
+SANITIZE = ["-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-fno-omit-frame-pointer", "-g"]
+SANITIZER_ENV = {**os.environ, "ASAN_OPTIONS": "detect_leaks=1", "UBSAN_OPTIONS": "print_stacktrace=1"}
+DRIVER_OUT = np.dtype([("rc", "<i4"), ("action", "<f4", (CONTRACT.action_size,))])
+
+
+# ---------------------------------------------------------------------------------------------
+# helpers
+
+
+@pytest.fixture(scope="module")
+def exported(run_dir):
+    """export_run on the fixture run: paths, its parity result and the observations it used."""
+    res = export_run(run_dir)
+    res["obs"] = np.load(run_dir / "export" / "parity_obs.npy")
+    return res
+
+
+def header_constants(h: Path) -> dict[str, str]:
+    return dict(re.findall(r"#define (POLICY_\w+) (\S+)", h.read_text()))
+
+
+def compile_c(cc: str, flags: list[str], sources: list[Path], include: Path, out: Path) -> Path:
+    cmd = [cc, *flags, f"-I{include}", *map(str, sources), "-o", str(out)] + ([] if "-c" in flags else ["-lm"])
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    assert r.returncode == 0 and not r.stderr, f"{' '.join(cmd)}\n{r.stderr}"
+    return out
+
+
+def run_driver(exe: Path, obs: np.ndarray, tmp: Path) -> tuple[np.ndarray, str]:
+    """(rc, action) per observation row and the driver's stdout; fails on any sanitizer report."""
+    obs_file, out_file = tmp / "obs.bin", tmp / "out.bin"
+    np.ascontiguousarray(obs, dtype="<f4").tofile(obs_file)
+    r = subprocess.run([str(exe), str(obs_file), str(out_file)], capture_output=True, text=True,
+                       env=SANITIZER_ENV, timeout=120)
+    assert r.returncode == 0 and not r.stderr, f"driver exit {r.returncode}\n{r.stderr[-4000:]}"
+    out = np.fromfile(out_file, dtype=DRIVER_OUT)
+    assert len(out) == len(obs)
+    return out, r.stdout
+
+
+def edge_observations(obs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(non-finite rows, huge/tiny finite rows) built from on-distribution observations."""
+    base = obs[N]
+    bad = []
+    for value in (np.nan, np.inf, -np.inf):
+        for i in range(CONTRACT.obs_size):
+            row = base.copy()
+            row[i] = value
+            bad.append(row)
+    bad.append(np.full_like(base, np.nan))
+    fmax = np.finfo(np.float32).max
+    huge = [np.full_like(base, v) for v in (fmax, -fmax, 1e30, -1e30, 1e-45, -0.0)]
+    for i in range(CONTRACT.obs_size):
+        row = base.copy()
+        row[i] = fmax if i % 2 else -fmax
+        huge.append(row)
+    return np.array(bad, dtype=np.float32), np.array(huge, dtype=np.float32)
+
+
+# ---------------------------------------------------------------------------------------------
+# ONNX
+
+
+def test_onnx_matches_pytorch_on_random_and_on_distribution_observations(run_dir, exported):
+    obs = exported["obs"]
+    assert obs.shape == (2 * N, CONTRACT.obs_size) and exported["n"] == 2 * N
+    actor, _ = ckpt.load_policy(run_dir)
+    with torch.no_grad():
+        ref = actor(torch.as_tensor(obs)).numpy()
+    got = OnnxPolicy(exported["onnx"])(obs)
+    random_err = np.abs(ref[:N] - got[:N]).max()
+    on_dist_err = np.abs(ref[N:] - got[N:]).max()
+    assert random_err <= 1e-5 and on_dist_err <= 1e-5, (random_err, on_dist_err)
+    assert exported["max_abs_diff"] <= PARITY_TOL
+    # The comparison means something only if the actions vary (a fresh actor outputs ~hover).
+    assert ref.std(0).min() > 0.1 and np.abs(ref).max() > 0.9
+
+
+def test_onnx_metadata_carries_contract_and_provenance(run_dir, exported):
+    meta = {p.key: p.value for p in onnx.load(str(exported["onnx"])).metadata_props}
+    cfg = OmegaConf.load(run_dir / "config.yaml")
+    assert meta["contract"] == CONTRACT.to_json()
+    assert meta["task"] == cfg.task.name
+    assert meta["config_hash"] == config_hash(cfg)
+    assert meta["source_revision"]
+    assert meta["env_steps"] == "12345" and float(meta["eval_success_rate"]) == 0.5
+    assert OnnxPolicy(exported["onnx"]).contract["version"] == CONTRACT.version
+
+
+def _resave(src: Path, dst: Path, edit) -> Path:
+    model = onnx.load(str(src))
+    edit(model)
+    onnx.save(model, str(dst))
+    return dst
+
+
+def test_onnx_policy_refuses_altered_contract(exported, tmp_path):
+    def alter(model):
+        for p in model.metadata_props:
+            if p.key == "contract":
+                p.value = p.value.replace('"policy_period_s": 0.01', '"policy_period_s": 0.02')
+                assert "0.02" in p.value
+
+    path = _resave(exported["onnx"], tmp_path / "altered.onnx", alter)
+    with pytest.raises(ContractError, match=r"another observation/action contract .*policy_period_s"):
+        OnnxPolicy(path)
+
+
+def test_onnx_policy_refuses_model_without_metadata(exported, tmp_path):
+    path = _resave(exported["onnx"], tmp_path / "bare.onnx", lambda m: m.ClearField("metadata_props"))
+    with pytest.raises(ContractError, match="no policy contract in its metadata"):
+        OnnxPolicy(path)
+
+
+def test_onnx_policy_refuses_wrong_input_size(tmp_path):
+    # A 21-input model that claims the right contract (e.g. exported before an observation change).
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = numpy_helper.from_array(np.zeros((21, CONTRACT.action_size), np.float32), "w")
+    graph = helper.make_graph([helper.make_node("MatMul", ["obs", "w"], ["action"])], "obs21",
+                              [helper.make_tensor_value_info("obs", TensorProto.FLOAT, ["batch", 21])],
+                              [helper.make_tensor_value_info("action", TensorProto.FLOAT, ["batch", 4])], [w])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    helper.set_model_props(model, {"contract": CONTRACT.to_json()})
+    path = tmp_path / "obs21.onnx"
+    onnx.save(model, str(path))
+    with pytest.raises(ContractError, match=r"expected one input 'obs' \[N, 22\]"):
+        OnnxPolicy(path)
+
+
+def test_onnx_policy_refuses_missing_or_garbled_file(tmp_path):
+    with pytest.raises(ContractError, match="no ONNX model at .*policies.export"):
+        OnnxPolicy(tmp_path / "missing.onnx")
+    (tmp_path / "garbled.onnx").write_bytes(b"not a model")
+    with pytest.raises(ContractError, match="not a loadable ONNX model"):
+        OnnxPolicy(tmp_path / "garbled.onnx")
+
+
+# ---------------------------------------------------------------------------------------------
+# C
+
+
+@pytest.mark.parametrize("cc", ["gcc", "clang"])
+def test_c_compiles_strict_and_matches_onnxruntime(exported, tmp_path, cc):
+    out_dir = exported["c"].parent
+    exe = compile_c(cc, [*STRICT, "-O2"], [exported["c"], C_DIR / "policy_driver.c"], out_dir, tmp_path / "driver")
+    obs = exported["obs"]
+    out, stdout = run_driver(exe, obs, tmp_path)
+    assert "self_test 0\n" in stdout
+    assert (out["rc"] == 0).all()
+    onnx_act = OnnxPolicy(exported["onnx"])(obs)
+    err = np.abs(out["action"] - onnx_act).max()
+    assert err <= 1e-5, err
+
+
+def test_c_links_only_single_precision_math(exported, tmp_path):
+    # Microcontroller build: no heap, no stdio, no double-precision libm (software-emulated on
+    # a Cortex-M4); the header promises tanhf/expf only.
+    obj = tmp_path / "policy.o"
+    compile_c("gcc", [*STRICT, "-O2", "-c"], [exported["c"]], exported["c"].parent, obj)
+    undefined = set(subprocess.run(["nm", "-u", str(obj)], capture_output=True, text=True, check=True).stdout.split())
+    assert undefined - {"U"} <= {"tanhf", "expf"}, undefined
+
+
+def test_c_under_sanitizers_on_edge_inputs(exported, tmp_path):
+    consts = header_constants(exported["h"])
+    out_dir = exported["c"].parent
+    exe = compile_c("gcc", [*STRICT, "-O1", *SANITIZE], [exported["c"], C_DIR / "policy_driver.c"], out_dir,
+                    tmp_path / "driver_san")
+    bad, huge = edge_observations(exported["obs"])
+    obs = np.concatenate((exported["obs"], bad, huge))
+    out, stdout = run_driver(exe, obs, tmp_path)
+    assert "self_test 0\n" in stdout
+
+    n_ok = len(exported["obs"])
+    bad_out, huge_out = out[n_ok:n_ok + len(bad)], out[n_ok + len(bad):]
+    assert (out["rc"][:n_ok] == 0).all()
+    # Non-finite input: refused, every rotor at the safe action (-1 = zero rpm).
+    assert (bad_out["rc"] == int(consts["POLICY_ERR_INPUT"])).all()
+    assert float(consts["POLICY_SAFE_ACTION"].strip("()f")) == -1.0
+    assert (bad_out["action"] == -1.0).all()
+    # Huge finite input saturates the normaliser clip and still flies like onnxruntime.
+    assert (huge_out["rc"] == 0).all()
+    assert np.isfinite(huge_out["action"]).all() and (np.abs(huge_out["action"]) <= 1.0).all()
+    assert np.abs(huge_out["action"] - OnnxPolicy(exported["onnx"])(huge)).max() <= 1e-5
+
+
+def test_c_fuzz_any_observation_gives_bounded_action_or_safe_error(exported, tmp_path):
+    out_dir = exported["c"].parent
+    exe = compile_c("clang", [*STRICT, "-O1", "-fsanitize=fuzzer,address,undefined", "-fno-sanitize-recover=all",
+                              "-g"], [exported["c"], C_DIR / "policy_fuzz.c"], out_dir, tmp_path / "fuzz")
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    bad, huge = edge_observations(exported["obs"])
+    seeds = np.concatenate((exported["obs"][::2000], bad[::11], huge[::4]))
+    for i, row in enumerate(seeds):
+        (corpus / f"seed{i}").write_bytes(row.astype("<f4").tobytes())
+    r = subprocess.run([str(exe), "-seed=1", "-runs=200000", "-max_total_time=5", "-max_len=88",
+                        f"-artifact_prefix={tmp_path}/", str(corpus)],
+                       capture_output=True, text=True, env=SANITIZER_ENV, timeout=60)
+    assert r.returncode == 0, r.stderr[-4000:]
+    assert re.search(r"Done \d+ runs", r.stderr), r.stderr[-2000:]
+
+
+@pytest.mark.parametrize("activation", ["relu", "elu"])
+def test_c_other_activations_match_pytorch(exported, tmp_path, activation):
+    actor = make_actor(activation, seed=1)
+    _, c = generate_c(actor, tmp_path)
+    exe = compile_c("gcc", [*STRICT, "-O2"], [c, C_DIR / "policy_driver.c"], tmp_path, tmp_path / "driver")
+    obs = exported["obs"]
+    out, stdout = run_driver(exe, obs, tmp_path)
+    assert "self_test 0\n" in stdout and (out["rc"] == 0).all()
+    with torch.no_grad():
+        ref = actor(torch.as_tensor(obs)).numpy()
+    assert np.abs(out["action"] - ref).max() <= 1e-5
+
+
+# ---------------------------------------------------------------------------------------------
+# CLI and generator errors
+
+
+def test_cli_without_checkpoint_prints_one_error_line(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "policies.export", str(tmp_path)], capture_output=True, text=True,
+                       cwd=REPO, timeout=120)
+    assert r.returncode != 0
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error:") and "Traceback" not in r.stderr, r.stderr
+    assert str(tmp_path / ckpt.BEST) in lines[0]
+
+
+def test_cli_corrupt_checkpoint_prints_one_error_line(tmp_path, capsys):
+    (tmp_path / ckpt.BEST).parent.mkdir(parents=True)
+    (tmp_path / ckpt.BEST).write_bytes(b"\x80\x02 truncated")
+    assert main([str(tmp_path)]) != 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error:") and "corrupt" in err[0]
+    assert not (tmp_path / "export").exists()
+
+
+def _swap_activation(actor):
+    actor.net[1] = nn.Sigmoid()
+
+
+def _insert_layernorm(actor):
+    actor.net.insert(1, nn.LayerNorm(32))
+
+
+def _mix_activations(actor):
+    actor.net[3] = nn.ReLU()
+
+
+@pytest.mark.parametrize("edit, name", [(_swap_activation, "Sigmoid"), (_insert_layernorm, "LayerNorm"),
+                                        (_mix_activations, "mixed activations")])
+def test_generate_c_refuses_unsupported_layers(tmp_path, edit, name):
+    actor = make_actor()
+    edit(actor)
+    with pytest.raises(UnsupportedLayerError, match=name):
+        generate_c(actor, tmp_path)
+    assert not (tmp_path / "policy.c").exists()
