@@ -1,0 +1,128 @@
+/* Firmware-independent half of the Crazyflie policy controller: see cf_policy_glue.h. */
+#include "cf_policy_glue.h"
+
+#define DEG_TO_RAD 0.017453292519943295f
+
+void cfp_init(cfp_t *c, const cfp_config_t *cfg)
+{
+  c->cfg = *cfg;
+  c->mode = CFP_IDLE;
+  c->fault = CFP_FAULT_NONE;
+  c->policy_rc = 0;
+  c->policy_steps = 0;
+  for (int i = 0; i < CFP_OBS_DIM; ++i) {
+    c->obs[i] = 0.0f;
+  }
+  for (int i = 0; i < CFP_ACT_DIM; ++i) {
+    c->action[i] = cfg->hover_action;
+    c->motor_force[i] = 0.0f;
+  }
+}
+
+float cfp_deg_to_rad(float deg)
+{
+  return deg * DEG_TO_RAD;
+}
+
+void cfp_quat_to_rotmat(const float q[4], float r[9])
+{
+  const float w = q[0], x = q[1], y = q[2], z = q[3];
+  /* s = 2 / |q|^2 makes the matrix orthonormal for any nonzero quaternion: estimators keep the
+   * quaternion close to unit length but not exactly, and no square root is needed. */
+  const float s = 2.0f / (w * w + x * x + y * y + z * z);
+  r[0] = 1.0f - s * (y * y + z * z);
+  r[1] = s * (x * y - w * z);
+  r[2] = s * (x * z + w * y);
+  r[3] = s * (x * y + w * z);
+  r[4] = 1.0f - s * (x * x + z * z);
+  r[5] = s * (y * z - w * x);
+  r[6] = s * (x * z - w * y);
+  r[7] = s * (y * z + w * x);
+  r[8] = 1.0f - s * (x * x + y * y);
+}
+
+void cfp_build_obs(const cfp_input_t *in, const float prev_action[CFP_ACT_DIM], float obs[CFP_OBS_DIM])
+{
+  for (int i = 0; i < 3; ++i) {
+    obs[CFP_OBS_POS + i] = in->pos[i] - in->setpoint_pos[i];
+    obs[CFP_OBS_VEL + i] = in->vel[i] - in->setpoint_vel[i];
+    obs[CFP_OBS_OMEGA + i] = cfp_deg_to_rad(in->gyro_dps[i]);
+  }
+  cfp_quat_to_rotmat(in->quat, &obs[CFP_OBS_ROT]);
+  for (int i = 0; i < CFP_ACT_DIM; ++i) {
+    obs[CFP_OBS_PREV + i] = prev_action[i];
+  }
+}
+
+float cfp_action_to_force(const cfp_config_t *cfg, float action)
+{
+  const float a = action > 1.0f ? 1.0f : (action < -1.0f ? -1.0f : action);
+  const float rpm = 0.5f * (a + 1.0f) * cfg->rpm_max;
+  const float force = cfg->kf * rpm * rpm / cfg->thrust_max;
+  return force > 1.0f ? 1.0f : force;
+}
+
+static void motors_off(cfp_t *c)
+{
+  for (int i = 0; i < CFP_ACT_DIM; ++i) {
+    c->motor_force[i] = 0.0f;
+  }
+}
+
+/* Evaluates the policy; returns false (and latches the fault) on a policy error. */
+static bool run_policy(cfp_t *c, const cfp_input_t *in)
+{
+  float action[CFP_ACT_DIM];
+  cfp_build_obs(in, c->action, c->obs);
+  c->policy_rc = c->cfg.policy_step(c->obs, action);
+  c->policy_steps++;
+  if (c->policy_rc != 0) {
+    c->fault = CFP_FAULT_POLICY;
+    return false;
+  }
+  for (int i = 0; i < CFP_ACT_DIM; ++i) {
+    c->action[i] = action[i];
+    c->motor_force[i] = cfp_action_to_force(&c->cfg, action[i]);
+  }
+  return true;
+}
+
+cfp_mode_t cfp_update(cfp_t *c, const cfp_input_t *in)
+{
+  /* Signed difference: wraps with the 32-bit clock, and a setpoint stamped just after `now` was
+   * sampled counts as fresh. */
+  const int32_t age_ms = (int32_t)(in->now_ms - in->setpoint_ms);
+  const bool fresh = age_ms < (int32_t)c->cfg.deadman_ms;
+  const cfp_mode_t previous = c->mode;
+
+  if (in->setpoint_kind == CFP_SETPOINT_STOP) {
+    c->fault = CFP_FAULT_NONE; /* the operator's stop is what re-arms the policy after a fault */
+    c->mode = CFP_IDLE;
+  } else {
+    if (previous == CFP_POLICY && !fresh) {
+      c->fault = CFP_FAULT_DEADMAN;
+    }
+    if (c->fault != CFP_FAULT_NONE || !fresh) {
+      c->mode = in->in_flight ? CFP_FALLBACK : CFP_IDLE;
+    } else if (in->setpoint_kind != CFP_SETPOINT_POSITION) {
+      c->mode = CFP_FALLBACK;
+    } else {
+      const bool engaging = previous != CFP_POLICY;
+      if (engaging) {
+        c->cfg.policy_reset();
+        for (int i = 0; i < CFP_ACT_DIM; ++i) {
+          c->action[i] = c->cfg.hover_action;
+        }
+      }
+      c->mode = CFP_POLICY;
+      if ((engaging || in->policy_tick) && !run_policy(c, in)) {
+        c->mode = in->in_flight ? CFP_FALLBACK : CFP_IDLE;
+      }
+    }
+  }
+
+  if (c->mode != CFP_POLICY) {
+    motors_off(c);
+  }
+  return c->mode;
+}

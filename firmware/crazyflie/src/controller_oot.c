@@ -1,0 +1,147 @@
+/* Out-of-tree controller for the Crazyflie 2.x firmware that flies the exported policy.
+ *
+ * Thin adapter: firmware types in, cf_policy_glue decides, firmware control_t out. All the logic
+ * worth testing (observation, units, dead-man, fallback) lives in cf_policy_glue.c.
+ *
+ * Motor command: controlModeForce, normalizedForces[i] = kf * rpm_i^2 / THRUST_MAX with
+ * rpm_i = (a_i + 1) / 2 * POLICY_RPM_MAX. The firmware maps a normalized force linearly to thrust
+ * (0..THRUST_MAX N per motor) and, with CONFIG_ENABLE_THRUST_BAT_COMPENSATED, inverts its
+ * measured thrust(voltage) curve and the battery voltage into PWM. kf is the simulator's
+ * (sim/crazyflie/params.py) so a command means the thrust the policy was trained to expect.
+ * With the stock THRUST_MAX (0.1125 N) actions above ~0.74 saturate at full PWM.
+ *
+ * Fallback: the stock PID controller runs on every step (output discarded while the policy flies)
+ * so its filters and integrators are warm when it takes over in flight.
+ */
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "FreeRTOS.h"
+#include "task.h"
+
+#include "app.h"
+#include "controller.h"
+#include "controller_pid.h"
+#include "log.h"
+#include "platform_defaults.h"
+#include "stabilizer_types.h"
+#include "supervisor.h"
+
+#define DEBUG_MODULE "POLICY"
+#include "debug.h"
+
+#include "cf_policy_glue.h"
+#include "cf_vehicle.h"
+#include "policy.h"
+
+/* Setpoints older than this stop the policy: inside the firmware's own 500 ms commander watchdog,
+ * so the handover to the PID happens before the supervisor starts levelling out. */
+#define DEADMAN_MS 300u
+
+/* policy_self_test tolerance: the stored reference is PyTorch's output; the MCU's float32 and
+ * newlib tanhf differ from it by float rounding only (~1e-7). */
+#define SELF_TEST_TOL 1e-5f
+
+static cfp_t glue;
+static control_t pid_control;
+static uint8_t log_mode;
+static uint8_t log_fault;
+
+void controllerOutOfTreeInit(void)
+{
+  const cfp_config_t cfg = {
+    .policy_step = policy_step,
+    .policy_reset = policy_reset,
+    .rpm_max = POLICY_RPM_MAX,
+    .kf = CF_KF,
+    .thrust_max = THRUST_MAX,
+    .hover_action = CF_HOVER_ACTION,
+    .deadman_ms = DEADMAN_MS,
+  };
+  cfp_init(&glue, &cfg);
+  controllerPidInit();
+}
+
+/* Runs once at boot (stabilizerTest): a failure fails the firmware's system self-test, so it will
+ * not fly. */
+bool controllerOutOfTreeTest(void)
+{
+  const int rc = policy_self_test(SELF_TEST_TOL);
+  DEBUG_PRINT("policy self-test %s (rc %d)\n", rc == 0 ? "passed" : "FAILED", rc);
+  return rc == 0 && controllerPidTest();
+}
+
+static cfp_setpoint_kind_t setpoint_kind(const setpoint_t *sp)
+{
+  if (sp->mode.x == modeAbs && sp->mode.y == modeAbs && sp->mode.z == modeAbs) {
+    return CFP_SETPOINT_POSITION;
+  }
+  if (sp->mode.x == modeDisable && sp->mode.y == modeDisable && sp->mode.z == modeDisable && sp->thrust == 0.0f) {
+    return CFP_SETPOINT_STOP;
+  }
+  return CFP_SETPOINT_OTHER;
+}
+
+void controllerOutOfTree(control_t *control, const setpoint_t *setpoint, const sensorData_t *sensors,
+                         const state_t *state, const stabilizerStep_t stabilizerStep)
+{
+  controllerPid(&pid_control, setpoint, sensors, state, stabilizerStep);
+
+  const quaternion_t *q = &state->attitudeQuaternion;
+  /* A body-frame velocity reference has no place in the world-frame observation: treat it as 0. */
+  const bool world_vel = !setpoint->velocity_body;
+  const cfp_input_t in = {
+    .now_ms = T2M(xTaskGetTickCount()),
+    .policy_tick = RATE_DO_EXECUTE(RATE_100_HZ, stabilizerStep),
+    .in_flight = supervisorIsFlying(),
+    .pos = {state->position.x, state->position.y, state->position.z},
+    .quat = {q->w, q->x, q->y, q->z},
+    .vel = {state->velocity.x, state->velocity.y, state->velocity.z},
+    .gyro_dps = {sensors->gyro.x, sensors->gyro.y, sensors->gyro.z},
+    .setpoint_kind = setpoint_kind(setpoint),
+    .setpoint_pos = {setpoint->position.x, setpoint->position.y, setpoint->position.z},
+    .setpoint_vel = {world_vel ? setpoint->velocity.x : 0.0f, world_vel ? setpoint->velocity.y : 0.0f,
+                     world_vel ? setpoint->velocity.z : 0.0f},
+    .setpoint_ms = T2M(setpoint->timestamp),
+  };
+
+  const cfp_mode_t mode = cfp_update(&glue, &in);
+  log_mode = (uint8_t)mode;
+  log_fault = (uint8_t)glue.fault;
+  if (mode == CFP_FALLBACK) {
+    *control = pid_control;
+    return;
+  }
+  control->controlMode = controlModeForce;
+  for (int i = 0; i < STABILIZER_NR_OF_MOTORS; ++i) {
+    control->normalizedForces[i] = glue.motor_force[i];
+  }
+}
+
+/* The app task reports mode changes on the console: printing from the 1 kHz stabilizer loop
+ * would disturb its timing. */
+void appMain(void)
+{
+  uint8_t reported_mode = CFP_IDLE;
+  uint8_t reported_fault = CFP_FAULT_NONE;
+  while (1) {
+    vTaskDelay(M2T(100));
+    if (log_mode != reported_mode || log_fault != reported_fault) {
+      reported_mode = log_mode;
+      reported_fault = log_fault;
+      DEBUG_PRINT("mode %u (0 idle, 1 policy, 2 PID fallback), fault %u (1 dead-man, 2 policy error)\n",
+                  reported_mode, reported_fault);
+    }
+  }
+}
+
+/* Log group "rlpolicy": who drives the motors and why, plus the last action. */
+LOG_GROUP_START(rlpolicy)
+LOG_ADD(LOG_UINT8, mode, &log_mode)
+LOG_ADD(LOG_UINT8, fault, &log_fault)
+LOG_ADD(LOG_INT32, rc, &glue.policy_rc)
+LOG_ADD(LOG_FLOAT, a1, &glue.action[0])
+LOG_ADD(LOG_FLOAT, a2, &glue.action[1])
+LOG_ADD(LOG_FLOAT, a3, &glue.action[2])
+LOG_ADD(LOG_FLOAT, a4, &glue.action[3])
+LOG_GROUP_STOP(rlpolicy)

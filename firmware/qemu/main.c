@@ -1,0 +1,86 @@
+/* Processor-in-the-loop image: the exported policy on an emulated STM32F405.
+ *
+ * Boot: policy_self_test, reported in a FRAME_BOOT frame and on the semihosting console.
+ * Loop: receive a FRAME_OBS (22 floats), run policy_step, answer FRAME_ACTION with the return
+ * code, the 4 actions and the SysTick ticks policy_step took (seq echoed). Bad frames are answered
+ * with FRAME_NACK; FRAME_QUIT ends QEMU through semihosting. */
+#include <string.h>
+
+#include "board.h"
+#include "frame.h"
+#include "policy.h"
+
+/* The self-test reference is PyTorch's output; float32 on the MCU differs by rounding only. */
+#define SELF_TEST_TOL 1e-5f
+
+/* Compile-time check (C99 has no static_assert): an observation fits in one frame. */
+typedef char obs_fits_frame[(POLICY_OBS_DIM * 4 <= FRAME_MAX_PAYLOAD) ? 1 : -1];
+
+static void send(uint8_t type, uint8_t seq, const void *payload, uint8_t len)
+{
+  uint8_t buf[FRAME_MAX_SIZE];
+  uart_write(buf, (uint32_t)frame_encode(type, seq, (const uint8_t *)payload, len, buf));
+}
+
+static void boot_report(void)
+{
+  const uint32_t t0 = ticks_now();
+  const uint32_t t1 = ticks_now();
+  const int32_t rc = policy_self_test(SELF_TEST_TOL);
+  const uint32_t t2 = ticks_now();
+  /* int32 rc, uint32 self-test ticks, uint32 overhead ticks of one measurement, dims. */
+  uint32_t payload[5];
+  const uint32_t overhead = ticks_elapsed(t0, t1);
+  memcpy(&payload[0], &rc, 4);
+  payload[1] = ticks_elapsed(t1, t2);
+  payload[2] = overhead;
+  payload[3] = POLICY_OBS_DIM;
+  payload[4] = POLICY_ACT_DIM;
+  /* Console first: once the host has the boot frame, the console line is there too. */
+  semihost_print(rc == 0 ? "pil: policy self-test passed\n" : "pil: policy self-test FAILED\n");
+  send(FRAME_BOOT, 0, payload, sizeof payload);
+}
+
+static void answer_obs(const frame_t *f)
+{
+  float obs[POLICY_OBS_DIM];
+  float action[POLICY_ACT_DIM];
+  memcpy(obs, f->payload, sizeof obs);
+  const uint32_t t0 = ticks_now();
+  const int32_t rc = policy_step(obs, action);
+  const uint32_t t1 = ticks_now();
+  const uint32_t ticks = ticks_elapsed(t0, t1);
+  uint8_t payload[4 + 4 * POLICY_ACT_DIM + 4];
+  memcpy(&payload[0], &rc, 4);
+  memcpy(&payload[4], action, sizeof action);
+  memcpy(&payload[4 + sizeof action], &ticks, 4);
+  send(FRAME_ACTION, f->seq, payload, sizeof payload);
+}
+
+int main(void)
+{
+  uart_init();
+  ticks_init();
+  policy_reset();
+  boot_report();
+
+  frame_parser_t parser;
+  frame_parser_init(&parser);
+  uint32_t bad_frames = 0;
+  for (;;) {
+    const frame_parse_result_t r = frame_parser_feed(&parser, uart_read_byte());
+    if (r == FRAME_PARSE_MORE) {
+      continue;
+    }
+    const frame_t *f = &parser.frame;
+    if (r == FRAME_PARSE_OK && f->type == FRAME_OBS && f->len == POLICY_OBS_DIM * 4) {
+      answer_obs(f);
+    } else if (r == FRAME_PARSE_OK && f->type == FRAME_QUIT) {
+      semihost_print("pil: quit\n");
+      semihost_exit(0);
+    } else {
+      bad_frames++;
+      send(FRAME_NACK, r == FRAME_PARSE_OK ? f->seq : 0, &bad_frames, sizeof bad_frames);
+    }
+  }
+}

@@ -1,0 +1,178 @@
+"""The policy firmware: glue unit tests on the host, the cross-build for the Crazyflie's MCU, and the
+exported policy on an emulated STM32F405 (QEMU), closed loop with the simulator.
+
+The fast tests use an untrained actor with random weights (it does not hover; it exercises the
+numerics and the link). ``test_pretrained_hovers_through_the_mcu`` runs the hover criterion's
+closed loop on the shipped policy in policies/pretrained/quad_hover/ and is skipped until it exists.
+"""
+
+import math
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from export.c_codegen import generate_c
+from export.onnx_policy import export_onnx
+from firmware import build, pil
+from policies import checkpoint as ckpt
+from policies.config import to_objects
+from policies.evaluate import EPISODE_SECONDS, SUCCESS_RATE_REQUIRED, evaluate_hover
+from policies.networks import Actor
+from sim.crazyflie.contract import CONTRACT, POLICY_PERIOD
+from sim.crazyflie.params import NOMINAL
+from sim.registry import get_task
+
+REPO = Path(__file__).resolve().parents[1]
+PRETRAINED_HOVER = REPO / "policies" / "pretrained" / "quad_hover"
+ACTION_TOL = 1e-4  # MCU vs onnxruntime, per action
+
+
+def requires(*tools: str):
+    missing = [t for t in tools if shutil.which(t) is None]
+    return pytest.mark.skipif(bool(missing), reason=f"not installed: {', '.join(missing)}")
+
+
+def export_actor(actor: Actor, out_dir: Path, note: str) -> Path:
+    """policy.onnx + policy.c/.h of ``actor`` in out_dir, as ``python -m policies.export`` writes them."""
+    export_onnx(actor, out_dir / "policy.onnx", {"task": "quad_hover", "note": note})
+    generate_c(actor, out_dir, header_note=note)
+    return out_dir
+
+
+def random_actor(seed: int = 0) -> Actor:
+    """The deployable actor architecture with random weights and a plausible hover normaliser."""
+    torch.manual_seed(seed)
+    actor = Actor(obs_dim=CONTRACT.obs_size, act_dim=CONTRACT.action_size, hidden=[32, 32], activation="tanh",
+                  init_action=0.334)
+    level = [1.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 1.0]
+    std = [0.15] * 3 + [0.3] * 9 + [0.4] * 3 + [1.0] * 3 + [0.1] * 4  # m, 1, m/s, rad/s, 1
+    with torch.no_grad():
+        actor.obs_norm.mean.copy_(torch.tensor([0.0] * 3 + level + [0.0] * 6 + [NOMINAL.hover_action] * 4))
+        actor.obs_norm.var.copy_(torch.tensor(std) ** 2)
+        # The output layer starts near zero by design; spread it so actions vary with the input.
+        actor.net[-1].weight.normal_(0.0, 0.3)
+    return actor.eval()
+
+
+@pytest.fixture(scope="module")
+def build_dir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("firmware_build")
+
+
+@pytest.fixture(scope="module")
+def export_dir(tmp_path_factory) -> Path:
+    return export_actor(random_actor(), tmp_path_factory.mktemp("export"), "random test actor")
+
+
+@pytest.fixture(scope="module")
+def mcu(export_dir, build_dir):
+    if shutil.which("qemu-system-arm") is None or shutil.which("arm-none-eabi-gcc") is None:
+        pytest.skip("needs qemu-system-arm and arm-none-eabi-gcc")
+    with pil.McuPolicy(export_dir, build_dir / "pil") as m:
+        yield m
+    assert m.proc.returncode == 0, f"QEMU exited with {m.proc.returncode}"
+
+
+# ---------------------------------------------------------------------- host and cross builds
+def test_vehicle_header_is_generated_from_params():
+    assert build.VEHICLE_HEADER.read_text() == build.vehicle_header(), (
+        "crazyflie/src/cf_vehicle.h is out of date with sim/crazyflie/params.py: "
+        "run python -m firmware.build vehicle-header")
+
+
+@pytest.mark.parametrize("cc", ["gcc", "clang"])
+def test_glue_unit_tests_pass_on_host(cc, build_dir):
+    if shutil.which(cc) is None:
+        pytest.skip(f"{cc} not installed")
+    out = build.run_host_tests(build_dir, cc=cc)
+    assert ", 0 failed" in out
+
+
+@requires("arm-none-eabi-gcc")
+def test_controller_adapter_compiles_with_firmware_flags(export_dir, build_dir):
+    build.make("adapter-check", build_dir, POLICY_DIR=export_dir)
+
+
+@requires("arm-none-eabi-gcc", "arm-none-eabi-size")
+def test_cross_build_fits_the_stm32f405(export_dir, build_dir):
+    sizes = build.cross_sizes(export_dir, build_dir)
+    print(f"policy + glue, Cortex-M4F -O2: {sizes}")
+    assert sizes["text"] > 0 and sizes["bss"] > 0
+    assert sizes["flash"] <= build.FLASH_BYTES and sizes["ram"] <= build.RAM_BYTES
+
+
+def test_missing_export_is_a_clear_error(tmp_path):
+    with pytest.raises(build.BuildError, match="python -m policies.export"):
+        build.cross_sizes(tmp_path, tmp_path / "build")
+
+
+# ---------------------------------------------------------------------- emulated MCU
+def test_mcu_boots_and_passes_the_self_test(mcu):
+    assert mcu.boot.self_test_rc == 0
+    assert "self-test passed" in mcu.console()
+    assert mcu.boot.self_test_instructions > 0
+
+
+def test_link_resynchronises_and_rejects_bad_input(mcu):
+    obs = np.zeros(CONTRACT.obs_size, np.float32)
+    good = pil.encode_frame(pil.FRAME_OBS, 77, obs.tobytes())
+    corrupted = bytearray(good)
+    corrupted[20] ^= 0x40
+    mcu.send_bytes(b"\x00\x13\xa5\x00" + bytes(corrupted) + good)
+    nack, answer = mcu.read_frame(), mcu.read_frame()
+    assert nack.type == pil.FRAME_NACK
+    assert answer.type == pil.FRAME_ACTION and answer.seq == 77
+
+    # A non-finite observation: error code and the safe action (all rotors stopped).
+    obs[5] = np.nan
+    actions, rcs, _ = mcu.exchange(obs[None])
+    assert rcs[0] == 1
+    assert (actions[0] == -1.0).all()
+
+
+@requires("qemu-system-arm")
+def test_tick_count_agrees_with_an_exact_instruction_trace(mcu):
+    exact = pil.count_instructions_exact(mcu.elf)
+    # The tick count also covers the call instruction and one timer read around the call.
+    assert abs(mcu.boot.self_test_instructions - exact) <= 8, (mcu.boot.self_test_instructions, exact)
+
+
+def test_closed_loop_through_the_mcu_matches_onnxruntime(mcu):
+    mcu.stats = pil.PilStats()
+    episodes = 2
+    task_cfg = get_task("quad_hover").default_config()
+    result = evaluate_hover(mcu, task_cfg, episodes=episodes)
+    stats = mcu.stats
+    print(f"\nPIL closed loop ({episodes} episodes of {EPISODE_SECONDS:g} s): {stats.summary()}")
+    assert result.episodes == episodes
+    assert stats.steps == episodes * round(EPISODE_SECONDS / POLICY_PERIOD)
+    assert stats.errors == 0
+    assert stats.max_abs_diff <= ACTION_TOL
+    assert len(stats.instructions) == stats.steps and min(stats.instructions) > 0
+
+
+# ---------------------------------------------------------------------- shipped policy
+@pytest.mark.parametrize("run_dir", [PRETRAINED_HOVER], ids=["quad_hover"])
+def test_pretrained_hovers_through_the_mcu(run_dir, tmp_path):
+    """The hover criterion's closed loop (20 episodes) with every action computed by the MCU."""
+    if not (run_dir / ckpt.BEST).is_file():
+        pytest.skip(f"no shipped policy at {run_dir} yet")
+    if shutil.which("qemu-system-arm") is None or shutil.which("arm-none-eabi-gcc") is None:
+        pytest.skip("needs qemu-system-arm and arm-none-eabi-gcc")
+    actor, _ = ckpt.load_policy(run_dir)
+    task_cfg, _ = to_objects(OmegaConf.load(run_dir / "config.yaml"))
+    export_dir = export_actor(actor, tmp_path / "export", f"from {run_dir.name}")
+    episodes = 20
+    with pil.McuPolicy(export_dir, tmp_path / "build") as mcu:
+        on_mcu = evaluate_hover(mcu, task_cfg, episodes=episodes)
+        stats = mcu.stats
+    in_torch = evaluate_hover(actor, task_cfg, episodes=episodes)
+    print(f"\nMCU: {on_mcu.summary()}\n      {stats.summary()}\ntorch: {in_torch.summary()}")
+    assert stats.errors == 0 and stats.max_abs_diff <= ACTION_TOL
+    assert on_mcu.success_rate >= SUCCESS_RATE_REQUIRED
+    # Same seed, same noise: the MCU may differ from PyTorch by float rounding, not by an episode more.
+    assert math.isclose(on_mcu.success_rate, in_torch.success_rate, abs_tol=1.0 / episodes)
