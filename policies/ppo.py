@@ -28,9 +28,11 @@ class PPOConfig:
     clip: float = 0.2  # policy ratio clip
     lr: float = 1e-3
     desired_kl: float = 0.01  # adaptive learning rate target (0 disables)
-    entropy_coef: float = 0.0
+    max_lr: float = 1e-2  # ceiling of the adaptive learning rate
+    entropy_coef: float = 0.005  # keeps exploring long enough to learn yaw and precise position
     value_coef: float = 1.0
     max_grad_norm: float = 1.0
+    critic_warmup_iterations: int = 0  # iterations that fit only the value function before the actor moves
     init_log_std: float = -2.0  # initial exploration std exp(-2) ~ 0.14 in pre-tanh units
     actor_hidden: list[int] = field(default_factory=lambda: [32, 32])
     critic_hidden: list[int] = field(default_factory=lambda: [64, 64])
@@ -52,6 +54,7 @@ class PPO:
         self.gen = torch.Generator(device=device)
         self.gen.manual_seed(seed + 1)
         self.obs, _ = env.reset(seed=seed)
+        self.iteration = 0
 
     def value(self, critic_obs: torch.Tensor) -> torch.Tensor:
         return self.value_norm.denormalize(self.critic(critic_obs)[:, None])[:, 0]
@@ -61,7 +64,7 @@ class PPO:
         c, env = self.cfg, self.env
         T, N = c.horizon, env.num_envs
         buf = {k: [] for k in ("obs", "critic", "u", "logp", "value", "reward", "done", "valid")}
-        episode_returns = []
+        episode_returns, episode_lengths = [], []
         for _ in range(T):
             obs, critic_obs = self.obs["policy"], self.obs["critic"]
             self.actor.obs_norm.update(obs)
@@ -71,6 +74,9 @@ class PPO:
             logp = squashed_log_prob(u, mu, log_std)
             value = self.value(critic_obs)
             self.obs, reward, term, trunc, info = env.step(torch.tanh(u))
+            if "episode_return" in info:
+                episode_returns.append(info["episode_return"])
+                episode_lengths.append(info["episode_length"])
             valid = ~info["nonfinite"] if "nonfinite" in info else torch.ones(N, dtype=torch.bool, device=self.device)
             if trunc.any():
                 # Time limit is not a terminal state: bootstrap with V(final observation).
@@ -91,12 +97,15 @@ class PPO:
             adv[t] = gae
         batch["adv"] = adv
         batch["ret"] = adv + batch["value"]
-        return {k: v.flatten(0, 1) for k, v in batch.items()}
+        out = {k: v.flatten(0, 1) for k, v in batch.items()}
+        out["episode_return"] = torch.cat(episode_returns) if episode_returns else torch.zeros(0)
+        out["episode_length"] = torch.cat(episode_lengths) if episode_lengths else torch.zeros(0)
+        return out
 
     def update(self, b: dict[str, torch.Tensor]) -> dict[str, float]:
         c = self.cfg
         valid = b["valid"]
-        b = {k: v[valid] for k, v in b.items()}
+        b = {k: b[k][valid] for k in ("obs", "critic", "u", "logp", "adv", "ret")}
         self.value_norm.update(b["ret"][:, None])
         ret_n = (b["ret"][:, None] - self.value_norm.mean) / torch.sqrt(self.value_norm.var + self.value_norm.eps)
         ret_n = ret_n[:, 0]
@@ -117,18 +126,20 @@ class PPO:
                 policy_loss = -torch.min(ratio * a, ratio.clamp(1 - c.clip, 1 + c.clip) * a).mean()
                 value_loss = (self.critic(b["critic"][idx]) - ret_n[idx]).square().mean()
                 entropy = log_std.sum(-1).mean()  # Gaussian entropy up to a constant
-                loss = policy_loss + c.value_coef * value_loss - c.entropy_coef * entropy
+                # During warm-up only the critic learns: advantages from an untrained critic are noise.
+                actor_on = float(self.iteration >= c.critic_warmup_iterations)
+                loss = actor_on * (policy_loss - c.entropy_coef * entropy) + c.value_coef * value_loss
                 self.opt.zero_grad(set_to_none=True)
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_([*self.actor.parameters(), *self.critic.parameters()], c.max_grad_norm)
                 self.opt.step()
                 with torch.no_grad():
                     kl = ((ratio - 1) - log_ratio).mean().item()
-                if c.desired_kl > 0:  # adaptive step size, as in rsl_rl / legged_gym
+                if c.desired_kl > 0 and self.iteration >= c.critic_warmup_iterations:  # adaptive step size, as in rsl_rl / legged_gym
                     if kl > 2 * c.desired_kl:
                         self.lr = max(self.lr / 1.5, 1e-5)
                     elif kl < c.desired_kl / 2:
-                        self.lr = min(self.lr * 1.5, 1e-2)
+                        self.lr = min(self.lr * 1.5, c.max_lr)
                     for g in self.opt.param_groups:
                         g["lr"] = self.lr
                 stats["policy_loss"] += policy_loss.item()
@@ -145,14 +156,18 @@ class PPO:
         """Collect one batch and learn from it; returns scalar metrics for logging."""
         batch = self.rollout()
         metrics = self.update(batch)
+        self.iteration += 1
         metrics["reward"] = batch["reward"].mean().item()
+        if len(batch["episode_return"]):
+            metrics["episode_return"] = batch["episode_return"].mean().item()
+            metrics["episode_length_s"] = batch["episode_length"].mean().item()
         return metrics
 
     def state_dict(self) -> dict:
         return {
             "actor": self.actor.state_dict(), "critic": self.critic.state_dict(),
             "value_norm": self.value_norm.state_dict(), "opt": self.opt.state_dict(), "lr": self.lr,
-            "gen": self.gen.get_state(), "obs": self.obs,
+            "gen": self.gen.get_state(), "obs": self.obs, "iteration": self.iteration,
         }
 
     def load_state_dict(self, d: dict) -> None:
@@ -163,3 +178,4 @@ class PPO:
         self.lr = d["lr"]
         self.gen.set_state(d["gen"])
         self.obs = d["obs"]
+        self.iteration = d["iteration"]

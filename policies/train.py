@@ -93,7 +93,7 @@ def run(cfg: DictConfig, run_dir: Path, resume_state: dict | None) -> dict:
     env = spec.env_cls(task_cfg, algo_cfg.num_envs, device=device, seed=cfg.seed)
     algo = make_algo(algo_cfg.name, algo_cfg, env, device, cfg.seed)
     tr = {"iteration": 0, "env_steps": 0, "seconds": 0.0, "next_eval": cfg.eval_every_steps,
-          "best_success": -1.0, "evals": [], "time_to_success": None}
+          "best_success": -1.0, "best_error": float("inf"), "evals": [], "time_to_success": None}
     if resume_state is not None:
         algo.load_state_dict(resume_state["algo"])
         env.load_state_dict(resume_state["env"])
@@ -137,8 +137,10 @@ def run(cfg: DictConfig, run_dir: Path, resume_state: dict | None) -> dict:
             tr["evals"].append(rec)
             writer.add_scalar("eval/success_rate", res.success_rate, tr["env_steps"])
             writer.add_scalar("eval/mean_final_error_m", res.mean_final_error, tr["env_steps"])
-            if res.success_rate > tr["best_success"]:
-                tr["best_success"] = res.success_rate
+            # Best = highest success rate, ties broken by the smaller final position error.
+            error = res.mean_final_error if res.mean_final_error == res.mean_final_error else float("inf")
+            if (res.success_rate, -error) > (tr["best_success"], -tr["best_error"]):
+                tr["best_success"], tr["best_error"] = res.success_rate, error
                 ckpt.save_atomic(ckpt.policy_record(algo.actor, cfg, rec, tr["env_steps"]), run_dir / ckpt.BEST)
             if cfg.stop_at_success > 0 and res.success_rate >= cfg.stop_at_success:
                 if tr["time_to_success"] is None:

@@ -48,9 +48,13 @@ class RandomizationConfig:
     motor_tau: Range = field(default_factory=lambda: Range(0.03, 0.15))  # s
     # Full battery 4.2 V down to ~3.7 V under load loses ~10-15% of peak thrust.
     thrust_scale: Range = field(default_factory=lambda: Range(0.85, 1.0))
-    max_latency_steps: int = 2  # action applied 0..2 policy periods late
-    # Constant per-episode disturbances, std per axis. 0.004 N is 1.5 % of the weight.
-    force_std: float = 0.004  # N, world frame
+    # Actuation latency, uniform in [0, max_latency_steps] policy periods (continuous: a delay of
+    # k + f periods applies the f-weighted mean of the commands issued k and k + 1 periods ago,
+    # which the rotor lag turns into the same rotor-speed response as a mid-period switch).
+    max_latency_steps: int = 2
+    # Constant per-episode disturbances (unmodelled aerodynamic asymmetry), std per axis.
+    # 0.002 N is 0.75 % of the weight, i.e. the force of a 0.4 deg tilt.
+    force_std: float = 0.002  # N, world frame
     torque_std: float = 2e-6  # N m, body frame
 
 
@@ -81,14 +85,22 @@ class RewardConfig:
     The curriculum (Learning to Fly in Seconds, Eschmann et al. 2024) ramps the smoothness
     weights from ``curriculum_start`` x to 1 x over ``curriculum_steps`` environment steps."""
 
-    alive: float = 2.0
-    position: float = 5.0  # per m of distance (linear, so precision keeps paying near the target)
+    # Alive bonus above the largest cost inside the 1 m ball, so that surviving always pays
+    # more than crashing (otherwise early policies learn to end episodes on purpose).
+    alive: float = 20.0
+    position: float = 10.0  # per m of distance (linear, so precision keeps paying near the target)
+    # Extra cost 1 - exp(-(d / precision_scale)^2): steep between ~1 and ~10 cm, where a linear
+    # term alone leaves steady-state offsets of several cm (measured: ~4 cm per axis).
+    precision: float = 5.0
+    precision_scale: float = 0.05  # m
     velocity: float = 0.5  # per (m/s)^2
-    orientation: float = 2.0  # per sin^2(angle/2) from level, yaw included
+    # Per sin^2(angle / 2) from level with yaw 0. Yaw authority is weak (km * thrust), and a weak
+    # weight here let policies drift to a yaw of 10-20 deg with a matching position offset.
+    orientation: float = 20.0
     angular_velocity: float = 0.05  # per (rad/s)^2
     action: float = 0.5  # per squared deviation from the nominal hover action
     action_rate: float = 1.0  # per squared change of action between steps
-    termination: float = 50.0  # one-off penalty when the episode fails
+    termination: float = 0.0  # one-off penalty when the episode fails (losing the alive bonus is enough)
     curriculum_start: float = 0.1
     curriculum_steps: int = 20_000_000
 
@@ -162,10 +174,11 @@ class QuadHoverEnv(gym.vector.VectorEnv):
 
         n, d = num_envs, self.device
         self.t = torch.zeros(n, dtype=torch.long, device=d)
+        self.episode_return = torch.zeros(n, device=d)
         self.phase = torch.zeros(n, device=d)  # used by moving references (quad_track)
         self.prev_action = torch.full((n, ACT_DIM), self.hover_action, device=d)
-        self.action_hist = torch.full((n, self.cfg.randomization.max_latency_steps + 1, ACT_DIM), self.hover_action, device=d)
-        self.latency = torch.zeros(n, dtype=torch.long, device=d)
+        self.action_hist = torch.full((n, self.cfg.randomization.max_latency_steps + 2, ACT_DIM), self.hover_action, device=d)
+        self.latency = torch.zeros(n, device=d)  # policy periods, continuous
         self.force = torch.zeros(n, 3, device=d)
         self.torque = torch.zeros(n, 3, device=d)
         self.vehicle = VehicleBatch.nominal(n, params, d)
@@ -204,7 +217,7 @@ class QuadHoverEnv(gym.vector.VectorEnv):
                 (v.km / p.km)[:, None],
                 (v.motor_tau / 0.1)[:, None],
                 v.thrust_scale[:, None],
-                (self.latency.float() / max_lat)[:, None],
+                (self.latency / max_lat)[:, None],
                 (self.t.float() / self.max_steps)[:, None],
                 self.reference()[1],
             ),
@@ -237,6 +250,7 @@ class QuadHoverEnv(gym.vector.VectorEnv):
         c = self.curriculum()
         cost = (
             w.position * terms["position"]
+            + w.precision * (1.0 - torch.exp(-(terms["position"] / w.precision_scale).square()))
             + w.velocity * terms["velocity"]
             + w.orientation * terms["orientation"]
             + w.angular_velocity * terms["angular_velocity"]
@@ -267,7 +281,7 @@ class QuadHoverEnv(gym.vector.VectorEnv):
             v.km[idx] = p.km * self._uniform(k, r.km_scale)
             v.motor_tau[idx] = self._uniform(k, r.motor_tau)
             v.thrust_scale[idx] = self._uniform(k, r.thrust_scale)
-            self.latency[idx] = torch.randint(0, r.max_latency_steps + 1, (k,), generator=self.gen, device=self.device)
+            self.latency[idx] = r.max_latency_steps * self._rand((k,))
             self.force[idx] = r.force_std * self._randn((k, 3))
             self.torque[idx] = r.torque_std * self._randn((k, 3))
 
@@ -290,13 +304,15 @@ class QuadHoverEnv(gym.vector.VectorEnv):
 
     # ----------------------------------------------------------------- gym API
     def reset(self, *, seed: int | None = None, options: dict | None = None):
-        if seed is not None:
+        if seed is not None:  # a seeded reset starts the experiment over, curriculum included
             self.gen.manual_seed(seed)
+            self.total_steps = 0
         self._reset_envs(torch.arange(self.num_envs, device=self.device))
         return self._observe(), {}
 
     def _reset_envs(self, idx: torch.Tensor) -> None:
         self.t[idx] = 0
+        self.episode_return[idx] = 0.0
         self.phase[idx] = 2 * math.pi * self._rand((len(idx),))
         self.randomize(idx)
         a0 = torch.full((len(idx), ACT_DIM), self.hover_action, device=self.device)
@@ -308,7 +324,10 @@ class QuadHoverEnv(gym.vector.VectorEnv):
         action = action.to(self.device, torch.float32).clamp(-1.0, 1.0)
         # Latency: shift the history, apply the action issued `latency` periods ago.
         self.action_hist = torch.cat((action[:, None], self.action_hist[:, :-1]), dim=1)
-        applied = self.action_hist[torch.arange(self.num_envs, device=self.device), self.latency]
+        k = self.latency.floor().long().clamp(max=self.action_hist.shape[1] - 2)
+        f = (self.latency - k)[:, None]
+        rows = torch.arange(self.num_envs, device=self.device)
+        applied = (1 - f) * self.action_hist[rows, k] + f * self.action_hist[rows, k + 1]
         self.backend.step(action_to_rpm(applied, self.params.rpm_max), self.force, self.torque)
         self.t += 1
         self.total_steps += self.num_envs
@@ -320,12 +339,15 @@ class QuadHoverEnv(gym.vector.VectorEnv):
         self.prev_action = action
         truncated = (self.t >= self.max_steps) & ~failed
         done = failed | truncated
+        self.episode_return += reward
 
         info: dict = {}
         if done.any():
             idx = done.nonzero().squeeze(-1)
             info["final_obs"] = self._observe()
             info["done_mask"] = done
+            info["episode_return"] = self.episode_return[idx].clone()
+            info["episode_length"] = self.t[idx].float() * POLICY_PERIOD  # s
             if bad.any():
                 # Never let a non-finite state reach training: zero it, mark it, reset it.
                 self.nonfinite_resets += int(bad.sum())
@@ -342,7 +364,7 @@ class QuadHoverEnv(gym.vector.VectorEnv):
         return {
             "state": self.backend.state.clone(),
             "vehicle": {k: t.clone() for k, t in self.vehicle.items()},
-            "t": self.t.clone(), "phase": self.phase.clone(), "prev_action": self.prev_action.clone(),
+            "t": self.t.clone(), "episode_return": self.episode_return.clone(), "phase": self.phase.clone(), "prev_action": self.prev_action.clone(),
             "action_hist": self.action_hist.clone(), "latency": self.latency.clone(),
             "force": self.force.clone(), "torque": self.torque.clone(),
             "gen": self.gen.get_state(), "total_steps": self.total_steps, "nonfinite_resets": self.nonfinite_resets,
@@ -351,7 +373,7 @@ class QuadHoverEnv(gym.vector.VectorEnv):
     def load_state_dict(self, d: dict) -> None:
         for k, t in d["vehicle"].items():
             setattr(self.vehicle, k, t.to(self.device))
-        for k in ("t", "phase", "prev_action", "action_hist", "latency", "force", "torque"):
+        for k in ("t", "episode_return", "phase", "prev_action", "action_hist", "latency", "force", "torque"):
             setattr(self, k, d[k].to(self.device))
         self.gen.set_state(d["gen"])
         self.total_steps, self.nonfinite_resets = d["total_steps"], d["nonfinite_resets"]

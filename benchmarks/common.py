@@ -1,0 +1,46 @@
+"""Shared helpers for benchmarks: machine description and writing a section of BENCHMARKS.md."""
+
+from __future__ import annotations
+
+import os
+import platform
+import re
+import subprocess
+from datetime import date
+from pathlib import Path
+
+import torch
+
+BENCHMARKS_MD = Path(__file__).resolve().parents[1] / "BENCHMARKS.md"
+
+
+def machine() -> str:
+    cpu = "unknown CPU"
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    mem_gb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    return (f"{os.cpu_count()} cores ({cpu}), {mem_gb:.0f} GB RAM, no GPU, Python {platform.python_version()}, "
+            f"torch {torch.__version__} ({torch.get_num_threads()} threads)")
+
+
+def revision() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              cwd=BENCHMARKS_MD.parent).stdout.strip() or "unknown"
+    except OSError:
+        return "unknown"
+
+
+def write_section(title: str, command: str, body: str) -> None:
+    """Replace (or append) the section ``## title`` of BENCHMARKS.md."""
+    text = BENCHMARKS_MD.read_text() if BENCHMARKS_MD.exists() else "# Benchmarks\n\nEvery number below was produced by the command written next to it.\n"
+    section = (f"## {title}\n\nCommand: `{command}`  \nMachine: {machine()}  \n"
+               f"Date: {date.today().isoformat()}, revision {revision()}\n\n{body.strip()}\n\n")
+    pattern = re.compile(rf"^## {re.escape(title)}\n.*?(?=^## |\Z)", re.S | re.M)
+    text = pattern.sub(lambda _: section, text) if pattern.search(text) else text.rstrip() + "\n\n" + section
+    BENCHMARKS_MD.write_text(text)

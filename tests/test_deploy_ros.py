@@ -1,0 +1,362 @@
+"""The deploy nodes as real processes on real DDS (loopback only, one ROS domain per test).
+
+Hover: hover.launch.xml through the launch runner, backend sim and hil, with the trained hover
+policy shipped at policies/pretrained/quad_hover. Safety: failsafe when the simulator dies, on
+stale / NaN / out-of-range states, recovery, a 10k-message fuzz. Latency: p50/p99 of state
+receipt -> command publication, printed. Recording: record:=true writes MCAP, deploy.plot draws it.
+The other tests use the small seeded policy of tests/conftest.py (exported here): it does not fly,
+it only has to answer.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from deploy import ament
+from deploy.testing import REPO, RosWorld
+from sim.crazyflie.params import NOMINAL
+
+HOVER_POLICY = REPO / "policies/pretrained/quad_hover/export/policy.onnx"
+PERIOD = 0.01
+STALE = 0.05
+RPM_MAX = NOMINAL.rpm_max
+
+
+@pytest.fixture(scope="module")
+def seeded_policy(run_dir) -> Path:
+    """policy.onnx (+ policy.c/h) of the conftest actor: random weights, right contract."""
+    from policies.export import export_run
+
+    onnx = run_dir / "export" / "policy.onnx"
+    if not onnx.is_file():
+        export_run(run_dir)
+    return onnx
+
+
+@pytest.fixture(scope="module")
+def prefix(tmp_path_factory) -> Path:
+    """An ament prefix with this package linked in (what `python -m deploy.ament` does)."""
+    p = tmp_path_factory.mktemp("ament")
+    ament.install_links(p)
+    return p
+
+
+def world(prefix: Path | None = None) -> RosWorld:
+    w = RosWorld()
+    if prefix is not None:
+        w.env["AMENT_PREFIX_PATH"] = f"{prefix}:{sys.prefix}"
+    return w
+
+
+class Observed:
+    """Observer subscriptions: odometry, rotor commands and status, each with receipt wall time."""
+
+    def __init__(self, w: RosWorld, robot: str = "cf1"):
+        from nav_msgs.msg import Odometry
+        from std_msgs.msg import Float32MultiArray, String
+
+        n = w.observer()
+        self.odom: list[tuple[float, float, np.ndarray]] = []  # (wall, stamp, pos)
+        self.cmd: list[tuple[float, np.ndarray]] = []
+        self.status: list[tuple[float, dict]] = []
+        n.create_subscription(Odometry, f"/{robot}/odom", self._odom, 100)
+        n.create_subscription(Float32MultiArray, f"/{robot}/rotor_cmd", lambda m: self.cmd.append(
+            (time.monotonic(), np.asarray(m.data, dtype=np.float64))), 1000)
+        n.create_subscription(String, f"/{robot}/status", lambda m: self.status.append(
+            (time.monotonic(), json.loads(m.data))), 1000)
+
+    def _odom(self, m) -> None:
+        p = m.pose.pose.position
+        self.odom.append((time.monotonic(), m.header.stamp.sec + 1e-9 * m.header.stamp.nanosec,
+                          np.array([p.x, p.y, p.z])))
+
+    def mode(self) -> str | None:
+        return self.status[-1][1]["mode"] if self.status else None
+
+    def seen_mode(self, mode: str, since: float = 0.0) -> bool:
+        return any(s["mode"] == mode for t, s in self.status if t >= since)
+
+
+def check_commands(cmds) -> None:
+    a = np.array([c for _, c in cmds])
+    assert a.shape[1:] == (4,) and np.isfinite(a).all(), "non-finite rotor command"
+    assert (a >= 0).all() and (a <= RPM_MAX + 1e-3).all(), f"rotor command out of [0, {RPM_MAX}] rpm"
+
+
+# ---------------------------------------------------------------------------------------------
+# hover through the launch file
+
+
+def hover(backend: str, prefix: Path) -> dict:
+    if not HOVER_POLICY.is_file():
+        pytest.fail(f"{HOVER_POLICY} is missing: ship the trained hover run at policies/pretrained/quad_hover "
+                    "and export it (python -m policies.export policies/pretrained/quad_hover)")
+    with world(prefix) as w:
+        rec = Observed(w)
+        launch = w.start("-m", "deploy.launch", "launch/hover.launch.xml", f"backend:={backend}",
+                         f"policy:={HOVER_POLICY}", name="launch")
+
+        def released():
+            return re.search(r"released at t = ([0-9.]+) s", w.output(launch))
+
+        w.spin_until(released, 60, "the simulator to release the vehicle")
+        t_release = float(released().group(1))
+        w.spin_until(lambda: rec.odom and rec.odom[-1][1] > t_release + 4.0, 30, "4 s of simulated flight")
+        assert RosWorld.stop(launch) == 0, w.output(launch)
+        out = w.output(launch)
+    target = np.array([0.0, 0.0, 1.0])
+    window = [(s, np.linalg.norm(p - target)) for _, s, p in rec.odom if t_release + 3.0 <= s <= t_release + 4.0]
+    assert len(window) > 50, f"only {len(window)} odometry samples in the 1 s window"
+    worst = max(e for _, e in window)
+    lat = [s for _, s in rec.status if s.get("latency_ms", {}).get("n")][-1]
+    print(f"\n{backend}: max error 3..4 s after release {worst * 100:.1f} cm; latency state->command ms "
+          f"{lat['latency_ms']}, policy inference ms {lat['inference_ms']}")
+    assert "process has finished cleanly" in out
+    assert worst < 0.05, f"{backend}: {worst * 100:.1f} cm from the target 3 s after release (limit 5 cm)\n{out}"
+    check_commands(rec.cmd)
+    return lat
+
+
+def test_hover_sim(prefix):
+    hover("sim", prefix)
+
+
+def test_hover_hil(prefix):
+    hover("hil", prefix)
+
+
+# ---------------------------------------------------------------------------------------------
+# safety with real processes
+
+
+def test_failsafe_when_the_simulator_dies(seeded_policy):
+    with world() as w:
+        rec = Observed(w)
+        sim = w.start(*w.node_cmd("sim_bridge", clamped=True), name="sim")
+        w.start(*w.node_cmd("policy_node", policy=seeded_policy, use_sim_time=True, auto_arm=True), name="policy")
+        w.spin_until(lambda: rec.mode() == "armed" and len(rec.odom) > 20, 60, "the policy node to arm")
+        w.spin_for(0.5)
+        RosWorld.stop(sim, signal.SIGKILL)
+        killed = time.monotonic()
+        w.spin_until(lambda: rec.seen_mode("failsafe", killed), 5, "the failsafe")
+    # The node's own measurement: the age of the last state when it switched (wall clock).
+    reason = next(s["reason"] for _, s in rec.status if s["mode"] == "failsafe")
+    age = float(re.match(r"stale: last state (\d+) ms old", reason).group(1)) * 1e-3
+    # The observer's view: first failsafe status or descent command after the last state it saw.
+    last_state = max(t for t, _, _ in rec.odom)
+    t_failsafe = min(t for t, s in rec.status if s["mode"] == "failsafe")
+    descent = [t for t, c in rec.cmd if t > last_state and np.allclose(c, c[0]) and c[0] < NOMINAL.hover_rpm]
+    seen = min([t_failsafe, *descent[:1]]) - last_state
+    print(f"\nsimulator killed: failsafe when the last state was {age * 1e3:.0f} ms old (limit {STALE * 1e3:.0f} ms "
+          f"+ 2 periods), seen by an observer {seen * 1e3:.0f} ms after the last state it received")
+    # By design at most one period after the limit; 2 periods + 20 ms allow for the OS scheduling
+    # a Python process late on a shared 2-core machine (measured: 50..80 ms). The observer's view
+    # adds its own scheduling (it was seen to stall for up to 1 s under load): printed, not asserted.
+    assert STALE <= age <= STALE + 2 * PERIOD + 0.02
+    check_commands(rec.cmd)
+
+
+def odom_msg(pos=(0.0, 0.0, 1.0), quat=(1.0, 0.0, 0.0, 0.0), vel=(0.0, 0.0, 0.0), omega=(0.0, 0.0, 0.0),
+             stamp_ns: int = 0, frame: str = "world"):
+    from nav_msgs.msg import Odometry
+
+    m = Odometry()
+    m.header.frame_id, m.child_frame_id = frame, "cf1"
+    m.header.stamp.sec, m.header.stamp.nanosec = divmod(stamp_ns, 1_000_000_000)
+    p, o = m.pose.pose.position, m.pose.pose.orientation
+    p.x, p.y, p.z = pos
+    o.w, o.x, o.y, o.z = quat
+    m.twist.twist.linear.x, m.twist.twist.linear.y, m.twist.twist.linear.z = vel
+    m.twist.twist.angular.x, m.twist.twist.angular.y, m.twist.twist.angular.z = omega
+    return m
+
+
+def test_stale_nan_out_of_range_states_failsafe_and_recover(seeded_policy):
+    with world() as w:
+        rec = Observed(w)
+        node = w.observer()
+        from nav_msgs.msg import Odometry
+
+        pub = node.create_publisher(Odometry, "/cf1/odom", 10)
+        policy = w.start(*w.node_cmd("policy_node", policy=seeded_policy, auto_arm=True), name="policy")
+        fault = {"kind": None}
+
+        def publish():
+            now = node.get_clock().now().nanoseconds
+            kind = fault["kind"]
+            if kind == "stale":
+                return
+            msg = {"nan": odom_msg(pos=(math.nan, 0.0, 1.0), stamp_ns=now),
+                   "out_of_range": odom_msg(vel=(40.0, 0.0, 0.0), stamp_ns=now)}.get(kind, odom_msg(stamp_ns=now))
+            pub.publish(msg)
+
+        node.create_timer(PERIOD, publish)
+        w.spin_until(lambda: rec.mode() == "armed", 60, "the policy node to arm")
+        for kind in ("stale", "nan", "out_of_range"):
+            fault["kind"] = kind
+            t0 = time.monotonic()
+            w.spin_until(lambda: rec.seen_mode("failsafe", t0), 2, f"failsafe on {kind} states")
+            reason = [s["reason"] for t, s in rec.status if t >= t0 and s["mode"] == "failsafe"][0]
+            assert reason.startswith({"nan": "nonfinite"}.get(kind, kind)), reason
+            fault["kind"] = None
+            t1 = time.monotonic()
+            w.spin_until(lambda: rec.seen_mode("armed", t1), 2, f"recovery after {kind}")
+        assert policy.poll() is None
+        check_commands(rec.cmd)
+
+
+def fuzz_odometry(rng: np.random.Generator, now_ns: int):
+    """An Odometry with extreme, non-finite or nonsensical content (sometimes valid)."""
+    specials = [math.nan, math.inf, -math.inf, 1e308, -1e308, 5e-324, 0.0, -0.0, 1e9, 3.4e38]
+
+    def value():
+        r = rng.random()
+        if r < 0.3:
+            return float(rng.choice(specials))
+        if r < 0.6:
+            return float(rng.normal() * 10.0 ** rng.integers(-3, 6))
+        return float(rng.normal())
+
+    def vec(n: int) -> tuple[float, ...]:
+        return tuple(value() for _ in range(n))
+
+    stamp = int(rng.choice([now_ns, now_ns - 10**9, now_ns + 10**9, 0, int(rng.integers(0, (2**31 - 1) * 10**9))]))
+    frame = str(rng.choice(["world"] * 16 + ["", "map", "wörld", "w" * 300]))
+    m = odom_msg(vec(3), vec(4), vec(3), vec(3), stamp, frame)
+    m.pose.covariance = [value() for _ in range(36)]
+    return m
+
+
+def test_fuzz_every_subscribed_topic(seeded_policy):
+    """10k malformed odometry and 10k malformed /clock messages (the node runs on sim time, so it
+    subscribes to both), plus arm/e-stop calls: the node stays up, every command is finite and in
+    range, and it still arms on valid states afterwards."""
+    from nav_msgs.msg import Odometry
+    from rosgraph_msgs.msg import Clock
+    from std_srvs.srv import SetBool
+
+    rng = np.random.default_rng(0)
+    with world() as w:
+        rec = Observed(w)
+        node = w.observer()
+        odom = node.create_publisher(Odometry, "/cf1/odom", 10)
+        clock = node.create_publisher(Clock, "/clock", 10)
+        arm = node.create_client(SetBool, "/cf1/arm")
+        policy = w.start(*w.node_cmd("policy_node", policy=seeded_policy, use_sim_time=True, auto_arm=True),
+                         name="policy")
+        w.spin_until(lambda: rec.status and odom.get_subscription_count() and clock.get_subscription_count(), 60,
+                     "the policy node to come up")
+        for i in range(10_000):
+            c = Clock()
+            c.clock.sec = int(rng.integers(-2**31, 2**31))
+            c.clock.nanosec = int(rng.integers(0, 2**32))
+            clock.publish(c)
+            odom.publish(fuzz_odometry(rng, 5 * 10**9))
+            if i % 1000 == 0:
+                arm.call_async(SetBool.Request(data=bool(i % 2000)))
+            if i % 20 == 0:
+                w.executor.spin_once(timeout_sec=0)
+            time.sleep(0.0004)  # ~1.5k messages/s per topic: the node's depth-1 queue keeps only the newest
+        w.spin_for(1.0)
+        assert policy.poll() is None, w.output(policy)
+        n_during = len(rec.cmd)
+        # Valid sim time and states again: the node must still work.
+        t = {"ns": 10**9}
+
+        def good():
+            t["ns"] += 10**7
+            c = Clock()
+            c.clock.sec, c.clock.nanosec = divmod(t["ns"], 10**9)
+            odom.publish(odom_msg(stamp_ns=t["ns"]))
+            clock.publish(c)
+
+        node.create_timer(PERIOD, good)
+        w.spin_for(0.5)
+        future = arm.call_async(SetBool.Request(data=True))
+        w.spin_until(future.done, 5, "the arm service")
+        assert future.result().success, future.result().message
+        w.spin_until(lambda: rec.mode() == "armed", 5, "armed after the fuzz")
+        status = rec.status[-1][1]
+    seen = status["accepted"] + sum(status["rejected"].values())
+    print(f"\nfuzz: the node processed {seen} of 10000 odometry messages (accepted {status['accepted']}, "
+          f"rejected {status['rejected']}), sent {n_during} commands during the fuzz")
+    assert n_during > 50 and seen > 3000
+    check_commands(rec.cmd)
+
+
+def test_fuzz_sim_bridge_commands():
+    """10k malformed rotor commands (any length, NaN, inf, huge, negative): the simulator stays up,
+    ignores what is not 4 finite numbers, clips the rest, and its state stays finite."""
+    from std_msgs.msg import Float32MultiArray
+
+    rng = np.random.default_rng(1)
+    specials = np.array([np.nan, np.inf, -np.inf, 3.4e38, -3.4e38, 1e-45, 0.0, -1.0, 1e6], dtype=np.float32)
+    with world() as w:
+        rec = Observed(w)
+        cmd = w.observer().create_publisher(Float32MultiArray, "/cf1/rotor_cmd", 10)
+        sim = w.start(*w.node_cmd("sim_bridge", hold_until_command=False), name="sim")
+        w.spin_until(lambda: len(rec.odom) > 10 and cmd.get_subscription_count(), 60, "the simulator")
+        for i in range(10_000):
+            n = int(rng.choice([0, 1, 3, 4, 4, 4, 5, 100]))
+            data = np.where(rng.random(n) < 0.3, rng.choice(specials, n), rng.normal(size=n) * 3e4).astype(np.float32)
+            cmd.publish(Float32MultiArray(data=data.tolist()))
+            if i % 20 == 0:
+                w.executor.spin_once(timeout_sec=0)
+            time.sleep(0.0002)
+        w.spin_for(0.5)
+        assert sim.poll() is None, w.output(sim)
+        assert "ignored rotor command" in w.output(sim)
+    pos = np.array([p for _, _, p in rec.odom])
+    assert np.isfinite(pos).all() and len(pos) > 100
+
+
+def test_latency(seeded_policy):
+    """State receipt -> command publication inside policy_node, with the simulator on /clock."""
+    with world() as w:
+        rec = Observed(w)
+        w.start(*w.node_cmd("sim_bridge", clamped=True), name="sim")
+        w.start(*w.node_cmd("policy_node", policy=seeded_policy, use_sim_time=True, auto_arm=True), name="policy")
+        w.spin_until(lambda: rec.mode() == "armed", 60, "the policy node to arm")
+        w.spin_until(lambda: rec.status[-1][1]["latency_ms"].get("n", 0) >= 500, 30, "500 commands")
+        s = rec.status[-1][1]
+    print(f"\nlatency state->command ms {s['latency_ms']}, inference ms {s['inference_ms']}, "
+          f"watchdog ticks {s['watchdog_ticks']} of {s['ticks']}")
+    assert s["latency_ms"]["p50"] < PERIOD * 1e3
+
+
+# ---------------------------------------------------------------------------------------------
+# launch runner, recording and plot
+
+
+def test_record_plot_and_sigterm_stops_every_node(seeded_policy, prefix, tmp_path):
+    bag = tmp_path / "flight.mcap"
+    with world(prefix) as w:
+        rec = Observed(w)
+        launch = w.start("-m", "deploy.launch", "launch/hover.launch.xml", f"policy:={seeded_policy}",
+                         "record:=true", f"bag:={bag}", name="launch")
+        w.spin_until(lambda: "recording every topic" in w.output(launch) and len(rec.odom) > 100, 60,
+                     "the recorder and 1 s of odometry")
+        w.spin_for(1.0)
+        pids = [int(p) for p in re.findall(r"process started with pid \[(\d+)\]", w.output(launch))]
+        assert len(pids) == 3
+        assert RosWorld.stop(launch, signal.SIGTERM) == 0, w.output(launch)
+        for pid in pids:
+            assert not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text().lower()
+    res = subprocess.run([sys.executable, "-m", "deploy.plot", str(bag)], capture_output=True, text=True, cwd=REPO,
+                         timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert Path(res.stdout.strip()).stat().st_size > 10_000
+    from deploy.plot import read_flight
+
+    flight = read_flight(bag, "cf1")
+    assert len(flight["t_odom"]) > 100 and len(flight["t_cmd"]) > 100 and flight["status"]

@@ -1,0 +1,397 @@
+"""Deploy logic without processes: state conversions, the observation, safety rules, the launch
+runner's parser, the Crazyflie log conversion, the recorder's schemas and the package layout."""
+
+from __future__ import annotations
+
+import math
+import tomllib
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from deploy import ament
+from deploy.crazyflie_bridge import (
+    LOG_BLOCKS,
+    LOG_TYPE_BYTES,
+    MAX_LOG_BLOCK_BYTES,
+    StateAssembler,
+    descent_setpoint,
+    state_from_log,
+)
+from deploy.launch import LaunchError, Scope, parse_cli, plan, substitute
+from deploy.safety import IDLE_ACTION, Mode, SafeController, SafetyConfig
+from deploy.state import (
+    InvalidState,
+    State,
+    fill_odometry,
+    make_state,
+    observation,
+    quat_to_rotmat,
+    state_from_odometry,
+)
+from sim.crazyflie.hover import QuadHoverEnv, QuadTaskConfig
+from sim.crazyflie.params import GRAVITY
+
+REPO = Path(__file__).resolve().parents[1]
+TARGET = np.array([0.0, 0.0, 1.0])
+
+
+def random_quat(rng) -> np.ndarray:
+    q = rng.normal(size=4)
+    return q / np.linalg.norm(q)
+
+
+# ---------------------------------------------------------------------------------------------
+# state and observation
+
+
+def test_odometry_round_trip_uses_body_frame_twist():
+    from nav_msgs.msg import Odometry
+
+    rng = np.random.default_rng(0)
+    q = random_quat(rng)
+    s = make_state([0.1, -0.2, 1.3], q, [0.5, -0.3, 0.2], [0.1, 0.2, -0.3], stamp=12.25)
+    msg = fill_odometry(Odometry(), s, "world", "cf1")
+    o = msg.pose.pose.orientation
+    assert (o.x, o.y, o.z, o.w) == pytest.approx((q[1], q[2], q[3], q[0]))  # ROS order x, y, z, w
+    v = msg.twist.twist.linear
+    assert np.allclose([v.x, v.y, v.z], quat_to_rotmat(q).T @ s.vel)  # REP 105: twist in the body frame
+    assert (msg.header.stamp.sec, msg.header.stamp.nanosec, msg.child_frame_id) == (12, 250_000_000, "cf1")
+    back = state_from_odometry(msg)
+    assert np.allclose(back.vel, s.vel) and np.allclose(back.quat, q) and np.allclose(back.omega, s.omega)
+
+
+def test_yawed_vehicle_flying_forward_reports_world_velocity():
+    from nav_msgs.msg import Odometry
+
+    yaw90 = [math.cos(math.pi / 4), 0.0, 0.0, math.sin(math.pi / 4)]  # body x points along world y
+    msg = Odometry()
+    msg.header.frame_id = "world"
+    o = msg.pose.pose.orientation
+    o.w, o.x, o.y, o.z = yaw90
+    msg.twist.twist.linear.x = 1.0  # forward in the body frame
+    assert np.allclose(state_from_odometry(msg).vel, [0.0, 1.0, 0.0], atol=1e-12)
+
+
+@pytest.mark.parametrize("bad, reason", [
+    (dict(pos=[math.nan, 0, 1]), "nonfinite"),
+    (dict(omega=[0, math.inf, 0]), "nonfinite"),
+    (dict(quat=[0, 0, 0, 0]), "out_of_range"),
+    (dict(vel=[50.0, 0, 0]), "out_of_range"),
+    (dict(pos=[1e6, 0, 0]), "out_of_range"),
+    (dict(omega=[0, 0, 100.0]), "out_of_range"),
+])
+def test_invalid_states_are_rejected_with_a_reason(bad, reason):
+    good = dict(pos=[0, 0, 1], quat=[1, 0, 0, 0], vel=[0, 0, 0], omega=[0, 0, 0])
+    with pytest.raises(InvalidState) as e:
+        make_state(**(good | bad), stamp=0.0)
+    assert e.value.reason == reason
+
+
+def test_observation_matches_the_training_environment():
+    """The deploy observation of a simulator state equals QuadHoverEnv's noise-free policy observation."""
+    cfg = QuadTaskConfig()
+    cfg.noise.enabled = False
+    env = QuadHoverEnv(cfg, 8, seed=3)
+    obs, _ = env.reset(seed=3)
+    env.step(torch.rand(8, 4) * 2 - 1)
+    obs = env._observe()["policy"].numpy()
+    for i in range(8):
+        s = env.backend.state[i].double().numpy()
+        st = make_state(s[0:3], s[3:7], s[7:10], s[10:13], 0.0)
+        mine = observation(st, np.asarray(cfg.target), env.prev_action[i].numpy())
+        assert np.allclose(mine, obs[i], atol=1e-5)
+
+
+# ---------------------------------------------------------------------------------------------
+# safety layer
+
+
+def hover_state(t: float = 0.0, z: float = 1.0, **kw) -> State:
+    return make_state(kw.get("pos", [0.0, 0.0, z]), [1, 0, 0, 0], [0, 0, 0], [0, 0, 0], t)
+
+
+class FakePolicy:
+    def __init__(self):
+        self.out = np.full(4, 0.3)
+        self.calls = 0
+
+    def __call__(self, obs):
+        self.calls += 1
+        assert obs.shape == (22,) and obs.dtype == np.float32
+        if isinstance(self.out, Exception):
+            raise self.out
+        return self.out
+
+
+def armed_controller(**cfg) -> tuple[SafeController, FakePolicy]:
+    policy = FakePolicy()
+    c = SafeController(policy, SafetyConfig(**cfg))
+    c.on_state(hover_state(), 0.0)
+    assert c.arm(0.0) == (True, "armed")
+    return c, policy
+
+
+def test_disarmed_is_idle_and_arming_needs_a_valid_state():
+    c = SafeController(FakePolicy(), SafetyConfig())
+    assert c.tick(0.0).action.tolist() == [IDLE_ACTION] * 4
+    ok, msg = c.arm(0.0)
+    assert not ok and "no state" in msg
+    c.on_state(hover_state(pos=[5.0, 0.0, 1.0]), 0.0)
+    ok, msg = c.arm(0.0)
+    assert not ok and "geofence" in msg
+
+
+def test_armed_runs_the_policy_and_clips():
+    c, policy = armed_controller(max_action=0.5)
+    policy.out = np.array([2.0, -3.0, 0.1, 0.7])
+    cmd = c.tick(0.005)
+    assert cmd.mode is Mode.ARMED and cmd.action.tolist() == [0.5, -1.0, 0.1, 0.5]
+
+
+@pytest.mark.parametrize("fault", ["stale", "nan", "out_of_range", "geofence", "policy_exception", "policy_nan"])
+def test_fault_switches_to_failsafe_in_the_same_tick_and_recovers(fault):
+    c, policy = armed_controller()
+    now = 0.0
+    if fault == "stale":
+        now = 0.06
+    elif fault == "nan":
+        c.on_state(None, now, "nonfinite: NaN")
+    elif fault == "out_of_range":
+        c.on_state(None, now, "out_of_range: speed")
+    elif fault == "geofence":
+        c.on_state(hover_state(pos=[2.0, 0.0, 1.0]), now)
+    elif fault == "policy_exception":
+        policy.out = RuntimeError("boom")
+    else:
+        policy.out = np.array([math.nan, 0, 0, 0])
+    cmd = c.tick(now)
+    assert cmd.mode is Mode.FAILSAFE, cmd.reason
+    assert np.allclose(cmd.action, c.descent_action) and c.descent_action < c.hover_action
+    policy.out = np.full(4, 0.3)
+    for k in range(1, 4):  # recover_count = 3 consecutive valid states
+        c.on_state(hover_state(), now + 0.01 * k)
+        cmd = c.tick(now + 0.01 * k)
+    assert cmd.mode is Mode.ARMED and cmd.reason.startswith("recovered")
+
+
+def test_failsafe_descent_ends_disarmed_after_the_fall_time():
+    c, _ = armed_controller()
+    assert c.tick(0.1).mode is Mode.FAILSAFE  # stale
+    fall = math.sqrt(2 * 1.0 / ((1 - c.cfg.descent_thrust_ratio) * GRAVITY)) + 0.3
+    assert c.tick(0.1 + fall - 0.01).mode is Mode.FAILSAFE
+    cmd = c.tick(0.1 + fall + 0.01)
+    assert cmd.mode is Mode.DISARMED and cmd.action.tolist() == [IDLE_ACTION] * 4 and "re-arm" in cmd.reason
+    c.on_state(hover_state(t=5), 5.0)
+    assert c.tick(5.0).mode is Mode.DISARMED  # no automatic re-arm after landing
+
+
+def test_failsafe_on_the_ground_cuts_at_once_and_estop_latches():
+    c, _ = armed_controller()
+    c.on_state(hover_state(z=0.01), 0.0)
+    c.on_state(None, 0.0, "nonfinite: NaN")
+    assert c.tick(0.0).mode is Mode.DISARMED
+    c, _ = armed_controller()
+    c.estop()
+    for k in range(5):
+        c.on_state(hover_state(), 0.01 * k)
+        assert c.tick(0.01 * k).mode is Mode.ESTOP
+    assert c.arm(0.05)[0] and c.tick(0.05).mode is Mode.ARMED
+
+
+def test_disarm_in_flight_descends_without_recovery():
+    c, _ = armed_controller()
+    c.disarm(0.0)
+    for k in range(1, 6):
+        c.on_state(hover_state(), 0.01 * k)
+        assert c.tick(0.01 * k).mode is Mode.FAILSAFE
+
+
+def test_auto_arm_arms_once():
+    c = SafeController(FakePolicy(), SafetyConfig(auto_arm=True))
+    assert c.tick(0.0).mode is Mode.DISARMED
+    c.on_state(hover_state(), 0.0)
+    assert c.tick(0.0).mode is Mode.ARMED
+
+
+# ---------------------------------------------------------------------------------------------
+# launch runner
+
+
+def scope(**configs) -> Scope:
+    return Scope(dict(configs), {"HOME_X": "/h"}, Path("/ws/launch/a.launch.xml"))
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("$(var robot)/odom", "cf1/odom"),
+    ("$(dirname)/x.yaml", "/ws/launch/x.yaml"),
+    ("$(env HOME_X)", "/h"),
+    ("$(env NOPE 'a b')", "a b"),
+    ("$(eval '\\'$(var backend)\\' != \\'real\\'')", "True"),
+    ("$(eval '2 * pi > 6')", "True"),
+])
+def test_substitutions(text, expected):
+    assert substitute(text, scope(robot="cf1", backend="sim")) == expected
+
+
+@pytest.mark.parametrize("text, message", [
+    ("$(var nope)", "no launch configuration 'nope'"),
+    ("$(env NOPE)", "not set"),
+    ("$(command ls)", "unsupported substitution $(command"),
+    ("$(var robot", "unclosed"),
+    ("$(eval '1 +')", "failed"),
+])
+def test_substitution_errors_are_clear(text, message):
+    with pytest.raises(LaunchError) as e:
+        substitute(text, scope(robot="cf1"))
+    assert message in str(e.value)
+
+
+def write(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+@pytest.fixture
+def ament_prefix(tmp_path, monkeypatch) -> Path:
+    prefix = tmp_path / "prefix"
+    ament.install_links(prefix)
+    monkeypatch.setenv("AMENT_PREFIX_PATH", str(prefix))
+    return prefix
+
+
+def test_hover_launch_plans_the_documented_processes(ament_prefix):
+    def names(**a):
+        return [p.name for p in plan(REPO / "launch/hover.launch.xml", a)]
+
+    assert names() == ["sim_bridge", "policy_node"]
+    assert names(backend="hil", record="true") == ["sim_bridge", "policy_node", "recorder"]
+    assert names(backend="real") == ["crazyflie_bridge"]
+    procs = plan(REPO / "launch/hover.launch.xml", {"robot": "cf7", "policy": "/p.onnx"})
+    argv = procs[1].argv
+    assert argv[0] == str(ament_prefix / "lib/robolearn/policy_node")
+    assert ["-r", "__ns:=/cf7"] == argv[argv.index("__ns:=/cf7") - 1: argv.index("__ns:=/cf7") + 1]
+    assert "policy:=/p.onnx" in argv and "use_sim_time:=true" in argv
+    assert ["--params-file", str(REPO / "launch/hover.yaml")] == argv[argv.index("--params-file"):][:2]
+
+
+def test_launch_semantics_scoping_conditions_and_errors(ament_prefix, tmp_path):
+    write(tmp_path / "inc.launch.xml", '<launch><arg name="who"/><let name="leak" value="x"/>'
+          '<node pkg="robolearn" exec="recorder" name="$(var who)"/></launch>')
+    main = write(tmp_path / "main.launch.xml", """<launch>
+      <arg name="flag" default="false"/>
+      <group><let name="inner" value="1"/></group>
+      <node pkg="robolearn" exec="sim_bridge" name="a" if="$(var flag)"/>
+      <node pkg="robolearn" exec="sim_bridge" name="b" unless="$(var flag)"><remap from="odom" to="x"/></node>
+      <include file="inc.launch.xml"><arg name="who" value="c"/></include>
+      <set_env name="FOO" value="bar"/>
+      <node pkg="robolearn" exec="sim_bridge" name="d" if="$(eval '\\'$(var flag)\\' == \\'false\\'')"/>
+    </launch>""")
+    procs = plan(main, {})
+    assert [p.name for p in procs] == ["b", "c", "d"]
+    assert "odom:=x" in procs[0].argv and procs[2].env["FOO"] == "bar" and "FOO" not in procs[0].env
+    assert [p.name for p in plan(main, {"flag": "True"})] == ["a", "c"]
+    bad = {
+        '<launch><node pkg="robolearn" exec="sim_bridge" respawn="true"/></launch>': "unsupported attribute",
+        '<launch><timer period="1"/></launch>': "unsupported element",
+        '<launch><arg name="x"/></launch>': "'x' is required",
+        '<launch><node pkg="robolearn" exec="nope"/></launch>': "no executable 'nope'",
+        '<launch><node pkg="nopkg" exec="x"/></launch>': "not in the ament index",
+        '<launch><group if="maybe"/></launch>': "not a boolean",
+        '<launch><let name="x" value="1"/><node pkg="robolearn" exec="sim_bridge" name="$(var inner)"/></launch>':
+            "no launch configuration 'inner'",
+    }
+    for text, message in bad.items():
+        with pytest.raises(LaunchError) as e:
+            plan(write(tmp_path / "bad.launch.xml", text), {})
+        assert message in str(e.value), text
+    with pytest.raises(LaunchError, match="unknown launch argument"):
+        plan(main, {"flgа": "true"})
+    with pytest.raises(LaunchError, match="expected name:=value"):
+        parse_cli(["x.launch.xml", "backend=sim"])
+
+
+def test_pyproject_registers_the_ament_package():
+    """The wheel's data-files must equal what `python -m deploy.ament` links (deploy/README.md)."""
+    data_files = tomllib.loads((REPO / "pyproject.toml").read_text()).get("tool", {}).get("setuptools", {}).get(
+        "data-files")
+    assert data_files == ament.DATA_FILES, "add the [tool.setuptools.data-files] lines of deploy/README.md"
+
+
+# ---------------------------------------------------------------------------------------------
+# Crazyflie log conversion (no radio)
+
+
+def test_log_blocks_fit_one_radio_packet():
+    for block, variables in LOG_BLOCKS.items():
+        assert sum(LOG_TYPE_BYTES[t] for _, t in variables) <= MAX_LOG_BLOCK_BYTES, block
+
+
+def log_pair(q_xyzw=(0.0, 0.0, 0.0, 1.0), gyro_dps=(90.0, -180.0, 45.0)):
+    pose = {"stateEstimate.x": 0.5, "stateEstimate.y": -0.25, "stateEstimate.z": 1.0,
+            "stateEstimate.vx": 0.1, "stateEstimate.vy": 0.2, "stateEstimate.vz": -0.3}
+    att = {f"stateEstimate.q{a}": v for a, v in zip("xyzw", q_xyzw)}
+    att |= {f"gyro.{a}": v for a, v in zip("xyz", gyro_dps)}
+    return pose, att
+
+
+def test_log_packets_become_si_state():
+    s = math.sqrt(0.5)
+    pose, att = log_pair(q_xyzw=(0.0, 0.0, s, s))
+    st = state_from_log(pose, att, stamp=3.0)
+    assert np.allclose(st.pos, [0.5, -0.25, 1.0]) and np.allclose(st.vel, [0.1, 0.2, -0.3])  # world, m, m/s
+    assert np.allclose(st.quat, [s, 0.0, 0.0, s])  # (w, x, y, z) from the firmware's qx, qy, qz, qw
+    assert np.allclose(st.omega, [math.pi / 2, -math.pi, math.pi / 4])  # deg/s -> rad/s
+    with pytest.raises(InvalidState):
+        state_from_log(pose, log_pair(gyro_dps=(math.nan, 0, 0))[1], 0.0)
+
+
+def test_blocks_pair_by_firmware_timestamp():
+    from nav_msgs.msg import Odometry
+
+    a = StateAssembler()
+    pose, att = log_pair()
+    assert a.feed("pose", 1000, pose, 1.0) is None
+    assert a.feed("attitude", 1020, att, 1.0) is None  # 20 ms apart: different firmware ticks
+    st = a.feed("pose", 1020, pose, 1.02)
+    assert st is not None and st.stamp == 1.02
+    back = state_from_odometry(fill_odometry(Odometry(), st, "world", "cf1"))
+    assert np.allclose(back.vel, st.vel)
+
+
+def test_descent_setpoint_follows_the_simulated_failsafe():
+    assert descent_setpoint(1.0, 0.0, 0.9, 0.0) == 1.0
+    assert descent_setpoint(1.0, 1.0, 0.9, 0.0) == pytest.approx(1.0 - 0.05 * GRAVITY)
+    assert descent_setpoint(1.0, 10.0, 0.9, 0.0) == 0.0
+
+
+# ---------------------------------------------------------------------------------------------
+# recorder schema
+
+
+def test_recorder_schema_decodes_real_messages(tmp_path):
+    """A message serialized by rclpy, stored with our ros2msg schema, decodes with mcap_ros2."""
+    from mcap.reader import make_reader
+    from mcap.writer import Writer
+    from mcap_ros2.decoder import DecoderFactory
+    from nav_msgs.msg import Odometry
+    from rclpy.serialization import serialize_message
+
+    from deploy.recorder import msg_definition
+
+    st = make_state([0.1, 0.2, 0.3], random_quat(np.random.default_rng(1)), [1, 2, 3], [4, 5, 6], 7.5)
+    msg = fill_odometry(Odometry(), st, "world", "cf1")
+    path = tmp_path / "x.mcap"
+    with path.open("wb") as f:
+        w = Writer(f)
+        w.start(profile="ros2")
+        schema = w.register_schema("nav_msgs/msg/Odometry", "ros2msg", msg_definition("nav_msgs/msg/Odometry").encode())
+        ch = w.register_channel("/cf1/odom", "cdr", schema)
+        w.add_message(ch, log_time=1, data=serialize_message(msg), publish_time=1)
+        w.finish()
+    with path.open("rb") as f:
+        ((_, _, _, decoded),) = list(make_reader(f, decoder_factories=[DecoderFactory()]).iter_decoded_messages())
+    assert decoded.child_frame_id == "cf1" and decoded.twist.twist.angular.z == 6.0
+    assert decoded.pose.pose.position.y == pytest.approx(0.2)

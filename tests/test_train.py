@@ -1,0 +1,153 @@
+"""Trainer behaviour: learning signal, determinism, kill-and-resume, clear errors on bad input."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import gymnasium as gym
+import pytest
+import torch
+
+from policies.ppo import PPO, PPOConfig
+from policies.train import main as train_main
+from sim.crazyflie.dynamics import POS
+from sim.crazyflie.hover import QuadHoverEnv, QuadTaskConfig
+from sim.single import SingleEnv
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ["algo.num_envs=64", "algo.horizon=8", "algo.minibatches=2", "algo.epochs=2", "eval_episodes=8",
+        "eval_every_steps=2048", "progress=false", "threads=1", "stop_at_success=0"]
+
+
+def _run_cli(*args, timeout=120):
+    return subprocess.run([sys.executable, "-m", "policies.train", *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def _weights(run_dir: Path) -> dict:
+    d = torch.load(run_dir / "checkpoints/last.pt", weights_only=False)
+    return {**d["algo"]["actor"], **{f"c.{k}": v for k, v in d["algo"]["critic"].items()}}
+
+
+def test_env_checker_passes():
+    from gymnasium.utils.env_checker import check_env
+
+    check_env(SingleEnv("quad_hover"), skip_render_check=True)
+    check_env(SingleEnv("quad_track"), skip_render_check=True)
+
+
+def test_vector_env_spaces_and_contract():
+    env = QuadHoverEnv(QuadTaskConfig(), 8)
+    obs, _ = env.reset(seed=0)
+    assert obs["policy"].shape == (8, 22) and obs["critic"].shape == (8, 45)
+    assert env.metadata["autoreset_mode"] == gym.vector.AutoresetMode.SAME_STEP
+    # rotation matrix block is orthonormal (noise off)
+    env.cfg.noise.enabled = False
+    obs, *_ = env.step(torch.full((8, 4), env.hover_action))
+    r = obs["policy"][:, 3:12].reshape(8, 3, 3)
+    assert torch.allclose(r @ r.transpose(1, 2), torch.eye(3).expand(8, 3, 3), atol=1e-5)
+
+
+def test_nonfinite_state_is_reset_and_counted():
+    env = QuadHoverEnv(QuadTaskConfig(), 4)
+    env.reset(seed=0)
+    env.backend.state[2, POS] = float("nan")
+    obs, reward, term, trunc, info = env.step(torch.zeros(4, 4))
+    assert env.nonfinite_resets == 1 and info["nonfinite"].tolist() == [False, False, True, False]
+    assert term[2] and reward[2] == 0
+    assert all(torch.isfinite(v).all() for v in obs.values())
+    assert all(torch.isfinite(v).all() for v in info["final_obs"].values())
+
+
+def _return(actor, cfg, steps=200, n=128) -> float:
+    """Mean undiscounted return of the deterministic policy over 2 s, fixed initial states."""
+    env = QuadHoverEnv(cfg, n, seed=123)
+    obs, _ = env.reset(seed=123)
+    total, alive = torch.zeros(n), torch.ones(n)
+    with torch.no_grad():
+        for _ in range(steps):
+            obs, r, term, trunc, _ = env.step(actor(obs["policy"]))
+            total += alive * r
+            alive *= (~(term | trunc)).float()
+    return total.mean().item()
+
+
+def test_short_training_improves_return():
+    torch.set_num_threads(1)
+    cfg = QuadTaskConfig()
+    env = QuadHoverEnv(cfg, 512, seed=0)
+    algo = PPO(PPOConfig(num_envs=512), env, torch.device("cpu"), seed=0)
+    before = _return(algo.actor, cfg)
+    returns = []
+    for _ in range(40):
+        algo.train_iteration()
+        returns.append(_return(algo.actor, cfg))
+    print(before, returns)
+    assert max(returns[-5:]) > before + 200, (before, returns)
+
+
+def test_same_seed_same_result_and_resume_is_exact(tmp_path):
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    assert train_main([*TINY, f"run_dir={straight}", "max_env_steps=4096"]) == 0
+    assert train_main([*TINY, f"run_dir={split}", "max_env_steps=2048"]) == 0
+    assert train_main([f"resume={split}", "max_env_steps=4096", "progress=false"]) == 0
+    a, b = _weights(straight), _weights(split)
+    assert all(torch.equal(a[k], b[k]) for k in a), "resumed run diverged from the uninterrupted one"
+    again = tmp_path / "again"
+    assert train_main([*TINY, f"run_dir={again}", "max_env_steps=4096"]) == 0
+    c = _weights(again)
+    assert all(torch.equal(a[k], c[k]) for k in a), "same seed gave a different result"
+
+
+def test_kill9_and_resume(tmp_path):
+    run = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "policies.train", *TINY, f"run_dir={run}",
+                             "checkpoint_every_seconds=0.5", "eval_every_steps=100000000", "max_seconds=60"],
+                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    last = run / "checkpoints/last.pt"
+    deadline = time.time() + 60
+    while not last.exists() and time.time() < deadline:
+        time.sleep(0.2)
+    time.sleep(1.0)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    saved = torch.load(last, weights_only=False)["trainer"]
+    assert saved["iteration"] > 0
+    res = _run_cli(f"resume={run}", f"max_env_steps={saved['env_steps'] + 1024}")
+    assert res.returncode in (0, 1), res.stderr  # 1: budget ended below the success bar
+    after = torch.load(last, weights_only=False)["trainer"]
+    assert after["iteration"] > saved["iteration"] and after["env_steps"] >= saved["env_steps"] + 1024
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["task=quad_hoover"], "unknown task 'quad_hoover'. Valid tasks: quad_hover, quad_track"),
+    (["seed=abc"], "seed=abc"),
+    (["not_a_key=1"], "not_a_key"),
+    (["algo.lr=fast"], "algo.lr=fast"),
+    (["algo=dqn"], "unknown algo 'dqn'"),
+])
+def test_bad_overrides_give_one_clear_line(args, expected):
+    res = _run_cli(*args)
+    assert res.returncode == 2
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error:") and expected in lines[0], res.stderr
+
+
+def test_resume_errors_overwrite_nothing(tmp_path):
+    run = tmp_path / "run"
+    assert train_main([*TINY, f"run_dir={run}", "max_env_steps=1024"]) == 0
+    before = (run / "checkpoints/last.pt").read_bytes()
+
+    res = _run_cli(f"resume={run}", "seed=7")
+    assert res.returncode == 2 and "cannot change seed" in res.stderr and "Traceback" not in res.stderr
+
+    res = _run_cli(*TINY, f"run_dir={run}")
+    assert res.returncode == 2 and "already holds a run" in res.stderr
+
+    (run / "checkpoints/last.pt").write_bytes(before[: len(before) // 3])  # truncated file
+    res = _run_cli(f"resume={run}")
+    assert res.returncode == 2 and "corrupt" in res.stderr and "Traceback" not in res.stderr
+    assert len((run / "checkpoints/last.pt").read_bytes()) == len(before) // 3  # untouched
