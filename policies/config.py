@@ -46,7 +46,8 @@ class RunConfig:
 
 
 # Keys a resumed run may change: budgets and presentation, never what is learned.
-RESUMABLE_OVERRIDES = {"max_env_steps", "max_seconds", "progress", "resume", "threads"}
+RESUMABLE_OVERRIDES = {"max_env_steps", "max_seconds", "progress", "resume", "threads", "stop_at_success",
+                       "eval_every_steps", "checkpoint_every_seconds"}
 
 
 class UserError(Exception):

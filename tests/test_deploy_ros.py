@@ -344,9 +344,9 @@ def test_record_plot_and_sigterm_stops_every_node(seeded_policy, prefix, tmp_pat
         rec = Observed(w)
         launch = w.start("-m", "deploy.launch", "launch/hover.launch.xml", f"policy:={seeded_policy}",
                          "record:=true", f"bag:={bag}", name="launch")
-        w.spin_until(lambda: "recording every topic" in w.output(launch) and len(rec.odom) > 100, 60,
-                     "the recorder and 1 s of odometry")
-        w.spin_for(1.0)
+        w.spin_until(lambda: "recording every topic" in w.output(launch) and len(rec.cmd) > 100, 60,
+                     "the recorder and 1 s of commands")
+        w.spin_for(1.5)
         pids = [int(p) for p in re.findall(r"process started with pid \[(\d+)\]", w.output(launch))]
         assert len(pids) == 3
         assert RosWorld.stop(launch, signal.SIGTERM) == 0, w.output(launch)

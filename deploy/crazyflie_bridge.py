@@ -1,0 +1,189 @@
+"""crazyflie_bridge: a real Crazyflie 2.x over a Crazyradio (cflib), behind the safety layer.
+
+    python -m deploy.crazyflie_bridge --ros-args -r __ns:=/cf1 -p uri:=radio://0/80/2M/E7E7E7E7E7 \
+        -p policy:=<run_dir>/export/policy.onnx
+
+The vehicle runs the policy ONBOARD: firmware/crazyflie (controller_oot.c) built from the same
+export directory flies the network whenever it receives absolute position setpoints, and cuts
+the motors on a stop setpoint. Stock firmware has no way to take rotor speeds over the radio, so
+this bridge streams setpoints, chosen by the same safety layer (deploy/safety.py) as policy_node:
+
+  ARMED      position setpoint = the hover target (the onboard policy flies to it), every period
+  FAILSAFE   position setpoint descending from the failsafe height along z(t) = z0 - (1 - r) g t^2 / 2
+             (r = descent_thrust_ratio: the same profile and duration as the simulated failsafe),
+             at the last valid x, y; when the radio link itself is lost nothing reaches the vehicle
+             and the firmware's own dead-man (300 ms, then the stock controller, then the
+             supervisor's 2 s stop) takes over
+  DISARMED / ESTOP  stop setpoint (motors off)
+
+State: the onboard estimate is streamed in two log blocks every 10 ms (one radio packet holds at
+most 26 bytes of log data):
+  pose      stateEstimate.x, y, z (world, m), vx, vy, vz (world, m/s)       6 x float32 = 24 B
+  attitude  stateEstimate.qx, qy, qz, qw (body->world), gyro.x, y, z        4 x float32 + 3 x FP16 = 22 B
+            (gyro: body frame FLU, deg/s -> rad/s here)
+Blocks sampled in the same firmware tick (timestamps within 5 ms) form one state, published as
+odom (nav_msgs/Odometry, pose world, twist body per REP 105, stamped with the receipt time on this
+node's clock), which the safety layer then checks like any other state.
+rotor_cmd carries what the offboard copy of the policy commands from the streamed state: a shadow
+for recording and comparison with the onboard log (rlpolicy.a1..a4), not what the motors get.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import threading
+
+import numpy as np
+
+from sim.crazyflie.params import GRAVITY
+
+from .policy_node import ControllerNode, load_onnx_policy
+from .ros import CONTROL_PUB_QOS, ODOM, WORLD_FRAME, param, run_node
+from .safety import Command, Mode
+from .state import InvalidState, State, fill_odometry, make_state
+
+LOG_PERIOD_MS = 10
+LOG_BLOCKS: dict[str, list[tuple[str, str]]] = {
+    "pose": [(f"stateEstimate.{v}", "float") for v in ("x", "y", "z", "vx", "vy", "vz")],
+    "attitude": [(f"stateEstimate.{v}", "float") for v in ("qx", "qy", "qz", "qw")]
+    + [(f"gyro.{v}", "FP16") for v in ("x", "y", "z")],
+}
+LOG_TYPE_BYTES = {"float": 4, "FP16": 2}
+MAX_LOG_BLOCK_BYTES = 26  # CRTP log data packet: 30 bytes minus block id and 3-byte timestamp
+PAIR_TOLERANCE_MS = 5
+
+
+def state_from_log(pose: dict, attitude: dict, stamp: float) -> State:
+    """Two log blocks (cflib data dicts) -> checked State; raises InvalidState."""
+    g = attitude
+    return make_state(
+        (pose["stateEstimate.x"], pose["stateEstimate.y"], pose["stateEstimate.z"]),
+        (g["stateEstimate.qw"], g["stateEstimate.qx"], g["stateEstimate.qy"], g["stateEstimate.qz"]),
+        (pose["stateEstimate.vx"], pose["stateEstimate.vy"], pose["stateEstimate.vz"]),
+        tuple(math.radians(g[f"gyro.{a}"]) for a in "xyz"),
+        stamp,
+    )
+
+
+class StateAssembler:
+    """Pairs the two log blocks of one firmware tick; ``feed`` returns a State when a pair completes."""
+
+    def __init__(self):
+        self.latest: dict[str, tuple[int, dict]] = {}
+
+    def feed(self, block: str, timestamp_ms: int, data: dict, stamp: float) -> State | None:
+        if block not in LOG_BLOCKS:
+            raise ValueError(f"unknown log block '{block}'")
+        self.latest[block] = (timestamp_ms, data)
+        if len(self.latest) < len(LOG_BLOCKS):
+            return None
+        (tp, pose), (ta, att) = self.latest["pose"], self.latest["attitude"]
+        if abs(tp - ta) > PAIR_TOLERANCE_MS:
+            return None
+        self.latest.clear()
+        return state_from_log(pose, att, stamp)
+
+
+def descent_setpoint(z0: float, seconds: float, ratio: float, ground: float) -> float:
+    """Failsafe descent height (m) after ``seconds``: the free sink at (1 - ratio) g, floored."""
+    return max(ground, z0 - 0.5 * (1.0 - ratio) * GRAVITY * seconds ** 2)
+
+
+class CrazyflieBridge(ControllerNode):
+    def __init__(self):
+        super().__init__("crazyflie_bridge", load_onnx_policy)
+        import cflib.crtp
+        from cflib.crazyflie import Crazyflie
+        from cflib.crazyflie.log import LogConfig
+        from nav_msgs.msg import Odometry
+
+        self.uri = param(self, "uri", "radio://0/80/2M/E7E7E7E7E7", "Crazyradio link URI")
+        self.ratio = self.controller.cfg.descent_thrust_ratio
+        self.ground = self.controller.cfg.ground_height
+        self._odom_pub = self.create_publisher(Odometry, ODOM, CONTROL_PUB_QOS)
+        self._odom_msg = Odometry
+        self._assembler = StateAssembler()
+        self._lock = threading.Lock()
+        self._failsafe_from: tuple[float, np.ndarray] | None = None  # (start time, last valid position)
+        self.connected = False
+
+        if self.uri.startswith("radio://"):
+            from cflib.drivers.crazyradio import get_serials
+
+            if not get_serials():
+                raise ValueError(f"no Crazyradio dongle found for {self.uri}: plug one in (and check the USB "
+                                 "permissions: Bitcraze's udev rules)")
+        cflib.crtp.init_drivers()
+        self.cf = Crazyflie(rw_cache=None)
+        self.cf.connected.add_callback(self._on_connected)
+        self.cf.disconnected.add_callback(lambda uri: self._on_link(f"disconnected from {uri}"))
+        self.cf.connection_failed.add_callback(lambda uri, msg: self._on_link(f"connection to {uri} failed: {msg}"))
+        self.cf.connection_lost.add_callback(lambda uri, msg: self._on_link(f"link to {uri} lost: {msg}"))
+        self._log_configs = []
+        for block, variables in LOG_BLOCKS.items():
+            conf = LogConfig(name=block, period_in_ms=LOG_PERIOD_MS)
+            for name, fetch_as in variables:
+                conf.add_variable(name, fetch_as)
+            conf.data_received_cb.add_callback(self._on_log)
+            self._log_configs.append(conf)
+        self.get_logger().info(f"connecting to {self.uri}")
+        self.cf.open_link(self.uri)
+
+    # ------------------------------------------------------------------ radio (cflib threads)
+    def _on_connected(self, uri: str) -> None:
+        for conf in self._log_configs:
+            self.cf.log.add_config(conf)
+            conf.start()
+        self.connected = True
+        self.get_logger().info(f"connected to {uri}, streaming the state estimate every {LOG_PERIOD_MS} ms")
+
+    def _on_link(self, what: str) -> None:
+        self.connected = False
+        self.get_logger().error(what)
+
+    def _on_log(self, timestamp_ms: int, data: dict, conf) -> None:
+        stamp = self.get_clock().now().nanoseconds * 1e-9
+        with self._lock:
+            try:
+                state = self._assembler.feed(conf.name, timestamp_ms, data, stamp)
+            except InvalidState as e:
+                self.rejected[e.reason] = self.rejected.get(e.reason, 0) + 1
+                return
+        if state is not None:
+            self._odom_pub.publish(fill_odometry(self._odom_msg(), state, WORLD_FRAME, self.robot))
+
+    # ------------------------------------------------------------------ actuation
+    def actuate(self, cmd: Command, now: float) -> None:
+        if not self.connected:
+            return
+        latest = self.controller.latest
+        if cmd.mode is Mode.FAILSAFE and latest is not None:
+            if self._failsafe_from is None:
+                self._failsafe_from = (now, latest.pos.copy())
+            t0, p0 = self._failsafe_from
+            z = descent_setpoint(p0[2], now - t0, self.ratio, self.ground)
+            self.cf.commander.send_position_setpoint(p0[0], p0[1], z, 0.0)
+            return
+        self._failsafe_from = None
+        if cmd.mode is Mode.ARMED:
+            x, y, z = self.controller.target
+            self.cf.commander.send_position_setpoint(x, y, z, 0.0)
+        else:
+            self.cf.commander.send_stop_setpoint()
+
+    def close(self) -> None:
+        super().close()
+        if self.connected:
+            self.cf.commander.send_stop_setpoint()
+        self.cf.close_link()
+
+
+def main(args: list[str] | None = None) -> int:
+    from export.onnx_policy import ContractError
+
+    return run_node(CrazyflieBridge, (ContractError,), args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

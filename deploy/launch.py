@@ -1,0 +1,446 @@
+"""Run a ROS 2 XML launch file without the ROS 2 `launch` package (not installable from PyPI).
+
+    python -m deploy.launch launch/hover.launch.xml backend:=sim [name:=value ...]
+
+Implements the subset of the ROS 2 XML launch format this project uses, with the semantics of
+the ROS 2 launch documentation, and fails with a clear message on anything else:
+
+  <arg name default description/>   launch argument; a value given on the command line or by an
+                                    including file wins over the default; no value and no default
+                                    is an error, and so is a command-line argument no file declares
+  <let name value/>                 set a launch configuration
+  <set_env name value/>             environment variable for the processes started after it
+  <node pkg exec name namespace args output>   one process: <prefix>/lib/<pkg>/<exec>, the prefix
+      <param name value/>           found in the ament index (AMENT_PREFIX_PATH), started with
+      <param from="file.yaml"/>     --ros-args: -r __node:=, -r __ns:=, -p name:=value,
+      <remap from to/>              --params-file, -r from:=to (in document order)
+  <group scoped>                    children in a scope (default scoped="true": configurations and
+                                    environment set inside do not leak out)
+  <include file>  <arg name value/> another launch file, in a scope holding the given arguments
+  if="..." / unless="..."           on every element: true/false/1/0 (case-insensitive), else error
+
+Substitutions: $(var name), $(env NAME [default]), $(find-pkg-share pkg), $(find-pkg-prefix pkg),
+$(dirname), $(filename), $(eval python-expression) (the math module's names are available),
+nested and quoted ('...' or "...", backslash escapes the next character) arguments allowed.
+
+Every node runs as a child process, its output prefixed with [name-N]. Ctrl-C or SIGTERM stops
+all of them (SIGINT, then SIGTERM after 5 s, to each node; then SIGKILL after 5 s more, to each
+node's process group, i.e. with anything it started); the runner also ends
+when every child has exited, with exit code 0 only if all of them exited cleanly.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import selectors
+import shlex
+import signal
+import subprocess
+import sys
+import time
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass, field
+from pathlib import Path
+
+STOP_TIMEOUT = 5.0  # s between SIGINT -> SIGTERM -> SIGKILL, as ros2 launch
+
+
+class LaunchError(Exception):
+    """A launch file or command line this runner cannot execute; the message says what and where."""
+
+
+# ---------------------------------------------------------------------------------------------
+# ament index
+
+
+def ament_prefixes() -> list[Path]:
+    return [Path(p) for p in (os.environ.get("AMENT_PREFIX_PATH") or sys.prefix).split(os.pathsep) if p]
+
+
+def package_prefix(pkg: str) -> Path:
+    """The install prefix of ROS package ``pkg`` (ament resource index 'packages')."""
+    for prefix in ament_prefixes():
+        if (prefix / "share" / "ament_index" / "resource_index" / "packages" / pkg).is_file():
+            return prefix
+    raise LaunchError(f"package '{pkg}' is not in the ament index (AMENT_PREFIX_PATH="
+                      f"{os.pathsep.join(map(str, ament_prefixes()))}); for this project run "
+                      f"`python -m deploy.ament` after `pip install -e .` (see deploy/README.md)")
+
+
+def executable(pkg: str, exe: str) -> Path:
+    path = package_prefix(pkg) / "lib" / pkg / exe
+    if not (path.is_file() and os.access(path, os.X_OK)):
+        raise LaunchError(f"package '{pkg}' has no executable '{exe}' ({path} is missing or not executable)")
+    return path
+
+
+# ---------------------------------------------------------------------------------------------
+# substitutions
+
+
+@dataclass
+class Scope:
+    configs: dict[str, str]
+    env: dict[str, str]
+    file: Path
+    declared: set[str] = field(default_factory=set)
+
+    def child(self, file: Path | None = None, configs: dict[str, str] | None = None) -> "Scope":
+        return Scope(dict(self.configs) | (configs or {}), dict(self.env), file or self.file, self.declared)
+
+
+def _parse(text: str, i: int, stop: str) -> tuple[list, int]:
+    """Parts (str or (name, [args])) of ``text`` from i up to an unescaped char in ``stop``."""
+    parts: list = []
+    buf = ""
+    while i < len(text) and text[i] not in stop:
+        if text.startswith("$(", i):
+            if buf:
+                parts.append(buf)
+                buf = ""
+            m = re.compile(r"[a-zA-Z][a-zA-Z0-9_-]*").match(text, i + 2)
+            if not m:
+                raise LaunchError(f"substitution without a name at {text[i:]!r}")
+            name, i, args = m.group(), m.end(), []
+            while True:
+                while i < len(text) and text[i].isspace():
+                    i += 1
+                if i >= len(text):
+                    raise LaunchError(f"unclosed substitution $({name} in {text!r}")
+                if text[i] == ")":
+                    i += 1
+                    break
+                if text[i] in "'\"":
+                    arg, i = _parse(text, i + 1, text[i])
+                    if i >= len(text):
+                        raise LaunchError(f"unclosed quote in {text!r}")
+                    i += 1
+                else:
+                    arg, i = _parse(text, i, " \t\n)")
+                args.append(arg)
+            parts.append((name, args))
+        elif text[i] == "\\" and stop in ("'", '"') and i + 1 < len(text):
+            buf += text[i + 1]  # inside quotes a backslash escapes the next character
+            i += 2
+        else:
+            buf += text[i]
+            i += 1
+    if buf:
+        parts.append(buf)
+    return parts, i
+
+
+def _eval_parts(parts: list, scope: Scope) -> str:
+    out = []
+    for p in parts:
+        if isinstance(p, str):
+            out.append(p)
+        else:
+            name, args = p
+            out.append(_substitute(name, [_eval_parts(a, scope) for a in args], scope))
+    return "".join(out)
+
+
+def _substitute(name: str, args: list[str], scope: Scope) -> str:
+    def need(n: int | tuple[int, int]) -> None:
+        lo, hi = (n, n) if isinstance(n, int) else n
+        if not lo <= len(args) <= hi:
+            raise LaunchError(f"$({name} ...) takes {lo if lo == hi else f'{lo} or {hi}'} argument(s), got {args}")
+
+    if name == "var":
+        need(1)
+        if args[0] not in scope.configs:
+            raise LaunchError(f"$(var {args[0]}): no launch configuration '{args[0]}' is set at this point "
+                              f"(declare it with <arg> or <let> before use)")
+        return scope.configs[args[0]]
+    if name == "env":
+        need((1, 2))
+        if args[0] in scope.env:
+            return scope.env[args[0]]
+        if len(args) == 2:
+            return args[1]
+        raise LaunchError(f"$(env {args[0]}): environment variable not set (give a default: $(env {args[0]} value))")
+    if name == "find-pkg-share":
+        need(1)
+        return str(package_prefix(args[0]) / "share" / args[0])
+    if name == "find-pkg-prefix":
+        need(1)
+        return str(package_prefix(args[0]))
+    if name == "dirname":
+        need(0)
+        return str(scope.file.parent)
+    if name == "filename":
+        need(0)
+        return str(scope.file)
+    if name == "eval":
+        need(1)
+        try:
+            return str(eval(args[0], {"__builtins__": {}}, dict(vars(math))))  # launch files are code, as in ROS
+        except Exception as e:
+            raise LaunchError(f"$(eval {args[0]!r}) failed: {type(e).__name__}: {e}") from None
+    raise LaunchError(f"unsupported substitution $({name} ...): supported are var, env, find-pkg-share, "
+                      f"find-pkg-prefix, dirname, filename, eval")
+
+
+def substitute(text: str, scope: Scope) -> str:
+    parts, _ = _parse(text, 0, "")
+    return _eval_parts(parts, scope)
+
+
+def truth(text: str, what: str) -> bool:
+    v = text.strip().lower()
+    if v in ("true", "1"):
+        return True
+    if v in ("false", "0"):
+        return False
+    raise LaunchError(f"{what}: '{text}' is not a boolean (expected true, false, 1 or 0)")
+
+
+# ---------------------------------------------------------------------------------------------
+# launch file -> processes
+
+
+@dataclass
+class Process:
+    name: str
+    argv: list[str]
+    env: dict[str, str]
+
+
+ALLOWED = {
+    "arg": {"name", "default", "description"},
+    "let": {"name", "value"},
+    "set_env": {"name", "value"},
+    "node": {"pkg", "exec", "name", "namespace", "args", "output"},
+    "group": {"scoped"},
+    "include": {"file"},
+}
+NODE_CHILDREN = {"param": [{"name", "value"}, {"from"}], "remap": [{"from", "to"}]}
+
+
+def _where(el: ET.Element, scope: Scope) -> str:
+    attrs = " ".join(f'{k}="{v}"' for k, v in el.attrib.items())
+    return f"{scope.file}: <{el.tag}{' ' + attrs if attrs else ''}>"
+
+
+def _attrs(el: ET.Element, allowed: set[str], scope: Scope, required: set[str] = frozenset()) -> dict[str, str]:
+    extra = set(el.attrib) - allowed - {"if", "unless"}
+    if extra:
+        raise LaunchError(f"{_where(el, scope)}: unsupported attribute(s) {sorted(extra)} "
+                          f"(supported: {sorted(allowed)})")
+    missing = required - set(el.attrib)
+    if missing:
+        raise LaunchError(f"{_where(el, scope)}: missing attribute(s) {sorted(missing)}")
+    return {k: substitute(v, scope) for k, v in el.attrib.items() if k not in ("if", "unless")}
+
+
+def _enabled(el: ET.Element, scope: Scope) -> bool:
+    if "if" in el.attrib and not truth(substitute(el.attrib["if"], scope), f"{_where(el, scope)} if"):
+        return False
+    if "unless" in el.attrib and truth(substitute(el.attrib["unless"], scope), f"{_where(el, scope)} unless"):
+        return False
+    return True
+
+
+def _node(el: ET.Element, scope: Scope) -> Process:
+    a = _attrs(el, ALLOWED["node"], scope, {"pkg", "exec"})
+    if a.get("output", "screen") not in ("screen", "log", "both"):
+        raise LaunchError(f"{_where(el, scope)}: output must be screen, log or both")
+    argv = [str(executable(a["pkg"], a["exec"])), *shlex.split(a.get("args", "")), "--ros-args"]
+    if "name" in a:
+        argv += ["-r", f"__node:={a['name']}"]
+    if a.get("namespace"):
+        argv += ["-r", f"__ns:=/{a['namespace'].strip('/')}"]
+    for child in el:
+        if child.tag not in NODE_CHILDREN:
+            raise LaunchError(f"{_where(child, scope)} inside <node>: unsupported (supported: param, remap)")
+        if not _enabled(child, scope):
+            continue
+        if child.tag == "remap":
+            c = _attrs(child, {"from", "to"}, scope, {"from", "to"})
+            argv += ["-r", f"{c['from']}:={c['to']}"]
+        elif "from" in child.attrib:
+            c = _attrs(child, {"from"}, scope, {"from"})
+            path = Path(c["from"])
+            if not path.is_file():
+                raise LaunchError(f"{_where(child, scope)}: parameter file {path} does not exist")
+            argv += ["--params-file", str(path)]
+        else:
+            c = _attrs(child, {"name", "value"}, scope, {"name", "value"})
+            argv += ["-p", f"{c['name']}:={c['value']}"]
+    return Process(a.get("name", a["exec"]), argv, dict(scope.env))
+
+
+def load(file: Path, scope: Scope, out: list[Process]) -> None:
+    """Append the processes of launch file ``file`` (evaluated in ``scope``) to ``out``."""
+    if not file.is_file():
+        raise LaunchError(f"launch file {file} does not exist")
+    try:
+        root = ET.parse(file).getroot()
+    except ET.ParseError as e:
+        raise LaunchError(f"{file} is not valid XML: {e}") from None
+    if root.tag != "launch":
+        raise LaunchError(f"{file}: root element is <{root.tag}>, expected <launch>")
+    scope.file = file.resolve()
+    _children(root, scope, out)
+
+
+def _children(parent: ET.Element, scope: Scope, out: list[Process]) -> None:
+    for el in parent:
+        if el.tag not in ALLOWED:
+            raise LaunchError(f"{_where(el, scope)}: unsupported element (supported: {', '.join(ALLOWED)})")
+        if not _enabled(el, scope):
+            continue
+        if el.tag == "arg":
+            a = _attrs(el, ALLOWED["arg"], scope, {"name"})
+            scope.declared.add(a["name"])
+            if a["name"] not in scope.configs:
+                if "default" not in a:
+                    raise LaunchError(f"{scope.file}: launch argument '{a['name']}' is required: "
+                                      f"pass {a['name']}:=<value>")
+                scope.configs[a["name"]] = a["default"]
+        elif el.tag == "let":
+            a = _attrs(el, ALLOWED["let"], scope, {"name", "value"})
+            scope.configs[a["name"]] = a["value"]
+        elif el.tag == "set_env":
+            a = _attrs(el, ALLOWED["set_env"], scope, {"name", "value"})
+            scope.env[a["name"]] = a["value"]
+        elif el.tag == "node":
+            out.append(_node(el, scope))
+        elif el.tag == "group":
+            a = _attrs(el, ALLOWED["group"], scope)
+            scoped = truth(a.get("scoped", "true"), f"{_where(el, scope)} scoped")
+            _children(el, scope.child() if scoped else scope, out)
+        elif el.tag == "include":
+            a = _attrs(el, ALLOWED["include"], scope, {"file"})
+            given = {}
+            for child in el:
+                if child.tag != "arg":
+                    raise LaunchError(f"{_where(child, scope)} inside <include>: only <arg name value/> is supported")
+                c = _attrs(child, {"name", "value"}, scope, {"name", "value"})
+                given[c["name"]] = c["value"]
+            path = Path(a["file"])
+            load(path if path.is_absolute() else scope.file.parent / path, scope.child(configs=given), out)
+
+
+def parse_cli(argv: list[str]) -> tuple[Path, dict[str, str]]:
+    if not argv or ":=" in argv[0] or argv[0] in ("-h", "--help"):
+        raise LaunchError("usage: python -m deploy.launch <file.launch.xml> [name:=value ...]")
+    args = {}
+    for a in argv[1:]:
+        name, sep, value = a.partition(":=")
+        if not sep or not name:
+            raise LaunchError(f"argument '{a}': expected name:=value")
+        args[name] = value
+    return Path(argv[0]), args
+
+
+def plan(file: Path, args: dict[str, str]) -> list[Process]:
+    """Every process the launch file starts with these arguments, in order (nothing is started)."""
+    env = dict(os.environ)
+    env.setdefault("AMENT_PREFIX_PATH", sys.prefix)
+    scope = Scope(dict(args), env, file.resolve())
+    out: list[Process] = []
+    load(file, scope, out)
+    unknown = set(args) - scope.declared
+    if unknown:
+        raise LaunchError(f"unknown launch argument(s) {sorted(unknown)}: {file} declares {sorted(scope.declared)}")
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# processes
+
+
+def _log(msg: str) -> None:
+    print(f"[INFO] [launch]: {msg}", flush=True)
+
+
+def run(processes: list[Process]) -> int:
+    """Start every process, relay their output, stop them all on SIGINT/SIGTERM."""
+    stop = {"signal": None}
+
+    def on_signal(signum, _frame):
+        stop["signal"] = signum
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    sel = selectors.DefaultSelector()
+    running: dict[subprocess.Popen, str] = {}
+    codes: dict[str, int] = {}
+    for i, p in enumerate(processes, 1):
+        label = f"{p.name}-{i}"
+        try:
+            proc = subprocess.Popen(p.argv, env=p.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
+        except OSError as e:
+            _log(f"could not start {label}: {e}")
+            stop["signal"] = signal.SIGTERM
+            break
+        running[proc] = label
+        sel.register(proc.stdout, selectors.EVENT_READ, (proc, label))
+        print(f"[INFO] [{label}]: process started with pid [{proc.pid}]", flush=True)
+
+    stop_started = None
+    sent: list[int] = []
+    partial: dict[str, bytes] = {}
+
+    def relay(label: str, data: bytes, final: bool = False) -> None:
+        buf = partial.pop(label, b"") + data
+        *lines, rest = buf.split(b"\n")
+        if final and rest:
+            lines, rest = lines + [rest], b""
+        if rest:
+            partial[label] = rest
+        if lines:
+            sys.stdout.write("".join(f"[{label}] {ln.decode(errors='replace')}\n" for ln in lines))
+            sys.stdout.flush()
+
+    while running:
+        for key, _ in sel.select(timeout=0.1):
+            proc, label = key.data
+            data = os.read(key.fileobj.fileno(), 65536)
+            if data:
+                relay(label, data)
+            else:
+                sel.unregister(key.fileobj)
+        for proc in [p for p in running if p.poll() is not None]:
+            label = running.pop(proc)
+            codes[label] = proc.returncode
+            if proc.stdout in (k.fileobj for k in sel.get_map().values()):
+                sel.unregister(proc.stdout)
+            relay(label, proc.stdout.read(), final=True)
+            state = "process has finished cleanly" if proc.returncode in (0, -signal.SIGINT) else \
+                f"process has died [exit code {proc.returncode}]"
+            print(f"[INFO] [{label}]: {state}", flush=True)
+        if stop["signal"] is not None and running:
+            now = time.monotonic()
+            if stop_started is None:
+                stop_started = now
+                _log(f"{signal.Signals(stop['signal']).name}: stopping {len(running)} process(es)")
+            escalation = ((signal.SIGINT, 0.0), (signal.SIGTERM, STOP_TIMEOUT), (signal.SIGKILL, 2 * STOP_TIMEOUT))
+            for sig, after in escalation:
+                if now - stop_started >= after and sig not in sent:
+                    sent.append(sig)
+                    for proc in running:
+                        try:  # like ros2 launch: the node itself, so it can stop its own children in order
+                            (os.killpg if sig == signal.SIGKILL else os.kill)(proc.pid, sig)
+                        except ProcessLookupError:
+                            pass
+    return 0 if all(c in (0, -signal.SIGINT) for c in codes.values()) else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        file, args = parse_cli(sys.argv[1:] if argv is None else argv)
+        processes = plan(file, args)
+    except LaunchError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return run(processes)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,126 @@
+"""Plot a recorded flight: ``python -m deploy.plot <bag.mcap> [-o out.png] [--robot cf1]``.
+
+Three panels over time (s, the recording's clock): position (world, m) with the target,
+attitude (roll, pitch, yaw in degrees from the odometry quaternion, ZYX convention) and the
+rotor speed commands (rpm, M1..M4). Failsafe periods from the status topic are shaded.
+Writes <bag>.png next to the bag unless -o is given, and prints the path.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+
+def euler_zyx_deg(q: np.ndarray) -> np.ndarray:
+    """Quaternions (w, x, y, z) [N, 4] -> roll, pitch, yaw [N, 3] in degrees (yaw-pitch-roll, ZYX)."""
+    w, x, y, z = q.T
+    roll = np.arctan2(2 * (w * x + y * z), 1 - 2 * (x * x + y * y))
+    pitch = np.arcsin(np.clip(2 * (w * y - z * x), -1.0, 1.0))
+    yaw = np.arctan2(2 * (w * z + x * y), 1 - 2 * (y * y + z * z))
+    return np.degrees(np.stack((roll, pitch, yaw), axis=-1))
+
+
+def read_flight(bag: Path, robot: str) -> dict:
+    """Arrays from the bag: t_odom, pos, quat (w,x,y,z), t_cmd, rpm, status [(t, dict)]."""
+    from mcap.exceptions import McapError
+    from mcap.reader import make_reader
+    from mcap_ros2.decoder import DecoderFactory
+
+    odom, cmd, status = f"/{robot}/odom", f"/{robot}/rotor_cmd", f"/{robot}/status"
+    t_o, pos, quat, t_c, rpm, st = [], [], [], [], [], []
+    try:
+        with bag.open("rb") as f:
+            messages = list(make_reader(f, decoder_factories=[DecoderFactory()]).iter_decoded_messages(
+                topics=[odom, cmd, status]))
+        for _schema, channel, raw, msg in messages:
+            t = raw.log_time * 1e-9
+            if channel.topic == odom:
+                p, o = msg.pose.pose.position, msg.pose.pose.orientation
+                t_o.append(t)
+                pos.append((p.x, p.y, p.z))
+                quat.append((o.w, o.x, o.y, o.z))
+            elif channel.topic == cmd and len(msg.data) == 4:
+                t_c.append(t)
+                rpm.append(list(msg.data))
+            elif channel.topic == status:
+                try:
+                    st.append((t, json.loads(msg.data)))
+                except ValueError:
+                    pass
+    except (McapError, OSError, ValueError) as e:
+        raise ValueError(f"{bag} is not a readable MCAP recording ({type(e).__name__}: {e})") from None
+    if not t_o:
+        raise ValueError(f"{bag} has no messages on {odom}: wrong --robot? (record with record:=true)")
+    return {"t_odom": np.array(t_o), "pos": np.array(pos), "quat": np.array(quat),
+            "t_cmd": np.array(t_c), "rpm": np.array(rpm).reshape(-1, 4), "status": st}
+
+
+def plot(flight: dict, out: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    t0 = flight["t_odom"][0]
+    fig, axes = plt.subplots(3, 1, figsize=(9, 8), sharex=True)
+    t = flight["t_odom"] - t0
+    for i, (name, color) in enumerate(zip("xyz", ("tab:red", "tab:green", "tab:blue"))):
+        axes[0].plot(t, flight["pos"][:, i], color=color, label=name)
+    targets = [s.get("target") for _, s in flight["status"] if s.get("target")]
+    if targets:
+        for i, color in enumerate(("tab:red", "tab:green", "tab:blue")):
+            axes[0].axhline(targets[-1][i], color=color, ls="--", lw=0.8)
+    axes[0].set(ylabel="position [m]")
+    eul = euler_zyx_deg(flight["quat"])
+    for i, name in enumerate(("roll", "pitch", "yaw")):
+        axes[1].plot(t, eul[:, i], label=name)
+    axes[1].set(ylabel="attitude [deg]")
+    for i in range(4):
+        axes[2].plot(flight["t_cmd"] - t0, flight["rpm"][:, i], lw=0.8, label=f"M{i + 1}")
+    axes[2].set(ylabel="rotor command [rpm]", xlabel="time [s]")
+    # Shade the spans the status topic reports as failsafe.
+    span_start = None
+    for ts, s in flight["status"] + [(None, {"mode": "end"})]:
+        if s.get("mode") == "failsafe" and span_start is None:
+            span_start = ts
+        elif s.get("mode") != "failsafe" and span_start is not None:
+            end = ts if ts is not None else flight["t_odom"][-1]
+            for ax in axes:
+                ax.axvspan(span_start - t0, end - t0, color="tab:orange", alpha=0.2)
+            span_start = None
+    for ax in axes:
+        ax.grid(alpha=0.3)
+        ax.legend(loc="upper right", ncol=4, fontsize=8)
+    axes[0].set_title(title)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m deploy.plot", description="Plot a recorded flight (MCAP) to a PNG.")
+    ap.add_argument("bag", type=Path)
+    ap.add_argument("-o", "--out", type=Path, help="PNG path (default: next to the bag)")
+    ap.add_argument("--robot", default="cf1")
+    args = ap.parse_args(argv)
+    if not args.bag.is_file():
+        print(f"error: no file {args.bag}", file=sys.stderr)
+        return 2
+    try:
+        flight = read_flight(args.bag, args.robot)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    out = args.out or args.bag.with_suffix(".png")
+    plot(flight, out, f"{args.bag.name}: {args.robot}, {flight['t_odom'][-1] - flight['t_odom'][0]:.1f} s")
+    print(out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,245 @@
+"""policy_node: the exported policy (ONNX) behind the safety layer, on ROS 2.
+
+    python -m deploy.policy_node --ros-args -r __ns:=/cf1 -p policy:=<run_dir>/export/policy.onnx
+
+Subscribes   odom (nav_msgs/Odometry: pose world ENU, twist BODY frame, REP 105)
+Publishes    rotor_cmd (std_msgs/Float32MultiArray: 4 rotor speed setpoints in rpm, M1..M4, the
+             policy contract's mapping rpm = (a + 1) / 2 * rpm_max of the clipped action a),
+             status (std_msgs/String, JSON: mode, reason, failsafe_count, target, latency and
+             inference time percentiles in ms, accepted and rejected state counts, control ticks
+             and watchdog ticks; on every mode change and at 10 Hz)
+Services     arm (std_srvs/SetBool), emergency_stop (std_srvs/Trigger)
+Rules        deploy/safety.py. Every received state is checked (finite, plausible, header stamp
+             within stale_timeout of this node's clock, world frame) before it can reach the policy.
+
+Timing: one control tick per policy period (contract, 10 ms) on the node's clock: wall time, or
+/clock with use_sim_time:=true. Under sim time a steady-clock watchdog ticks as well whenever the
+clock has not advanced for two periods (a dead simulator stops /clock), so the stale-state failsafe
+fires at most stale_timeout + 2 periods after the last state in either mode.
+Latency: wall time from the receipt of a state to the publication of the command computed from
+it (each state counted once), reported in status and printed at exit.
+
+The node runs any policy callable (obs (22,) float32 -> action (4,)); firmware_bridge reuses it
+with the policy on the emulated MCU.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections import deque
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from .ros import (
+    ARM,
+    CONTROL_PUB_QOS,
+    CONTROL_QOS,
+    ESTOP,
+    ODOM,
+    ROTOR_CMD,
+    STATUS,
+    STATUS_QOS,
+    WORLD_FRAME,
+    Node,
+    param,
+    rotor_command_msg,
+    run_node,
+    vector_param,
+)
+from .safety import Command, Mode, SafeController, SafetyConfig
+from .state import InvalidState, stamp_seconds, state_from_odometry
+
+Policy = Callable[[np.ndarray], np.ndarray]
+STATUS_EVERY = 10  # ticks between periodic status messages (10 Hz at the 10 ms period)
+WATCHDOG_PERIODS = 2.0
+
+
+class Percentiles:
+    """Rolling p50/p99 of the last ``n`` samples (s), reported in ms."""
+
+    def __init__(self, n: int = 10_000):
+        self.samples: deque[float] = deque(maxlen=n)
+
+    def add(self, seconds: float) -> None:
+        self.samples.append(seconds)
+
+    def summary(self) -> dict:
+        if not self.samples:
+            return {"n": 0}
+        a = np.asarray(self.samples) * 1e3
+        return {"n": len(a), "p50": round(float(np.percentile(a, 50)), 3), "p99": round(float(np.percentile(a, 99)), 3),
+                "max": round(float(a.max()), 3)}
+
+
+def load_onnx_policy(path: str) -> tuple[Policy, dict]:
+    """OnnxPolicy (contract checked on load) as a single-observation callable, and its contract."""
+    from export.onnx_policy import OnnxPolicy
+
+    onnx = OnnxPolicy(path)
+    return (lambda obs: onnx(obs)[0]), onnx.contract
+
+
+class ControllerNode(Node):
+    """Safety layer + policy callable on ROS: states in, rotor commands and status out."""
+
+    def __init__(self, name: str, make_policy: Callable[[str], tuple[Policy, dict]]):
+        super().__init__(name)
+        from nav_msgs.msg import Odometry
+        from rclpy.clock import Clock, ClockType
+        from std_msgs.msg import Float32MultiArray, String
+        from std_srvs.srv import SetBool, Trigger
+
+        from sim.crazyflie.params import NOMINAL, action_to_rpm
+
+        self.robot = param(self, "robot", "cf1", "robot name: frame id of the body")
+        policy_path = param(self, "policy", "", "exported policy: <run_dir>/export/policy.onnx")
+        if not policy_path:
+            raise ValueError("parameter 'policy' is empty: pass policy:=<run_dir>/export/policy.onnx")
+        self.world_frame = param(self, "world_frame", WORLD_FRAME, "frame id of the world (ENU) frame")
+        d = SafetyConfig()
+        cfg = SafetyConfig(
+            target=tuple(vector_param(self, "target", list(d.target), "hover target, world, m")),
+            stale_timeout=float(param(self, "stale_timeout", d.stale_timeout, "s")),
+            geofence_min=tuple(vector_param(self, "geofence_min", list(d.geofence_min), "world, m")),
+            geofence_max=tuple(vector_param(self, "geofence_max", list(d.geofence_max), "world, m")),
+            max_action=float(param(self, "max_action", d.max_action, "upper clip of every action")),
+            descent_thrust_ratio=float(param(self, "descent_thrust_ratio", d.descent_thrust_ratio, "of hover")),
+            ground_height=float(param(self, "ground_height", d.ground_height, "world z of the floor, m")),
+            landed_height=float(param(self, "landed_height", d.landed_height, "m above the floor")),
+            recover_count=int(param(self, "recover_count", d.recover_count, "valid states ending a failsafe")),
+            auto_arm=bool(param(self, "auto_arm", d.auto_arm, "arm on the first valid state")),
+        )
+        policy, contract = make_policy(str(Path(policy_path).expanduser()))
+        self.period = float(contract["policy_period_s"])
+        self.rpm_max = float(contract["rpm_max"])
+        self._to_rpm = lambda a: action_to_rpm(a, self.rpm_max)
+        self.controller = SafeController(self._timed(policy), cfg, NOMINAL)
+        self.stale_timeout = cfg.stale_timeout
+
+        self.cmd_pub = self.create_publisher(Float32MultiArray, ROTOR_CMD, CONTROL_PUB_QOS)
+        self.status_pub = self.create_publisher(String, STATUS, STATUS_QOS)
+        self._status_msg = String
+        self.create_subscription(Odometry, ODOM, self._on_odom, CONTROL_QOS)
+        self.create_service(SetBool, ARM, self._on_arm)
+        self.create_service(Trigger, ESTOP, self._on_estop)
+
+        self.latency, self.inference = Percentiles(), Percentiles()
+        self.rejected: dict[str, int] = {}
+        self.accepted = 0  # valid states received
+        self._state_received_at: float | None = None  # perf_counter of the newest unused state
+        self._ticks = 0
+        self.watchdog_ticks = 0  # ticks forced by the steady clock because /clock stalled
+        self._last = ("", "")
+        self._last_tick_wall = time.monotonic()
+        steady = Clock(clock_type=ClockType.STEADY_TIME)
+        self.use_sim_time = bool(self.get_parameter("use_sim_time").value)
+        if self.use_sim_time:
+            self.create_timer(self.period, self._tick)  # node clock = /clock
+            self.create_timer(self.period, self._watchdog, clock=steady)
+        else:
+            self.create_timer(self.period, self._tick, clock=steady)
+        self.get_logger().info(f"{name}: {policy_path}, period {self.period * 1e3:g} ms, "
+                               f"{'sim' if self.use_sim_time else 'wall'} time, "
+                               f"target {[float(v) for v in cfg.target]} m")
+
+    # ------------------------------------------------------------------ inputs
+    def _timed(self, policy: Policy) -> Policy:
+        def run(obs: np.ndarray) -> np.ndarray:
+            t0 = time.perf_counter()
+            try:
+                return policy(obs)
+            finally:
+                self.inference.add(time.perf_counter() - t0)
+
+        return run
+
+    def _on_odom(self, msg) -> None:
+        now = time.monotonic()
+        try:
+            if msg.header.frame_id != self.world_frame:
+                raise InvalidState("malformed", f"pose frame '{msg.header.frame_id}', expected '{self.world_frame}'")
+            state = state_from_odometry(msg)
+            age = self.get_clock().now().nanoseconds * 1e-9 - stamp_seconds(msg.header.stamp)
+            if abs(age) > self.stale_timeout:
+                raise InvalidState("stale", f"header stamp {age * 1e3:.0f} ms from this node's clock")
+        except InvalidState as e:
+            self.rejected[e.reason] = self.rejected.get(e.reason, 0) + 1
+            self.controller.on_state(None, now, str(e))
+            return
+        except Exception as e:  # anything else a message can do to the conversion: reject, never crash
+            self.rejected["malformed"] = self.rejected.get("malformed", 0) + 1
+            self.controller.on_state(None, now, f"malformed: {type(e).__name__}")
+            return
+        self._state_received_at = time.perf_counter()
+        self.accepted += 1
+        self.controller.on_state(state, now)
+
+    def _on_arm(self, request, response):
+        now = time.monotonic()
+        if request.data:
+            response.success, response.message = self.controller.arm(now)
+        else:
+            response.success, response.message = True, self.controller.disarm(now)
+        self.get_logger().info(f"arm({request.data}): {response.message}")
+        self._tick()
+        return response
+
+    def _on_estop(self, request, response):
+        response.success, response.message = True, self.controller.estop()
+        self.get_logger().warning(response.message)
+        self._tick()
+        return response
+
+    # ------------------------------------------------------------------ control
+    def _watchdog(self) -> None:
+        if time.monotonic() - self._last_tick_wall > WATCHDOG_PERIODS * self.period:
+            self.watchdog_ticks += 1
+            self._tick()
+
+    def _tick(self) -> None:
+        self._last_tick_wall = now = time.monotonic()
+        received = self._state_received_at
+        cmd = self.controller.tick(now)
+        self.cmd_pub.publish(rotor_command_msg(self._to_rpm(cmd.action)))
+        self.actuate(cmd, now)
+        if received is not None:
+            if cmd.mode is Mode.ARMED:
+                self.latency.add(time.perf_counter() - received)
+            self._state_received_at = None
+        self._ticks += 1
+        if (cmd.mode.value, cmd.reason) != self._last or self._ticks % STATUS_EVERY == 0:
+            self._publish_status(cmd)
+
+    def actuate(self, cmd: Command, now: float) -> None:
+        """Hardware output besides rotor_cmd; crazyflie_bridge sends setpoints to the vehicle here."""
+
+    def _publish_status(self, cmd: Command) -> None:
+        if (cmd.mode.value, cmd.reason) != self._last:
+            if cmd.mode is Mode.ARMED:
+                self.get_logger().info(f"{cmd.mode.value}: {cmd.reason}")
+            else:
+                self.get_logger().warning(f"{cmd.mode.value}: {cmd.reason}")
+        self._last = (cmd.mode.value, cmd.reason)
+        status = {"robot": self.robot, **self.controller.status(), "t": self.get_clock().now().nanoseconds * 1e-9,
+                  "latency_ms": self.latency.summary(), "inference_ms": self.inference.summary(),
+                  "accepted": self.accepted, "rejected": self.rejected, "ticks": self._ticks,
+                  "watchdog_ticks": self.watchdog_ticks}
+        self.status_pub.publish(self._status_msg(data=json.dumps(status)))
+
+    def close(self) -> None:
+        print(f"{self.get_name()} latency state->command ms {self.latency.summary()}, "
+              f"inference ms {self.inference.summary()}", flush=True)
+
+
+def main(args: list[str] | None = None) -> int:
+    from export.onnx_policy import ContractError
+
+    return run_node(lambda: ControllerNode("policy_node", load_onnx_policy), (ContractError,), args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,133 @@
+"""recorder: every topic of the run into one MCAP file (the rosbag2 MCAP layout).
+
+    python -m deploy.recorder --ros-args -p path:=bags [-p use_sim_time:=true]
+
+Discovers topics every 0.5 s and subscribes to each new one with raw (serialized CDR)
+subscriptions, so messages are stored exactly as they travelled, never re-encoded. Schemas are
+the ``ros2msg`` message definitions (with their dependencies) read from the installed ``.msg``
+files, as rosbag2 writes them; any MCAP/ROS 2 tool (Foxglove, ``ros2 bag`` with the MCAP
+plugin, ``mcap_ros2``) reads the file. log_time is the receive time on this node's clock
+(simulated time under use_sim_time), in ns.
+
+``path``: a ``.mcap`` file (refused if it exists) or a directory, in which
+``<robot>_<YYYYmmdd_HHMMSS>.mcap`` is created. The file is finished on Ctrl-C / SIGTERM.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+import sys
+import time
+from pathlib import Path
+
+from .launch import LaunchError, package_prefix
+from .ros import Node, param, run_node
+
+PRIMITIVES = {"bool", "byte", "char", "float32", "float64", "int8", "uint8", "int16", "uint16", "int32", "uint32",
+              "int64", "uint64", "string", "wstring"}
+DISCOVERY_PERIOD = 0.5  # s
+
+
+def msg_definition(type_name: str) -> str:
+    """ros2msg schema text of "pkg/msg/Type": its .msg, then each dependency once, after a
+    line of 80 '=' and "MSG: pkg/Type"."""
+    pkg, _, name = type_name.split("/")
+    seen: dict[str, str] = {}
+
+    def read(pkg_: str, name_: str) -> str:
+        try:
+            path = package_prefix(pkg_) / "share" / pkg_ / "msg" / f"{name_}.msg"
+        except LaunchError as e:
+            raise FileNotFoundError(str(e)) from None
+        text = path.read_text()
+        for line in text.splitlines():
+            fields = line.split("#", 1)[0].split()
+            if len(fields) < 2 or "=" in fields[1]:
+                continue  # blank, comment or constant
+            base = re.split(r"[\[<]", fields[0])[0]
+            if base in PRIMITIVES:
+                continue
+            dep_pkg, dep_name = base.split("/") if "/" in base else (pkg_, base)
+            key = f"{dep_pkg}/{dep_name}"
+            if key not in seen:
+                seen[key] = ""
+                seen[key] = read(dep_pkg, dep_name)
+        return text
+
+    main = read(pkg, name)
+    return main + "".join(f"\n{'=' * 80}\nMSG: {k}\n{v}" for k, v in seen.items())
+
+
+def message_class(type_name: str):
+    pkg, kind, name = type_name.split("/")
+    return getattr(importlib.import_module(f"{pkg}.{kind}"), name)
+
+
+def bag_path(path: str, robot: str) -> Path:
+    p = Path(path).expanduser()
+    if p.suffix == ".mcap":
+        if p.exists():
+            raise ValueError(f"{p} exists: give another path= (recordings are never overwritten)")
+    else:
+        p = p / f"{robot}_{time.strftime('%Y%m%d_%H%M%S')}.mcap"
+    p.parent.mkdir(parents=True, exist_ok=True)
+    return p
+
+
+class Recorder(Node):
+    def __init__(self):
+        super().__init__("recorder")
+        from mcap.writer import CompressionType, Writer
+
+        robot = param(self, "robot", "cf1", "robot name, used in the default file name")
+        self.path = bag_path(param(self, "path", "bags", "a .mcap file or a directory"), robot)
+        self._file = self.path.open("wb")
+        self.writer = Writer(self._file, compression=CompressionType.ZSTD)
+        self.writer.start(profile="ros2", library="robolearn deploy.recorder")
+        self.channels: dict[str, int] = {}
+        self.skipped: set[str] = set()
+        self.counts: dict[str, int] = {}
+        self.create_timer(DISCOVERY_PERIOD, self._discover)
+        self.get_logger().info(f"recording every topic to {self.path}")
+        self._discover()
+
+    def _discover(self) -> None:
+        from rclpy.qos import QoSProfile, ReliabilityPolicy
+
+        for topic, types in self.get_topic_names_and_types():
+            if topic in self.channels or topic in self.skipped:
+                continue
+            try:
+                schema = self.writer.register_schema(types[0], "ros2msg", msg_definition(types[0]).encode())
+                cls = message_class(types[0])
+            except (OSError, ImportError, AttributeError, ValueError) as e:
+                self.skipped.add(topic)
+                self.get_logger().warning(f"not recording {topic} ({types[0]}): {e}")
+                continue
+            best_effort = any(i.qos_profile.reliability == ReliabilityPolicy.BEST_EFFORT
+                              for i in self.get_publishers_info_by_topic(topic))
+            qos = QoSProfile(depth=1000, reliability=ReliabilityPolicy.BEST_EFFORT if best_effort
+                             else ReliabilityPolicy.RELIABLE)
+            self.channels[topic] = self.writer.register_channel(topic, "cdr", schema)
+            self.counts[topic] = 0
+            self.create_subscription(cls, topic, lambda data, t=topic: self._write(t, data), qos, raw=True)
+
+    def _write(self, topic: str, data: bytes) -> None:
+        now = self.get_clock().now().nanoseconds
+        self.writer.add_message(self.channels[topic], log_time=now, data=data, publish_time=now,
+                                sequence=self.counts[topic])
+        self.counts[topic] += 1
+
+    def close(self) -> None:
+        self.writer.finish()
+        self._file.close()
+        print(f"recorder: {sum(self.counts.values())} messages on {len(self.counts)} topics -> {self.path}", flush=True)
+
+
+def main(args: list[str] | None = None) -> int:
+    return run_node(Recorder, (), args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

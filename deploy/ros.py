@@ -1,0 +1,123 @@
+"""What every node of this package shares: names, parameter declaration, the spin loop.
+
+Topics are relative names, so a node started in namespace ``/<robot>`` (Crazyswarm2 style,
+default ``cf1``) talks on ``/cf1/odom``, ``/cf1/rotor_cmd``, ``/cf1/status``; ``/clock`` is global.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Callable
+
+import numpy as np
+
+try:
+    import rclpy
+    from rclpy.executors import ExternalShutdownException
+    from rclpy.node import Node
+    from rclpy.qos import HistoryPolicy, QoSProfile, ReliabilityPolicy
+except ImportError as e:  # a user mistake: print how to fix it, not a traceback
+    sys.exit(f"error: ROS 2 Python packages are missing ({e.name}): pip install \"ros-rclpy[fastrtps]\" "
+             "ros-std-msgs ros-geometry-msgs ros-sensor-msgs ros-nav-msgs ros-std-srvs ros-rosgraph-msgs")
+
+ODOM = "odom"  # nav_msgs/Odometry: pose world ENU, twist body FLU (REP 105)
+ROTOR_CMD = "rotor_cmd"  # std_msgs/Float32MultiArray: 4 rotor speed setpoints, rpm, order M1..M4
+STATUS = "status"  # std_msgs/String: JSON, see policy_node
+ARM = "arm"  # std_srvs/SetBool: true arms, false disarms
+ESTOP = "emergency_stop"  # std_srvs/Trigger
+WORLD_FRAME = "world"
+ROTOR_LABEL = "rotor_rpm_M1_M2_M3_M4"
+
+# Control traffic, reliable. Subscribers keep the newest sample only (a late state or command is
+# never worth acting on); publishers keep 10 so that a slow reader that wants everything (the
+# recorder) still gets every sample.
+CONTROL_QOS = QoSProfile(depth=1, reliability=ReliabilityPolicy.RELIABLE, history=HistoryPolicy.KEEP_LAST)
+CONTROL_PUB_QOS = QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE, history=HistoryPolicy.KEEP_LAST)
+STATUS_QOS = QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE, history=HistoryPolicy.KEEP_LAST)
+
+
+def ensure_ament_prefix() -> None:
+    """ament index look-ups (message type support) need AMENT_PREFIX_PATH; default: this Python's prefix."""
+    if not os.environ.get("AMENT_PREFIX_PATH"):
+        os.environ["AMENT_PREFIX_PATH"] = sys.prefix
+
+
+def param(node: Node, name: str, default, description: str = ""):
+    """Declare a ROS parameter and return its value (lists come back as Python lists)."""
+    from rcl_interfaces.msg import ParameterDescriptor
+
+    value = node.declare_parameter(name, default, ParameterDescriptor(description=description)).value
+    return list(value) if isinstance(value, (list, tuple, np.ndarray)) else value
+
+
+def vector_param(node: Node, name: str, default: list[float], description: str, size: int = 3) -> np.ndarray:
+    value = np.asarray(param(node, name, [float(v) for v in default], description), dtype=np.float64)
+    if value.shape != (size,) or not np.isfinite(value).all():
+        raise ValueError(f"parameter {name}={value.tolist()}: expected {size} finite numbers")
+    return value
+
+
+def rotor_command_msg(rpm: np.ndarray):
+    """std_msgs/Float32MultiArray carrying 4 rotor speed setpoints (rpm, M1..M4)."""
+    from std_msgs.msg import Float32MultiArray, MultiArrayDimension
+
+    msg = Float32MultiArray()
+    msg.layout.dim = [MultiArrayDimension(label=ROTOR_LABEL, size=4, stride=4)]
+    msg.data = [float(v) for v in rpm]
+    return msg
+
+
+def spin(node: Node) -> None:
+    """rclpy.spin that survives a callback raising: rclpy's own /clock handler raises on a
+    malformed Clock message (negative seconds), which would otherwise end the node. The message is
+    dropped, the error logged (once per kind), and spinning goes on."""
+    from rclpy.executors import SingleThreadedExecutor
+
+    executor = SingleThreadedExecutor(context=node.context)
+    executor.add_node(node)
+    seen: set[str] = set()
+    try:
+        while node.context.ok():
+            try:
+                executor.spin_once(timeout_sec=0.1)
+            except (KeyboardInterrupt, ExternalShutdownException):
+                raise
+            except Exception as e:
+                if not node.context.ok():
+                    break
+                kind = f"{type(e).__name__}: {e}"
+                if kind not in seen:
+                    seen.add(kind)
+                    node.get_logger().error(f"callback failed, message dropped ({kind})")
+    finally:
+        executor.shutdown()
+
+
+def run_node(make: Callable[[], Node], user_errors: tuple[type[Exception], ...] = (),
+             args: list[str] | None = None) -> int:
+    """rclpy.init, build the node, spin until Ctrl-C / SIGTERM / shutdown, clean up.
+
+    ValueError, OSError or one of ``user_errors`` raised while building the node is a user
+    mistake (bad parameter, missing file, wrong model): printed as one line, exit code 2."""
+    ensure_ament_prefix()
+    rclpy.init(args=sys.argv if args is None else args)
+    node = None
+    try:
+        try:
+            node = make()
+        except (ValueError, OSError, *user_errors) as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        spin(node)
+    except (KeyboardInterrupt, ExternalShutdownException):
+        pass
+    finally:
+        if node is not None:
+            close = getattr(node, "close", None)
+            if close is not None:
+                close()
+            node.destroy_node()
+        if rclpy.ok():
+            rclpy.shutdown()
+    return 0

@@ -1,0 +1,125 @@
+"""sim_bridge: one simulated Crazyflie on ROS 2, the time source of a simulated flight.
+
+    python -m deploy.sim_bridge --ros-args -r __ns:=/cf1 -p physics:=torch
+
+Runs a backend of sim/crazyflie (torch: TorchBackend, mujoco, pybullet; the same physics and
+motor model as training and evaluation) for one vehicle, one policy period (10 ms) per step,
+paced by a steady timer at period / real_time_factor (real time by default, faster with a
+factor > 1; under CPU load the simulation slows down, simulated time stays exact).
+
+Publishes   /clock (rosgraph_msgs/Clock, simulated time, starts at 0), odom (nav_msgs/Odometry,
+            stamped with simulated time, pose world ENU, twist BODY frame per REP 105)
+Subscribes  rotor_cmd (std_msgs/Float32MultiArray, 4 rotor speed setpoints, rpm, M1..M4). The
+            setpoint is held until the next one; the backend's first-order motor lag turns it
+            into rotor speed. Commands that are not 4 finite numbers are ignored (counted in the
+            log); finite ones are clipped to [0, rpm_max].
+Start       the vehicle sits at ``initial_position`` (level, at rest, rotors at hover speed) and,
+            with ``hold_until_command``, is held there (physics paused, clock and odometry
+            running) until the first command with a rotor above 0 rpm: a hand launch.
+            With ``clamped`` the vehicle stays there for good (a test stand: commands are received,
+            the state never changes), for bench tests of the control chain.
+Floor       z = 0 (world): a vehicle that sinks below it is put back on it at rest.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+
+from .ros import CONTROL_PUB_QOS, CONTROL_QOS, ODOM, ROTOR_CMD, WORLD_FRAME, Node, param, run_node, vector_param
+from .state import State, fill_odometry
+
+BACKENDS = ("torch", "mujoco", "pybullet")
+
+
+class SimBridge(Node):
+    def __init__(self):
+        super().__init__("sim_bridge")
+        import torch
+        from nav_msgs.msg import Odometry
+        from rclpy.clock import Clock, ClockType
+        from rosgraph_msgs.msg import Clock as ClockMsg
+        from std_msgs.msg import Float32MultiArray
+
+        from sim.crazyflie.contract import POLICY_PERIOD
+        from sim.crazyflie.dynamics import STATE_DIM, VehicleBatch
+        from sim.crazyflie.hover import make_backend
+        from sim.crazyflie.params import NOMINAL
+
+        torch.set_num_threads(1)  # one vehicle: threads only add overhead on a shared machine
+        self.torch = torch
+        self.robot = param(self, "robot", "cf1", "robot name: child frame id of the odometry")
+        backend = param(self, "physics", "torch", f"simulator backend: {', '.join(BACKENDS)}")
+        if backend not in BACKENDS:
+            raise ValueError(f"physics '{backend}': expected one of {', '.join(BACKENDS)}")
+        rtf = float(param(self, "real_time_factor", 1.0, "simulated seconds per wall second"))
+        if not rtf > 0:
+            raise ValueError(f"real_time_factor {rtf}: expected a positive number")
+        self.hold = bool(param(self, "hold_until_command", True, "hold the vehicle until a rotor command > 0"))
+        self.clamped = bool(param(self, "clamped", False, "test stand: the vehicle never moves"))
+        p0 = vector_param(self, "initial_position", [0.0, 0.0, 1.0], "world, m")
+
+        self.params, self.period = NOMINAL, POLICY_PERIOD
+        self.backend = make_backend(backend, 1, NOMINAL, 1, "cpu")
+        self.vehicle = VehicleBatch.nominal(1, NOMINAL)
+        s = torch.zeros(1, STATE_DIM)
+        s[0, 0:3] = torch.as_tensor(p0)
+        s[0, 3] = 1.0
+        s[0, 13:17] = NOMINAL.hover_rpm
+        self.backend.set_state(torch.arange(1), s, self.vehicle)
+        self.rpm_cmd = torch.zeros(1, 4)
+        self.zeros = torch.zeros(1, 3)
+        self.steps = 0
+        self.bad_commands = 0
+
+        self.clock_pub = self.create_publisher(ClockMsg, "/clock", 10)
+        self.odom_pub = self.create_publisher(Odometry, ODOM, CONTROL_PUB_QOS)
+        self.create_subscription(Float32MultiArray, ROTOR_CMD, self._on_cmd, CONTROL_QOS)
+        self._clock_msg, self._odom_msg = ClockMsg, Odometry
+        self.create_timer(self.period / rtf, self._step, clock=Clock(clock_type=ClockType.STEADY_TIME))
+        self.get_logger().info(f"sim_bridge: {backend} backend, start {p0.tolist()} m, "
+                               f"{rtf:g}x real time{', held until the first command' if self.hold else ''}")
+        self._publish()
+
+    def _on_cmd(self, msg) -> None:
+        data = np.asarray(msg.data, dtype=np.float64)
+        if data.shape != (4,) or not np.isfinite(data).all():
+            self.bad_commands += 1
+            self.get_logger().warning(f"ignored rotor command {data.tolist()[:8]}: expected 4 finite rpm values "
+                                      f"({self.bad_commands} so far)", throttle_duration_sec=1.0)
+            return
+        self.rpm_cmd = self.torch.as_tensor(np.clip(data, 0.0, self.params.rpm_max), dtype=self.torch.float32)[None]
+        if self.hold and not self.clamped and data.max() > 0.0:
+            self.hold = False
+            self.get_logger().info(f"released at t = {self.steps * self.period:.2f} s")
+
+    def _step(self) -> None:
+        if not (self.hold or self.clamped):
+            state = self.backend.step(self.rpm_cmd, self.zeros, self.zeros)
+            if float(state[0, 2]) < 0.0:  # floor: put the vehicle back on it, at rest
+                s = state.clone()
+                s[0, 2] = 0.0
+                s[0, 7:13] = 0.0
+                self.backend.set_state(self.torch.arange(1), s, self.vehicle)
+        self.steps += 1
+        self._publish()
+
+    def _publish(self) -> None:
+        # Odometry before the clock: a policy node ticking on /clock then sees the state of the
+        # same instant (one period of latency less).
+        ns = round(self.steps * self.period * 1e9)
+        s = self.backend.state[0].double().numpy()
+        state = State(pos=s[0:3], quat=s[3:7], vel=s[7:10], omega=s[10:13], stamp=ns * 1e-9)
+        self.odom_pub.publish(fill_odometry(self._odom_msg(), state, WORLD_FRAME, self.robot))
+        clock = self._clock_msg()
+        clock.clock.sec, clock.clock.nanosec = divmod(ns, 1_000_000_000)
+        self.clock_pub.publish(clock)
+
+
+def main(args: list[str] | None = None) -> int:
+    return run_node(SimBridge, (), args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
