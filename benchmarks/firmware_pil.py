@@ -2,7 +2,7 @@
 through the emulated STM32F405 (QEMU netduinoplus2): hover criterion over 20 episodes, largest
 difference to onnxruntime, instructions per policy step.
 
-    python benchmarks/firmware_pil.py [run_dir]   (default: the shipped policies/pretrained/quad_hover)
+    python -m benchmarks.firmware_pil [run_dir]   (default: the shipped policies/pretrained/quad_hover)
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ virtual time by exactly 32 ns); the image reads SysTick (168 MHz core clock) aro
 instruction. Cross-checked against an exact single-stepped trace (`-singlestep -d exec`) of the
 self-test call in `tests/test_firmware.py`. These are instructions, not cycles: flash wait
 states and FPU latencies of the real chip are not modelled."""
-    write_section("Firmware: size and processor-in-the-loop", "python benchmarks/firmware_pil.py", body)
+    write_section("Firmware: size and processor-in-the-loop", "python -m benchmarks.firmware_pil", body)
     print(body)
 
 

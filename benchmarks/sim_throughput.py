@@ -2,7 +2,7 @@
 16384 environments, and of the MuJoCo and PyBullet backends (full task env step: dynamics,
 observation, reward, termination, autoreset).
 
-    python benchmarks/sim_throughput.py [--seconds 2]
+    python -m benchmarks.sim_throughput [--seconds 2]
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ def main() -> None:
             "observation, reward terms, termination and same-step autoreset. MuJoCo and PyBullet integrate at "
             "1 ms (10 substeps per 10 ms step) with one vehicle per environment, stepped in a Python loop.")
     if not args.no_write:
-        write_section("Simulator throughput", "python benchmarks/sim_throughput.py", table + "\n\n" + note)
+        write_section("Simulator throughput", "python -m benchmarks.sim_throughput", table + "\n\n" + note)
 
 
 if __name__ == "__main__":
