@@ -41,7 +41,7 @@ def main() -> None:
 | quantity | value |
 |---|---|
 | Cortex-M4 cross-build (`arm-none-eabi-gcc -mcpu=cortex-m4 -mthumb -mfloat-abi=hard -mfpu=fpv4-sp-d16 -O2`), policy core + glue | text {sizes['text']} B, data {sizes['data']} B, bss {sizes['bss']} B |
-| closed loop on the emulated MCU, 20 episodes, hover criterion | {res.summary()} |
+| closed loop on the emulated MCU (torch simulator), 20 episodes, hover criterion | {res.summary().replace('|', ';')} |
 | max abs difference MCU vs onnxruntime over {stats.steps} steps | {stats.max_abs_diff:.2e} (errors: {stats.errors}) |
 | instructions per policy step | mean {ins.mean():.0f}, min {ins.min():.0f}, max {ins.max():.0f} (target <= 20k) |
 | wall time per MCU exchange (QEMU on this machine) | {stats.seconds_per_step * 1e3:.2f} ms |
