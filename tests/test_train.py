@@ -18,8 +18,8 @@ from sim.crazyflie.hover import QuadHoverEnv, QuadTaskConfig
 from sim.single import SingleEnv
 
 ROOT = Path(__file__).resolve().parents[1]
-TINY = ["algo.num_envs=64", "algo.horizon=8", "algo.minibatches=2", "algo.epochs=2", "eval_episodes=8",
-        "eval_every_steps=2048", "progress=false", "threads=1", "stop_at_success=0"]
+COMMON = ["eval_episodes=8", "eval_every_steps=2048", "progress=false", "threads=1", "stop_at_success=0"]
+TINY = ["algo.num_envs=64", "algo.horizon=8", "algo.minibatches=2", "algo.epochs=2", *COMMON]
 
 
 def _run_cli(*args, timeout=120):
@@ -28,8 +28,9 @@ def _run_cli(*args, timeout=120):
 
 
 def _weights(run_dir: Path) -> dict:
-    d = torch.load(run_dir / "checkpoints/last.pt", weights_only=False)
-    return {**d["algo"]["actor"], **{f"c.{k}": v for k, v in d["algo"]["critic"].items()}}
+    d = torch.load(run_dir / "checkpoints/last.pt", weights_only=False)["algo"]
+    critic = d["critic"] if "critic" in d else d["q"]
+    return {**d["actor"], **{f"c.{k}": v for k, v in critic.items()}}
 
 
 def test_env_checker_passes():
@@ -89,15 +90,20 @@ def test_short_training_improves_return():
     assert after > 1.3 * before, (before, after)
 
 
-def test_same_seed_same_result_and_resume_is_exact(tmp_path):
+SAC_TINY = ["algo=sac", "algo.num_envs=64", "algo.batch_size=128", "algo.warmup_steps=1024", "algo.updates_per_iteration=1",
+            "algo.buffer_size=8192"]
+
+
+@pytest.mark.parametrize("tiny", [TINY, [*SAC_TINY, *COMMON]], ids=["ppo", "sac"])
+def test_same_seed_same_result_and_resume_is_exact(tmp_path, tiny):
     straight, split = tmp_path / "straight", tmp_path / "split"
-    assert train_main([*TINY, f"run_dir={straight}", "max_env_steps=4096"]) == 0
-    assert train_main([*TINY, f"run_dir={split}", "max_env_steps=2048"]) == 0
+    assert train_main([*tiny, f"run_dir={straight}", "max_env_steps=4096"]) == 0
+    assert train_main([*tiny, f"run_dir={split}", "max_env_steps=2048"]) == 0
     assert train_main([f"resume={split}", "max_env_steps=4096", "progress=false"]) == 0
     a, b = _weights(straight), _weights(split)
     assert all(torch.equal(a[k], b[k]) for k in a), "resumed run diverged from the uninterrupted one"
     again = tmp_path / "again"
-    assert train_main([*TINY, f"run_dir={again}", "max_env_steps=4096"]) == 0
+    assert train_main([*tiny, f"run_dir={again}", "max_env_steps=4096"]) == 0
     c = _weights(again)
     assert all(torch.equal(a[k], c[k]) for k in a), "same seed gave a different result"
 
@@ -151,3 +157,22 @@ def test_resume_errors_overwrite_nothing(tmp_path):
     res = _run_cli(f"resume={run}")
     assert res.returncode == 2 and "corrupt" in res.stderr and "Traceback" not in res.stderr
     assert len((run / "checkpoints/last.pt").read_bytes()) == len(before) // 3  # untouched
+
+
+def test_track_reference_is_consistent():
+    """quad_track: the reference velocity is the derivative of the reference position and the
+    mean speed along the figure-eight is the configured one."""
+    from sim.crazyflie.track import QuadTrackEnv
+
+    cfg = QuadTaskConfig(name="quad_track", episode_seconds=10.0, track_size=0.5, track_speed=0.8)
+    env = QuadTrackEnv(cfg, 4, seed=0)
+    env.reset(seed=0)
+    p0, v0 = env.reference()
+    env.t += 1
+    p1, _ = env.reference()
+    assert torch.allclose((p1 - p0) / 0.01, v0, atol=0.02)
+    speeds = []
+    for k in range(2000):
+        env.t[:] = k
+        speeds.append(env.reference()[1].norm(dim=-1))
+    assert torch.stack(speeds).mean().item() == pytest.approx(0.8, rel=0.02)
