@@ -54,10 +54,7 @@ class FirmwareBridge(ControllerNode):
     def close(self) -> None:
         super().close()
         if self.mcu is not None:
-            try:
-                self.mcu.close()
-            except BrokenPipeError:  # QEMU already ended (e.g. killed with this node's process group)
-                pass
+            self.mcu.close()
 
 
 def main(args: list[str] | None = None) -> int:

@@ -173,7 +173,10 @@ def _stop(proc: subprocess.Popen) -> None:
     proc.wait()
     for f in (proc.stdin, proc.stdout):
         if f is not None and not f.closed:
-            f.close()
+            try:
+                f.close()
+            except OSError:  # stdin still held unsent bytes for a QEMU that has already exited
+                pass
 
 
 class McuPolicy:
