@@ -38,14 +38,9 @@ def load(path: Path, device="cpu") -> dict:
         raise CheckpointError(f"checkpoint {path} is corrupt or unreadable ({type(e).__name__}); nothing was changed") from None
 
 
-def actor_spec(actor: Actor) -> dict:
-    """Constructor arguments of an actor, stored beside its weights."""
-    return dict(actor.spec)
-
-
 def policy_record(actor: Actor, cfg, eval_result: dict, env_steps: int) -> dict:
     return {
-        "actor_spec": actor_spec(actor), "actor": actor.state_dict(), "eval": eval_result,
+        "actor_spec": dict(actor.spec), "actor": actor.state_dict(), "eval": eval_result,
         "env_steps": env_steps, "config": OmegaConf.to_container(cfg, resolve=True),
     }
 

@@ -99,7 +99,7 @@ def derivative(
     w, x, y, z = q.unbind(-1)
     body_z = torch.stack((2 * (x * z + w * y), 2 * (y * z - w * x), 1 - 2 * (x * x + y * y)), dim=-1)
     acc = body_z * (thrusts.sum(-1) / v.mass)[:, None] + force_world / v.mass[:, None]
-    acc = acc - torch.tensor((0.0, 0.0, GRAVITY), device=state.device)
+    acc[:, 2] -= GRAVITY
 
     # Euler's equation with diagonal inertia: J w_dot = tau - w x (J w).
     domega = (torque - torch.linalg.cross(omega, v.inertia * omega)) / v.inertia

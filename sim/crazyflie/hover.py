@@ -189,6 +189,10 @@ class QuadHoverEnv(gym.vector.VectorEnv):
         self.torque = torch.zeros(n, 3, device=d)
         self.vehicle = VehicleBatch.nominal(n, params, d)
         self.target = torch.tensor(cfg.target, device=d).expand(n, 3)
+        self.nominal_inertia = torch.tensor(params.inertia, device=d)
+        nz = cfg.noise  # per-component std of the 22-float observation (previous action exact)
+        self.obs_noise_std = torch.tensor([nz.pos] * 3 + [nz.rot] * 9 + [nz.vel] * 3 + [nz.omega] * 3 + [0.0] * 4,
+                                          device=d)
 
     # ----------------------------------------------------------------- reference
     def reference(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -204,10 +208,8 @@ class QuadHoverEnv(gym.vector.VectorEnv):
         clean = torch.cat((e_pos, rot, e_vel, omega, self.prev_action), dim=-1)
 
         policy = clean
-        nz = self.cfg.noise
-        if nz.enabled:
-            std = torch.tensor([nz.pos] * 3 + [nz.rot] * 9 + [nz.vel] * 3 + [nz.omega] * 3 + [0.0] * 4, device=self.device)
-            policy = clean + std * self._randn(clean.shape)
+        if self.cfg.noise.enabled:
+            policy = clean + self.obs_noise_std * self._randn(clean.shape)
 
         p, v = self.params, self.vehicle
         max_lat = max(self.cfg.randomization.max_latency_steps, 1)
@@ -218,7 +220,7 @@ class QuadHoverEnv(gym.vector.VectorEnv):
                 self.force / p.weight,
                 self.torque / 1e-5,
                 (v.mass / p.mass)[:, None],
-                v.inertia / torch.tensor(p.inertia, device=self.device),
+                v.inertia / self.nominal_inertia,
                 (v.kf / p.kf)[:, None],
                 (v.km / p.km)[:, None],
                 (v.motor_tau / 0.1)[:, None],
@@ -282,7 +284,7 @@ class QuadHoverEnv(gym.vector.VectorEnv):
         v = self.vehicle
         if r.enabled:
             v.mass[idx] = p.mass * self._uniform(k, r.mass_scale)
-            v.inertia[idx] = torch.tensor(p.inertia, device=self.device) * self._uniform(k, r.inertia_scale)[:, None]
+            v.inertia[idx] = self.nominal_inertia * self._uniform(k, r.inertia_scale)[:, None]
             v.kf[idx] = p.kf * self._uniform(k, r.kf_scale)
             v.km[idx] = p.km * self._uniform(k, r.km_scale)
             v.motor_tau[idx] = self._uniform(k, r.motor_tau)

@@ -9,7 +9,7 @@ build their models from :class:`CrazyflieParams`; no constant here is typed anyw
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass
 
 GRAVITY = 9.81  # m/s^2, standard gravity rounded as in the Crazyflie firmware (GRAVITY_MAGNITUDE)
 
@@ -80,12 +80,6 @@ class CrazyflieParams:
     def hover_action(self) -> float:
         """Normalised action in [-1, 1] that commands hover_rpm on every rotor."""
         return 2.0 * self.hover_rpm / self.rpm_max - 1.0
-
-    def as_dict(self) -> dict:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
-
-    def with_(self, **changes) -> "CrazyflieParams":
-        return replace(self, **changes)
 
 
 NOMINAL = CrazyflieParams()
