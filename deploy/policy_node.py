@@ -211,6 +211,7 @@ class ControllerNode(Node):
                 self.latency.add(time.perf_counter() - received)
             self._state_received_at = None
         self._ticks += 1
+        self._last_tick_wall = time.monotonic()  # a slow tick is not a stalled clock
         if (cmd.mode.value, cmd.reason) != self._last or self._ticks % STATUS_EVERY == 0:
             self._publish_status(cmd)
 

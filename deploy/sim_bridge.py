@@ -13,6 +13,13 @@ Subscribes  rotor_cmd (std_msgs/Float32MultiArray, 4 rotor speed setpoints, rpm,
             setpoint is held until the next one; the backend's first-order motor lag turns it
             into rotor speed. Commands that are not 4 finite numbers are ignored (counted in the
             log); finite ones are clipped to [0, rpm_max].
+Lock-step   with ``lockstep``, a step is taken only once a rotor command has arrived since the
+            last published state (or after ``lockstep_timeout`` wall seconds without one: the held
+            command is used and the timeout counted). The controller then always acts on the state
+            it was sent, whatever its wall-clock compute time. Hardware in the loop uses it: the
+            policy runs on an emulated MCU whose wall time (QEMU on a shared host, 5-20 ms per step
+            measured) says nothing about the real MCU's (18k instructions, ~0.1 ms at 168 MHz), so
+            pacing by wall clock would inject a latency the real vehicle does not have.
 Start       the vehicle sits at ``initial_position`` (level, at rest, rotors at hover speed) and,
             with ``hold_until_command``, is held there (physics paused, clock and odometry
             running) until the first command with a rotor above 0 rpm: a hand launch.
@@ -24,6 +31,7 @@ Floor       z = 0 (world): a vehicle that sinks below it is put back on it at re
 from __future__ import annotations
 
 import sys
+import time
 
 import numpy as np
 
@@ -58,6 +66,9 @@ class SimBridge(Node):
             raise ValueError(f"real_time_factor {rtf}: expected a positive number")
         self.hold = bool(param(self, "hold_until_command", True, "hold the vehicle until a rotor command > 0"))
         self.clamped = bool(param(self, "clamped", False, "test stand: the vehicle never moves"))
+        self.lockstep = bool(param(self, "lockstep", False, "step only after a command for the last state"))
+        self.lockstep_timeout = float(param(self, "lockstep_timeout", 1.0, "lock-step: wall seconds to wait"))
+        self.lockstep_timeouts = 0
         p0 = vector_param(self, "initial_position", [0.0, 0.0, 1.0], "world, m")
 
         self.params, self.period = NOMINAL, POLICY_PERIOD
@@ -72,6 +83,8 @@ class SimBridge(Node):
         self.zeros = torch.zeros(1, 3)
         self.steps = 0
         self.bad_commands = 0
+        self._cmd_since_publish = False
+        self._published_at = time.monotonic()
 
         self.clock_pub = self.create_publisher(ClockMsg, "/clock", 10)
         self.odom_pub = self.create_publisher(Odometry, ODOM, CONTROL_PUB_QOS)
@@ -79,7 +92,8 @@ class SimBridge(Node):
         self._clock_msg, self._odom_msg = ClockMsg, Odometry
         self.create_timer(self.period / rtf, self._step, clock=Clock(clock_type=ClockType.STEADY_TIME))
         self.get_logger().info(f"sim_bridge: {backend} backend, start {p0.tolist()} m, "
-                               f"{rtf:g}x real time{', held until the first command' if self.hold else ''}")
+                               f"{rtf:g}x real time{', lock-step with the controller' if self.lockstep else ''}"
+                               f"{', held until the first command' if self.hold else ''}")
         self._publish()
 
     def _on_cmd(self, msg) -> None:
@@ -89,13 +103,22 @@ class SimBridge(Node):
             self.get_logger().warning(f"ignored rotor command {data.tolist()[:8]}: expected 4 finite rpm values "
                                       f"({self.bad_commands} so far)", throttle_duration_sec=1.0)
             return
+        self._cmd_since_publish = True
         self.rpm_cmd = self.torch.as_tensor(np.clip(data, 0.0, self.params.rpm_max), dtype=self.torch.float32)[None]
         if self.hold and not self.clamped and data.max() > 0.0:
             self.hold = False
             self.get_logger().info(f"released at t = {self.steps * self.period:.2f} s")
 
     def _step(self) -> None:
-        if not (self.hold or self.clamped):
+        moving = not (self.hold or self.clamped)
+        if moving and self.lockstep and not self._cmd_since_publish:
+            if time.monotonic() - self._published_at < self.lockstep_timeout:
+                return  # wait for the controller's command for the state last sent
+            self.lockstep_timeouts += 1
+            self.get_logger().warning(f"lock-step: no command {self.lockstep_timeout:g} s after the state of "
+                                      f"t = {self.steps * self.period:.2f} s, stepping with the held one "
+                                      f"({self.lockstep_timeouts} so far)", throttle_duration_sec=1.0)
+        if moving:
             state = self.backend.step(self.rpm_cmd, self.zeros, self.zeros)
             if float(state[0, 2]) < 0.0:  # floor: put the vehicle back on it, at rest
                 s = state.clone()
@@ -115,6 +138,8 @@ class SimBridge(Node):
         clock = self._clock_msg()
         clock.clock.sec, clock.clock.nanosec = divmod(ns, 1_000_000_000)
         self.clock_pub.publish(clock)
+        self._cmd_since_publish = False
+        self._published_at = time.monotonic()
 
 
 def main(args: list[str] | None = None) -> int:

@@ -120,8 +120,10 @@ def hover(backend: str, prefix: Path) -> dict:
     worst = max(e for _, e in window)
     lat = [s for _, s in rec.status if s.get("latency_ms", {}).get("n")][-1]
     print(f"\n{backend}: max error 3..4 s after release {worst * 100:.1f} cm; latency state->command ms "
-          f"{lat['latency_ms']}, policy inference ms {lat['inference_ms']}")
+          f"{lat['latency_ms']}, policy inference ms {lat['inference_ms']}, watchdog ticks {lat['watchdog_ticks']}")
     assert "process has finished cleanly" in out
+    if backend == "hil":
+        assert "lock-step with the controller" in out and "lock-step: no command" not in out, out
     assert worst < 0.05, f"{backend}: {worst * 100:.1f} cm from the target 3 s after release (limit 5 cm)\n{out}"
     check_commands(rec.cmd)
     return lat
