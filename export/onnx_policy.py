@@ -1,8 +1,12 @@
-"""ONNX export of the deployable actor and the checked loader every consumer uses.
+"""ONNX export of a deployable policy and the checked loader every consumer uses.
 
 The graph contains the whole deployable policy: raw contract observation in, observation
-normalisation, MLP, tanh squashing, action in [-1, 1] out. Metadata carries the contract
-(sim/crazyflie/contract.py), the task, the training config hash and the source revision.
+normalisation, network, action in [-1, 1] out. For an MLP actor: MLP and tanh squashing,
+action [N, A]. For a diffusion policy: the DDIM denoising loop unrolled, action chunk
+[N, H, A]; a steered (DSRL) policy computes its own noise from the observation, an unsteered
+one takes it as a second input ``noise`` [N, H*A]. Metadata carries the robot's contract
+(sim/crazyflie/contract.py, sim/arm/contract.py), the task, the training config hash and the
+source revision.
 """
 
 from __future__ import annotations
@@ -15,9 +19,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from sim.crazyflie.contract import CONTRACT, PolicyContract
+from sim.contract import ContractBase
+from sim.crazyflie.contract import CONTRACT
 
-INPUT, OUTPUT = "obs", "action"
+INPUT, NOISE, OUTPUT = "obs", "noise", "action"
 
 
 class ContractError(Exception):
@@ -35,19 +40,22 @@ def source_revision() -> str:
         return "unknown"
 
 
-def export_onnx(actor: torch.nn.Module, path: Path, metadata: dict[str, str]) -> None:
-    """Write ``actor`` (raw obs [N, 22] -> action [N, 4]) to ``path`` with ``metadata``."""
+def export_onnx(policy: torch.nn.Module, path: Path, metadata: dict[str, str], contract: ContractBase = CONTRACT) -> None:
+    """Write ``policy`` (raw obs [N, obs_size] -> action [N, A] or chunk [N, H, A]) to ``path``."""
     import onnx
 
-    actor = actor.eval()
-    dummy = torch.zeros(1, CONTRACT.obs_size)
+    policy = policy.eval()
+    inputs, names = (torch.zeros(1, contract.obs_size),), [INPUT]
+    if type(policy).__name__ == "DiffusionPolicy":  # unsteered: the caller draws the initial noise
+        inputs, names = inputs + (torch.zeros(1, policy.latent_dim),), names + [NOISE]
     path.parent.mkdir(parents=True, exist_ok=True)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        torch.onnx.export(actor, (dummy,), str(path), input_names=[INPUT], output_names=[OUTPUT],
-                          dynamic_axes={INPUT: {0: "batch"}, OUTPUT: {0: "batch"}}, opset_version=17, dynamo=False)
+        torch.onnx.export(policy, inputs, str(path), input_names=names, output_names=[OUTPUT],
+                          dynamic_axes={**{n: {0: "batch"} for n in names}, OUTPUT: {0: "batch"}}, opset_version=17,
+                          dynamo=False)
     model = onnx.load(str(path))
-    for k, v in {"contract": CONTRACT.to_json(), **metadata}.items():
+    for k, v in {"contract": contract.to_json(), **metadata}.items():
         entry = model.metadata_props.add()
         entry.key, entry.value = k, str(v)
     onnx.checker.check_model(model)
@@ -57,7 +65,7 @@ def export_onnx(actor: torch.nn.Module, path: Path, metadata: dict[str, str]) ->
 class OnnxPolicy:
     """onnxruntime session around an exported policy, contract checked on load."""
 
-    def __init__(self, path: str | Path, contract: PolicyContract = CONTRACT):
+    def __init__(self, path: str | Path, contract: ContractBase = CONTRACT):
         import onnxruntime as ort
 
         path = Path(path)
@@ -77,13 +85,21 @@ class OnnxPolicy:
             raise ContractError(f"{path} was exported for another observation/action contract (differs in: "
                                 f"{', '.join(bad)}); expected {contract.version}")
         inp, out = self.session.get_inputs(), self.session.get_outputs()
-        if [i.name for i in inp] != [INPUT] or inp[0].shape[-1] != contract.obs_size:
-            raise ContractError(f"{path}: expected one input '{INPUT}' [N, {contract.obs_size}], got "
-                                f"{[(i.name, i.shape) for i in inp]}")
+        if [i.name for i in inp] not in ([INPUT], [INPUT, NOISE]) or inp[0].shape[-1] != contract.obs_size:
+            raise ContractError(f"{path}: expected an input '{INPUT}' [N, {contract.obs_size}] (and for an unsteered "
+                                f"diffusion policy '{NOISE}'), got {[(i.name, i.shape) for i in inp]}")
+        self.noise_size = inp[1].shape[-1] if len(inp) == 2 else 0
+        self.obs_size = contract.obs_size
         if out[0].shape[-1] != contract.action_size:
             raise ContractError(f"{path}: expected output [N, {contract.action_size}], got {out[0].shape}")
         self.contract = json.loads(self.metadata["contract"])
 
-    def __call__(self, obs: np.ndarray) -> np.ndarray:
-        obs = np.asarray(obs, dtype=np.float32).reshape(-1, CONTRACT.obs_size)
-        return self.session.run([OUTPUT], {INPUT: obs})[0]
+    def __call__(self, obs: np.ndarray, noise: np.ndarray | None = None) -> np.ndarray:
+        """Action [N, A] (or chunk [N, H, A]); an unsteered diffusion policy needs ``noise`` [N, H*A]."""
+        feed = {INPUT: np.asarray(obs, dtype=np.float32).reshape(-1, self.obs_size)}
+        if self.noise_size:
+            if noise is None:
+                raise ContractError(f"this model is a diffusion policy without a steering actor: pass noise "
+                                    f"[N, {self.noise_size}] (w ~ N(0, I) samples the base policy)")
+            feed[NOISE] = np.asarray(noise, dtype=np.float32).reshape(-1, self.noise_size)
+        return self.session.run([OUTPUT], feed)[0]

@@ -1,5 +1,5 @@
 """Checkpoints: atomic writes, clear errors on a missing or corrupt file, and loading the
-deployable actor from a run directory (used by eval, export and deployment)."""
+deployable policy from a run directory (used by eval, export and deployment)."""
 
 from __future__ import annotations
 
@@ -38,17 +38,28 @@ def load(path: Path, device="cpu") -> dict:
         raise CheckpointError(f"checkpoint {path} is corrupt or unreadable ({type(e).__name__}); nothing was changed") from None
 
 
-def policy_record(actor: Actor, cfg, eval_result: dict, env_steps: int) -> dict:
+def policy_record(policy: torch.nn.Module, cfg, eval_result: dict, env_steps: int) -> dict:
+    """A self-contained deployable policy: its class, constructor arguments and weights."""
     return {
-        "actor_spec": dict(actor.spec), "actor": actor.state_dict(), "eval": eval_result,
-        "env_steps": env_steps, "config": OmegaConf.to_container(cfg, resolve=True),
+        "policy_class": type(policy).__name__, "policy_spec": dict(policy.spec), "policy": policy.state_dict(),
+        "eval": eval_result, "env_steps": env_steps, "config": OmegaConf.to_container(cfg, resolve=True),
     }
 
 
-def load_policy(run_dir: str | Path, device="cpu") -> tuple[Actor, dict]:
-    """The best actor of a run (eval mode) and its record (config, eval result, steps)."""
+def policy_classes() -> dict[str, type]:
+    from .diffusion import DiffusionPolicy
+    from .dsrl import SteeredDiffusionPolicy
+
+    return {c.__name__: c for c in (Actor, DiffusionPolicy, SteeredDiffusionPolicy)}
+
+
+def load_policy(run_dir: str | Path, device="cpu") -> tuple[torch.nn.Module, dict]:
+    """The best policy of a run (eval mode) and its record (config, eval result, steps)."""
     rec = load(Path(run_dir) / BEST, device)
-    actor = Actor(**rec["actor_spec"]).to(device)
-    actor.load_state_dict(rec["actor"])
-    actor.eval()
-    return actor, rec
+    classes = policy_classes()
+    if rec.get("policy_class") not in classes:
+        raise CheckpointError(f"{Path(run_dir) / BEST}: policy class '{rec.get('policy_class')}' is not one of "
+                              f"{', '.join(classes)}")
+    policy = classes[rec["policy_class"]](**rec["policy_spec"]).to(device)
+    policy.load_state_dict(rec["policy"])
+    return policy.eval(), rec

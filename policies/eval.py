@@ -1,9 +1,10 @@
 """Evaluate a trained run: ``python -m policies.eval <run_dir> [backend=torch|mujoco|pybullet]
 [episodes=100] [video=true] [plot=true] [seed=12345]``.
 
-Prints the hover criterion's success rate and errors, writes eval_<backend>.json, a plot of
-position error over time (PNG) and optionally an MP4/GIF of a few episodes rendered
-offscreen with MuJoCo, all into the run directory.
+Quadrotor tasks: prints the hover criterion's success rate and errors, writes eval_<backend>.json,
+a plot of position error over time (PNG) and optionally a GIF of a few episodes rendered
+offscreen with MuJoCo, all into the run directory. Manipulation tasks (MuJoCo only): the task
+success rate over ``episodes`` episodes, written to eval_mujoco.json.
 """
 
 from __future__ import annotations
@@ -19,10 +20,12 @@ from omegaconf import OmegaConf
 
 from . import checkpoint as ckpt
 from .config import UserError, to_objects
-from .evaluate import MEAN_ERROR_LAST_2S, EvalResult, evaluate_hover
+from sim.registry import get_task
+
+from .evaluate import MEAN_ERROR_LAST_2S, EvalResult, evaluate_hover, evaluate_success
 
 OPTIONS = {"backend": str, "episodes": int, "video": bool, "plot": bool, "seed": int, "device": str}
-DEFAULTS = {"backend": "torch", "episodes": 100, "video": False, "plot": True, "seed": 12345, "device": "cpu"}
+DEFAULTS = {"backend": None, "episodes": 100, "video": False, "plot": True, "seed": 12345, "device": "cpu"}
 
 
 def parse(argv: list[str]) -> tuple[Path, dict]:
@@ -38,7 +41,7 @@ def parse(argv: list[str]) -> tuple[Path, dict]:
             opts[k] = {"true": True, "false": False}[v.lower()] if OPTIONS[k] is bool else OPTIONS[k](v)
         except (KeyError, ValueError):
             raise UserError(f"option {k}={v}: expected a value of type {OPTIONS[k].__name__}") from None
-    if opts["backend"] not in ("torch", "mujoco", "pybullet"):
+    if opts["backend"] not in (None, "torch", "mujoco", "pybullet"):
         raise UserError(f"backend={opts['backend']}: expected one of torch, mujoco, pybullet")
     return Path(argv[0]), opts
 
@@ -72,6 +75,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     task_cfg, _ = to_objects(OmegaConf.create(rec["config"]))
+    if get_task(task_cfg.name).criterion == "success":
+        if o["backend"] not in (None, "mujoco"):
+            print(f"error: task {task_cfg.name} runs in MuJoCo only (backend=mujoco)", file=sys.stderr)
+            return 2
+        res = evaluate_success(actor, task_cfg, o["episodes"], "mujoco", o["seed"], o["device"])
+        print(res.summary())
+        (run_dir / "eval_mujoco.json").write_text(json.dumps(res.as_dict(), indent=2))
+        return 0
+    o["backend"] = o["backend"] or "torch"
     frames: list[np.ndarray] = []
     cb = None
     if o["video"]:

@@ -1,4 +1,5 @@
-"""The hover criterion and closed-loop evaluation on any simulator backend.
+"""Closed-loop evaluation: the hover criterion (quadrotor tasks, any simulator backend) and the
+task-success rate (manipulation tasks). ``evaluate`` picks the one the task registers.
 
 Hover criterion (quadrotor spine, part 1): 100 episodes of 5 s from the InitConfig
 distribution (position +-0.3 m per axis, tilt up to 30 deg about a random axis, velocity
@@ -21,6 +22,8 @@ from sim.crazyflie.dynamics import QUAT
 from sim.crazyflie.hover import POLICY_PERIOD
 from sim.registry import get_task
 
+Policy = Callable[[torch.Tensor], torch.Tensor]  # obs [N, D] -> action [N, A] or chunk [N, H, A]
+
 SUCCESS_RATE_REQUIRED = 0.95
 MAX_DISTANCE = 1.0  # m
 MEAN_ERROR_LAST_2S = 0.05  # m
@@ -38,6 +41,11 @@ class EvalResult:
     position_error: np.ndarray  # [T, episodes] m, for plots
     success: np.ndarray  # [episodes] bool
     backend: str
+
+    @property
+    def tiebreak(self) -> float:
+        """Lower is better among equal success rates: the smaller final position error."""
+        return self.mean_final_error if self.mean_final_error == self.mean_final_error else math.inf
 
     def summary(self) -> str:
         return (
@@ -99,3 +107,67 @@ def evaluate_hover(
         success=ok.numpy(),
         backend=backend,
     )
+
+
+@dataclass
+class SuccessResult:
+    """Task success over ``episodes`` episodes (the first episode of each of as many parallel envs)."""
+
+    success_rate: float
+    episodes: int
+    mean_success_steps: float  # control steps to success, mean over successful episodes
+    success: np.ndarray  # [episodes] bool
+    backend: str
+
+    @property
+    def tiebreak(self) -> float:
+        """Lower is better among equal success rates: faster success."""
+        return self.mean_success_steps if self.mean_success_steps == self.mean_success_steps else math.inf
+
+    def summary(self) -> str:
+        return (f"[{self.backend}] success {self.success_rate * 100:.1f}% of {self.episodes} episodes | "
+                f"mean steps to success {self.mean_success_steps:.1f}")
+
+    def as_dict(self) -> dict:
+        return {"backend": self.backend, "success_rate": self.success_rate, "episodes": self.episodes,
+                "mean_success_steps": self.mean_success_steps}
+
+
+@torch.no_grad()
+def evaluate_success(policy: Policy, task_cfg, episodes: int = 100, backend: str = "mujoco", seed: int = 12345,
+                     device: str | torch.device = "cpu") -> SuccessResult:
+    """Run one episode in each of ``episodes`` parallel envs; an episode succeeds if the task's
+    success holds at any step of it. A policy that returns a chunk
+    [N, H, A] executes its H actions before it is queried again (all envs query together)."""
+    env = get_task(task_cfg.name).env_cls(task_cfg, episodes, device=device, seed=seed, backend=backend)
+    obs, _ = env.reset(seed=seed)
+    finished = torch.zeros(episodes, dtype=torch.bool)
+    success = torch.zeros(episodes, dtype=torch.bool)
+    steps = torch.zeros(episodes)
+    queue: list[torch.Tensor] = []
+    with torch.random.fork_rng():  # a stochastic policy (w ~ N(0, I)) draws reproducibly, training RNG untouched
+        torch.manual_seed(seed)
+        for t in range(env.max_steps):
+            if not queue:
+                out = policy(obs["policy"])
+                queue = list(out.unbind(1)) if out.dim() == 3 else [out]
+            obs, _, term, trunc, info = env.step(queue.pop(0))
+            first = info["success"].cpu() & ~finished & ~success
+            steps[first] = t + 1
+            success |= first
+            finished |= (term | trunc).cpu()
+            if finished.all():
+                break
+    ok_steps = steps[success]
+    return SuccessResult(success_rate=int(success.sum()) / episodes, episodes=episodes,
+                         mean_success_steps=ok_steps.mean().item() if len(ok_steps) else math.nan,
+                         success=success.numpy(), backend=backend)
+
+
+def evaluate(policy: Policy, task_cfg, episodes: int = 100, backend: str | None = None, seed: int = 12345,
+             device: str | torch.device = "cpu"):
+    """The task's own criterion: hover for quadrotor tasks, success rate for manipulation."""
+    spec = get_task(task_cfg.name)
+    if spec.criterion == "hover":
+        return evaluate_hover(policy, task_cfg, episodes, backend or "torch", seed, device)
+    return evaluate_success(policy, task_cfg, episodes, backend or "mujoco", seed, device)

@@ -1,8 +1,10 @@
 """Export a trained run: ``python -m policies.export <run_dir>``.
 
-Writes ``<run_dir>/export/policy.onnx`` (contract metadata embedded) and ``policy.c`` /
-``policy.h`` (C99, no heap), then checks PyTorch vs onnxruntime on 10k random and 10k
-on-distribution observations and prints the largest difference.
+Writes ``<run_dir>/export/policy.onnx`` (the task's contract embedded) and, for MLP actors,
+``policy.c`` / ``policy.h`` (C99, no heap), then checks PyTorch vs onnxruntime on 10k random
+and 10k on-distribution observations and prints the largest difference. Diffusion policies
+(diffusion_bc, dsrl) export to ONNX only, their DDIM loop unrolled; an unsteered one is
+checked with random noises as its second input.
 """
 
 from __future__ import annotations
@@ -16,52 +18,73 @@ from omegaconf import OmegaConf
 
 from export.c_codegen import UnsupportedLayerError, generate_c
 from export.onnx_policy import ContractError, OnnxPolicy, export_onnx, source_revision
-from sim.crazyflie.contract import CONTRACT
 from sim.registry import get_task
 
 from . import checkpoint as ckpt
 from .config import config_hash, to_objects
+from .networks import Actor
 
-PARITY_TOL = 1e-5
+PARITY_TOL = 1e-5  # MLP actor
+DIFFUSION_PARITY_TOL = 1e-4  # eight denoiser passes compound float32 rounding
 
 
-def parity_observations(actor, task_cfg, n: int = 10_000, seed: int = 0) -> np.ndarray:
-    """n random observations (wide ranges, all components) and n from closed-loop rollouts."""
+def parity_observations(policy, task_cfg, n: int = 10_000, seed: int = 0) -> np.ndarray:
+    """n random observations and n from closed-loop rollouts of the policy. Random ones: for the
+    quadrotor, wide ranges of every component; otherwise uniform within 3 std of the rollouts."""
     g = torch.Generator().manual_seed(seed)
-    scale = torch.tensor([1.0] * 3 + [1.0] * 9 + [3.0] * 3 + [10.0] * 3 + [1.0] * 4)
-    random = (2 * torch.rand(n, CONTRACT.obs_size, generator=g) - 1) * scale
+    spec = get_task(task_cfg.name)
     envs = 100
-    env = get_task(task_cfg.name).env_cls(task_cfg, envs, seed=seed)
+    env = spec.env_cls(task_cfg, envs, seed=seed)
     obs, _ = env.reset(seed=seed)
-    on_dist = []
+    on_dist, queue = [], []
     with torch.no_grad():
         for _ in range(n // envs):
             on_dist.append(obs["policy"])
-            obs, *_ = env.step(actor(obs["policy"]))
-    return torch.cat((random, *on_dist)).numpy()
+            if not queue:
+                out = policy(obs["policy"])
+                queue = list(out.unbind(1)) if out.dim() == 3 else [out]
+            obs, *_ = env.step(queue.pop(0))
+    on_dist = torch.cat(on_dist)
+    u = 2 * torch.rand(n, spec.contract.obs_size, generator=g) - 1
+    if spec.criterion == "hover":
+        random = u * torch.tensor([1.0] * 3 + [1.0] * 9 + [3.0] * 3 + [10.0] * 3 + [1.0] * 4)
+    else:
+        random = on_dist.mean(0) + 3 * on_dist.std(0) * u
+    return torch.cat((random, on_dist)).numpy()
 
 
 def export_run(run_dir: Path) -> dict:
-    actor, rec = ckpt.load_policy(run_dir)
+    policy, rec = ckpt.load_policy(run_dir)
     cfg = OmegaConf.create(rec["config"])
     task_cfg, _ = to_objects(cfg)
+    contract = get_task(task_cfg.name).contract
     out = run_dir / "export"
     meta = {
         "task": task_cfg.name, "algo": cfg.algo.name, "config_hash": config_hash(cfg),
         "source_revision": source_revision(), "env_steps": rec["env_steps"],
-        "eval_success_rate": rec["eval"]["success_rate"],
+        "eval_success_rate": rec["eval"]["success_rate"], "policy_class": rec["policy_class"],
     }
     onnx_path = out / "policy.onnx"
-    export_onnx(actor, onnx_path, meta)
-    generate_c(actor, out, header_note=f"task {task_cfg.name}, config {meta['config_hash']}, rev {meta['source_revision']}")
+    export_onnx(policy, onnx_path, meta, contract)
+    files = {"onnx": onnx_path}
+    if isinstance(policy, Actor):
+        generate_c(policy, out, header_note=f"task {task_cfg.name}, config {meta['config_hash']}, "
+                                            f"rev {meta['source_revision']}")
+        files.update(c=out / "policy.c", h=out / "policy.h")
 
-    obs = parity_observations(actor, task_cfg)
+    noiseless = policy if rec["policy_class"] != "DiffusionPolicy" else None
+    obs = parity_observations(noiseless or policy, task_cfg)
+    onnx = OnnxPolicy(onnx_path, contract)
     with torch.no_grad():
-        ref = actor(torch.as_tensor(obs)).numpy()
-    got = OnnxPolicy(onnx_path)(obs)
+        if noiseless is not None:
+            ref, got = policy(torch.as_tensor(obs)).numpy(), onnx(obs)
+        else:
+            noise = torch.randn(len(obs), policy.latent_dim, generator=torch.Generator().manual_seed(1))
+            ref, got = policy(torch.as_tensor(obs), noise).numpy(), onnx(obs, noise.numpy())
     err = float(np.abs(ref - got).max())
     np.save(out / "parity_obs.npy", obs)
-    return {"onnx": onnx_path, "c": out / "policy.c", "h": out / "policy.h", "max_abs_diff": err, "n": len(obs)}
+    tol = PARITY_TOL if isinstance(policy, Actor) else DIFFUSION_PARITY_TOL
+    return {**files, "max_abs_diff": err, "n": len(obs), "tolerance": tol}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -74,10 +97,10 @@ def main(argv: list[str] | None = None) -> int:
     except (ckpt.CheckpointError, UnsupportedLayerError, ContractError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print(f"wrote {res['onnx']}, {res['c']}, {res['h']}")
-    ok = res["max_abs_diff"] <= PARITY_TOL
+    print(f"wrote {', '.join(str(res[k]) for k in ('onnx', 'c', 'h') if k in res)}")
+    ok = res["max_abs_diff"] <= res["tolerance"]
     print(f"parity PyTorch vs onnxruntime on {res['n']} observations: max |diff| = {res['max_abs_diff']:.2e} "
-          f"({'ok' if ok else 'FAILED'}, tolerance {PARITY_TOL:g})")
+          f"({'ok' if ok else 'FAILED'}, tolerance {res['tolerance']:g})")
     return 0 if ok else 1
 
 

@@ -46,7 +46,7 @@ class PPO:
         obs_dim = env.single_observation_space["policy"].shape[0]
         critic_dim = env.single_observation_space["critic"].shape[0]
         act_dim = env.single_action_space.shape[0]
-        self.actor = Actor(obs_dim, act_dim, cfg.actor_hidden, cfg.activation, env.hover_action, cfg.init_log_std).to(device)
+        self.actor = Actor(obs_dim, act_dim, cfg.actor_hidden, cfg.activation, env.nominal_action, cfg.init_log_std).to(device)
         self.critic = Critic(critic_dim, cfg.critic_hidden, cfg.activation).to(device)
         self.value_norm = RunningNorm(1).to(device)
         self.opt = torch.optim.Adam([*self.actor.parameters(), *self.critic.parameters()], lr=cfg.lr)

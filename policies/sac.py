@@ -42,7 +42,7 @@ class SAC:
         obs_dim = env.single_observation_space["policy"].shape[0]
         critic_dim = env.single_observation_space["critic"].shape[0]
         self.act_dim = act_dim = env.single_action_space.shape[0]
-        self.actor = Actor(obs_dim, act_dim, cfg.actor_hidden, "tanh", env.hover_action, -1.0,
+        self.actor = Actor(obs_dim, act_dim, cfg.actor_hidden, "tanh", env.nominal_action, -1.0,
                            state_dependent_std=True).to(device)
         self.q = Critic(critic_dim + act_dim, cfg.critic_hidden, cfg.activation, num_outputs=2).to(device)
         self.q_target = copy.deepcopy(self.q)

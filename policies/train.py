@@ -2,7 +2,10 @@
 
 A run directory holds the resolved config (config.yaml), checkpoints/ (last.pt for resume,
 best.pt for eval/export), TensorBoard logs (tb/) and results.json. The loop is algorithm
-agnostic: an algorithm exposes train_iteration(), actor, state_dict() and load_state_dict().
+agnostic: an algorithm exposes train_iteration(), actor (the deployable policy module),
+state_dict() and load_state_dict(). Online algorithms count progress in environment steps;
+an offline one (``offline = True``, e.g. diffusion_bc) in gradient steps (``progress()``),
+with its own budget and evaluation interval (``gradient_steps``, ``eval_every_updates``).
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from sim.registry import get_task
 
 from . import checkpoint as ckpt
 from .config import RESUMABLE_OVERRIDES, UserError, compose_config, config_hash, diff_keys, to_objects
-from .evaluate import evaluate_hover
+from .evaluate import evaluate
 
 T_START = time.time()
 
@@ -36,6 +39,14 @@ def make_algo(name: str, algo_cfg, env, device: torch.device, seed: int):
         from .sac import SAC
 
         return SAC(algo_cfg, env, device, seed)
+    if name == "diffusion_bc":
+        from .diffusion import DiffusionBC
+
+        return DiffusionBC(algo_cfg, env, device, seed)
+    if name == "dsrl":
+        from .dsrl import DSRL
+
+        return DSRL(algo_cfg, env, device, seed)
     raise UserError(f"unknown algo '{name}'")
 
 
@@ -93,7 +104,10 @@ def run(cfg: DictConfig, run_dir: Path, resume_state: dict | None) -> dict:
     spec = get_task(task_cfg.name)
     env = spec.env_cls(task_cfg, algo_cfg.num_envs, device=device, seed=cfg.seed)
     algo = make_algo(algo_cfg.name, algo_cfg, env, device, cfg.seed)
-    tr = {"iteration": 0, "env_steps": 0, "seconds": 0.0, "next_eval": cfg.eval_every_steps,
+    offline = getattr(algo, "offline", False)
+    budget, eval_every, unit = ((algo_cfg.gradient_steps, algo_cfg.eval_every_updates, "update") if offline
+                                else (cfg.max_env_steps, cfg.eval_every_steps, "step"))
+    tr = {"iteration": 0, "env_steps": 0, "seconds": 0.0, "next_eval": eval_every,
           "best_success": -1.0, "best_error": float("inf"), "evals": [], "time_to_success": None}
     if resume_state is not None:
         algo.load_state_dict(resume_state["algo"])
@@ -108,7 +122,7 @@ def run(cfg: DictConfig, run_dir: Path, resume_state: dict | None) -> dict:
         ckpt.save_atomic({"algo": algo.state_dict(), "env": env.state_dict(), "torch_rng": torch.get_rng_state(),
                           "trainer": tr, "config_hash": config_hash(cfg)}, run_dir / ckpt.LAST)
 
-    bar = tqdm(total=cfg.max_env_steps, initial=tr["env_steps"], unit="step", unit_scale=True,
+    bar = tqdm(total=budget, initial=tr["env_steps"], unit=unit, unit_scale=True,
                disable=not cfg.progress, dynamic_ncols=True, desc=f"{task_cfg.name}/{algo_cfg.name}")
     t_session = time.time()
     seconds_before = tr["seconds"]
@@ -118,8 +132,9 @@ def run(cfg: DictConfig, run_dir: Path, resume_state: dict | None) -> dict:
     while not stop:
         t0 = time.time()
         metrics = algo.train_iteration()
-        steps = env.total_steps - tr["env_steps"]
-        tr["env_steps"] = env.total_steps
+        now = algo.progress() if offline else env.total_steps
+        steps = now - tr["env_steps"]
+        tr["env_steps"] = now  # gradient steps for an offline algorithm
         tr["iteration"] += 1
         tr["seconds"] = seconds_before + time.time() - t_session
         sps = steps / max(time.time() - t0, 1e-9)
@@ -129,37 +144,38 @@ def run(cfg: DictConfig, run_dir: Path, resume_state: dict | None) -> dict:
         writer.add_scalar("train/curriculum", env.curriculum(), tr["env_steps"])
         writer.add_scalar("train/nonfinite_resets", env.nonfinite_resets, tr["env_steps"])
 
-        out_of_budget = tr["env_steps"] >= cfg.max_env_steps or tr["seconds"] >= cfg.max_seconds
+        out_of_budget = tr["env_steps"] >= budget or tr["seconds"] >= cfg.max_seconds
         if tr["env_steps"] >= tr["next_eval"] or out_of_budget:
-            tr["next_eval"] += cfg.eval_every_steps
-            res = evaluate_hover(algo.actor, task_cfg, cfg.eval_episodes, device=device, seed=cfg.seed + 10_000)
+            tr["next_eval"] += eval_every
+            res = evaluate(algo.actor, task_cfg, cfg.eval_episodes, device=device, seed=cfg.seed + 10_000)
             success = res.success_rate
             rec = {**res.as_dict(), "env_steps": tr["env_steps"], "seconds": tr["seconds"]}
             tr["evals"].append(rec)
-            writer.add_scalar("eval/success_rate", res.success_rate, tr["env_steps"])
-            writer.add_scalar("eval/mean_final_error_m", res.mean_final_error, tr["env_steps"])
-            # Best = highest success rate, ties broken by the smaller final position error.
-            error = res.mean_final_error if res.mean_final_error == res.mean_final_error else float("inf")
-            if (res.success_rate, -error) > (tr["best_success"], -tr["best_error"]):
-                tr["best_success"], tr["best_error"] = res.success_rate, error
+            for k, v in res.as_dict().items():
+                if isinstance(v, (int, float)) and k != "episodes":
+                    writer.add_scalar(f"eval/{k}", v, tr["env_steps"])
+            # Best = highest success rate, ties broken by the task's secondary measure (lower is better).
+            if (res.success_rate, -res.tiebreak) > (tr["best_success"], -tr["best_error"]):
+                tr["best_success"], tr["best_error"] = res.success_rate, res.tiebreak
                 ckpt.save_atomic(ckpt.policy_record(algo.actor, cfg, rec, tr["env_steps"]), run_dir / ckpt.BEST)
             if cfg.stop_at_success > 0 and res.success_rate >= cfg.stop_at_success:
                 if tr["time_to_success"] is None:
                     tr["time_to_success"] = time.time() - T_START if resume_state is None else None
                 stop = True
-            bar.write(f"eval @ {tr['env_steps']:,} steps, {tr['seconds']:.1f} s: {res.summary()}")
+            bar.write(f"eval @ {tr['env_steps']:,} {unit}s, {tr['seconds']:.1f} s: {res.summary()}")
             save_last()
             last_ckpt = time.time()
         elif time.time() - last_ckpt >= cfg.checkpoint_every_seconds:
             save_last()
             last_ckpt = time.time()
         bar.update(steps)
-        bar.set_postfix(sps=f"{sps:,.0f}", success=f"{success:.2f}", reward=f"{metrics['reward']:.3f}")
+        main_metric = "reward" if "reward" in metrics else "loss"
+        bar.set_postfix({"sps": f"{sps:,.0f}", "success": f"{success:.2f}", main_metric: f"{metrics[main_metric]:.3f}"})
         stop = stop or out_of_budget
     bar.close()
     writer.close()
 
-    results = {"run_dir": str(run_dir), "env_steps": tr["env_steps"], "train_seconds": tr["seconds"],
+    results = {"run_dir": str(run_dir), ("gradient_steps" if offline else "env_steps"): tr["env_steps"], "train_seconds": tr["seconds"],
                "best_success": tr["best_success"], "time_to_success_s": tr["time_to_success"], "evals": tr["evals"]}
     (run_dir / "results.json").write_text(json.dumps(results, indent=2))
     return results
@@ -172,12 +188,20 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    res = run(cfg, run_dir, state)
+    try:
+        res = run(cfg, run_dir, state)
+    except UserError as e:  # e.g. a missing dataset or base policy, found when the algorithm starts
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     passed = res["best_success"] >= cfg.stop_at_success
-    print(f"best success rate {res['best_success'] * 100:.1f}% after {res['env_steps']:,} env steps, "
-          f"{res['train_seconds']:.1f} s ({'passes' if passed else 'does not pass'} the hover criterion)")
+    steps = f"{res['gradient_steps']:,} gradient steps" if "gradient_steps" in res else f"{res['env_steps']:,} env steps"
+    print(f"best success rate {res['best_success'] * 100:.1f}% after {steps}, {res['train_seconds']:.1f} s"
+          + (f" ({'reaches' if passed else 'does not reach'} {cfg.stop_at_success:g})" if cfg.stop_at_success > 0 else ""))
     print(f"run directory: {run_dir}  (config.yaml, checkpoints/, tb/, results.json)")
-    print(f"evaluate: python -m policies.eval {run_dir} backend=mujoco")
+    if get_task(cfg.task.name).criterion == "hover":
+        print(f"evaluate: python -m policies.eval {run_dir} backend=mujoco")
+    else:
+        print(f"evaluate: python -m policies.eval {run_dir}")
     return 0 if passed or cfg.stop_at_success <= 0 else 1
 
 

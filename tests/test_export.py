@@ -161,7 +161,7 @@ def test_onnx_policy_refuses_wrong_input_size(tmp_path):
     helper.set_model_props(model, {"contract": CONTRACT.to_json()})
     path = tmp_path / "obs21.onnx"
     onnx.save(model, str(path))
-    with pytest.raises(ContractError, match=r"expected one input 'obs' \[N, 22\]"):
+    with pytest.raises(ContractError, match=r"expected an input 'obs' \[N, 22\]"):
         OnnxPolicy(path)
 
 

@@ -7,22 +7,15 @@ this one on load and refuses a mismatch.
 
 from __future__ import annotations
 
-import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
+
+from sim.contract import ContractBase, Field
 
 from .params import NOMINAL
 
 
 @dataclass(frozen=True)
-class Field:
-    name: str
-    size: int
-    frame: str
-    unit: str
-
-
-@dataclass(frozen=True)
-class PolicyContract:
+class PolicyContract(ContractBase):
     version: str = "crazyflie-rpm-v1"
     observation: tuple[Field, ...] = (
         Field("position_minus_reference", 3, "world ENU", "m"),
@@ -40,24 +33,6 @@ class PolicyContract:
     policy_period_s: float = 0.01
     quaternion_convention: str = "w,x,y,z body->world"
     extra: dict = field(default_factory=dict, compare=False, hash=False)
-
-    @property
-    def obs_size(self) -> int:
-        return sum(f.size for f in self.observation)
-
-    def to_json(self) -> str:
-        d = asdict(self)
-        d.pop("extra")
-        return json.dumps(d, sort_keys=True)
-
-    def mismatch(self, other_json: str) -> list[str]:
-        """Names of contract fields that differ from a serialized contract ([] if equal)."""
-        try:
-            other = json.loads(other_json)
-        except (TypeError, ValueError):
-            return ["<contract is not valid JSON>"]
-        mine = json.loads(self.to_json())
-        return sorted(k for k in set(mine) | set(other) if mine.get(k) != other.get(k))
 
 
 CONTRACT = PolicyContract()

@@ -164,6 +164,7 @@ class QuadHoverEnv(gym.vector.VectorEnv):
         self.backend = make_backend(backend, num_envs, params, cfg.substeps, self.device)
         self.max_steps = int(round(cfg.episode_seconds / POLICY_PERIOD))
         self.hover_action = params.hover_action
+        self.nominal_action = self.hover_action  # where a new actor's output starts (policies/networks.py)
         self.gen = torch.Generator(device=self.device)
         self.gen.manual_seed(seed)
         self.total_steps = 0  # env steps taken by all envs together (drives the curriculum)

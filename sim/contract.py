@@ -1,0 +1,42 @@
+"""What every policy contract has: a named observation layout, the action size and range, and
+the control period; serialised to JSON for the exported model's metadata and compared on load.
+
+Each robot writes its contract once (sim/crazyflie/contract.py, sim/arm/contract.py) as a frozen
+dataclass deriving from ``ContractBase``, with robot-specific fields of its own.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+
+
+@dataclass(frozen=True)
+class Field:
+    name: str
+    size: int
+    frame: str
+    unit: str
+
+
+class ContractBase:
+    """Mixin for a frozen dataclass with ``observation: tuple[Field, ...]``, ``action_size``,
+    ``version`` and an ``extra`` dict that is not part of the contract."""
+
+    @property
+    def obs_size(self) -> int:
+        return sum(f.size for f in self.observation)
+
+    def to_json(self) -> str:
+        d = asdict(self)
+        d.pop("extra", None)
+        return json.dumps(d, sort_keys=True)
+
+    def mismatch(self, other_json: str) -> list[str]:
+        """Names of contract fields that differ from a serialized contract ([] if equal)."""
+        try:
+            other = json.loads(other_json)
+        except (TypeError, ValueError):
+            return ["<contract is not valid JSON>"]
+        mine = json.loads(self.to_json())
+        return sorted(k for k in set(mine) | set(other) if mine.get(k) != other.get(k))
