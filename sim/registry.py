@@ -1,18 +1,31 @@
-"""Task registry: task name -> (environment class, default config)."""
+"""Task registry: task name -> environment class, default config, evaluation criterion and the
+run defaults (budget, evaluation interval, early stop) that ``policies.train`` uses for it."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
+from sim.crazyflie.contract import CONTRACT as CRAZYFLIE_CONTRACT
 from sim.crazyflie.hover import QuadHoverEnv, QuadTaskConfig
 from sim.crazyflie.track import QuadTrackEnv
+
+
+# Quadrotor: the hover criterion decides; PPO needs tens of millions of steps.
+QUAD_RUN = {"max_env_steps": 200_000_000, "eval_every_steps": 1_000_000, "stop_at_success": 0.95}
 
 
 @dataclass(frozen=True)
 class TaskSpec:
     env_cls: type
     default_config: Callable[[], object]
+    criterion: str = "hover"  # policies/evaluate.py: "hover" (quadrotor) or "success" (task success rate)
+    run_defaults: dict = field(default_factory=lambda: dict(QUAD_RUN))
+    contract: object = CRAZYFLIE_CONTRACT  # the exported policy's observation/action contract
+
+    @property
+    def config_cls(self) -> type:
+        return type(self.default_config())
 
 
 TASKS: dict[str, TaskSpec] = {
