@@ -15,5 +15,5 @@ if [ ${#missing[@]} -gt 0 ]; then
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
-python3 -m pip install -q -e ".[test,deploy]"
+python3 -m pip install -q -e ".[test,deploy,perception]"
 python3 -m deploy.ament   # register the ROS 2 package robolearn in sys.prefix (editable installs skip data-files)

@@ -45,13 +45,14 @@ class RunConfig:
     stop_at_success: Optional[float] = None  # stop at the first evaluation with this success rate (0: never)
     max_seconds: float = 1800.0  # wall-clock budget
     eval_episodes: int = 100
+    eval_at_start: bool = False  # also evaluate before the first update (the start of a learning curve)
     checkpoint_every_seconds: float = 30.0  # also checkpoint this often between evaluations
     progress: bool = True  # progress bar
 
 
 # Keys a resumed run may change: budgets and presentation, never what is learned.
 RESUMABLE_OVERRIDES = {"max_env_steps", "max_seconds", "progress", "resume", "threads", "stop_at_success",
-                       "eval_every_steps", "checkpoint_every_seconds"}
+                       "eval_every_steps", "checkpoint_every_seconds", "eval_at_start"}
 
 
 class UserError(Exception):

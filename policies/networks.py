@@ -77,3 +77,13 @@ class Critic(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.net(self.obs_norm(x)).squeeze(-1)
+
+
+@torch.no_grad()
+def polyak_update(target: nn.Module, source: nn.Module, tau: float) -> None:
+    """target <- (1 - tau) target + tau source for parameters; buffers (the input normaliser's
+    statistics) are copied, so both networks see the same normalised inputs."""
+    for p, pt in zip(source.parameters(), target.parameters()):
+        pt.lerp_(p, tau)
+    for b, bt in zip(source.buffers(), target.buffers()):
+        bt.copy_(b)

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .networks import Actor, Critic, squashed_log_prob
+from .networks import Actor, Critic, polyak_update, squashed_log_prob
 from .replay import ReplayBuffer
 
 
@@ -106,9 +106,7 @@ class SAC:
         alpha_loss.backward()
         self.alpha_opt.step()
 
-        with torch.no_grad():
-            for p, pt in zip(self.q.parameters(), self.q_target.parameters()):
-                pt.lerp_(p, c.tau)
+        polyak_update(self.q_target, self.q, c.tau)
         return {"q_loss": q_loss.item(), "actor_loss": actor_loss.item(), "alpha": alpha.item()}
 
     def train_iteration(self) -> dict[str, float]:

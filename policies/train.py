@@ -108,7 +108,8 @@ def run(cfg: DictConfig, run_dir: Path, resume_state: dict | None) -> dict:
     budget, eval_every, unit = ((algo_cfg.gradient_steps, algo_cfg.eval_every_updates, "update") if offline
                                 else (cfg.max_env_steps, cfg.eval_every_steps, "step"))
     tr = {"iteration": 0, "env_steps": 0, "seconds": 0.0, "next_eval": eval_every,
-          "best_success": -1.0, "best_error": float("inf"), "evals": [], "time_to_success": None}
+          "best_success": -1.0, "best_error": float("inf"), "evals": [], "time_to_success": None,
+          "eval_seconds": 0.0}
     if resume_state is not None:
         algo.load_state_dict(resume_state["algo"])
         env.load_state_dict(resume_state["env"])
@@ -124,11 +125,35 @@ def run(cfg: DictConfig, run_dir: Path, resume_state: dict | None) -> dict:
 
     bar = tqdm(total=budget, initial=tr["env_steps"], unit=unit, unit_scale=True,
                disable=not cfg.progress, dynamic_ncols=True, desc=f"{task_cfg.name}/{algo_cfg.name}")
+    def evaluate_and_keep_best() -> tuple[float, bool]:
+        """Evaluate the current policy, keep it as best.pt if it is the best so far, checkpoint.
+        Returns the success rate and whether it reaches stop_at_success."""
+        t_eval = time.time()
+        res = evaluate(algo.actor, task_cfg, cfg.eval_episodes, device=device, seed=cfg.seed + 10_000)
+        tr["eval_seconds"] += time.time() - t_eval
+        rec = {**res.as_dict(), "env_steps": tr["env_steps"], "seconds": tr["seconds"]}
+        tr["evals"].append(rec)
+        for k, v in res.as_dict().items():
+            if isinstance(v, (int, float)) and k != "episodes":
+                writer.add_scalar(f"eval/{k}", v, tr["env_steps"])
+        # Best = highest success rate, ties broken by the task's secondary measure (lower is better).
+        if (res.success_rate, -res.tiebreak) > (tr["best_success"], -tr["best_error"]):
+            tr["best_success"], tr["best_error"] = res.success_rate, res.tiebreak
+            ckpt.save_atomic(ckpt.policy_record(algo.actor, cfg, rec, tr["env_steps"]), run_dir / ckpt.BEST)
+        reached = cfg.stop_at_success > 0 and res.success_rate >= cfg.stop_at_success
+        if reached and tr["time_to_success"] is None:
+            tr["time_to_success"] = time.time() - T_START if resume_state is None else None
+        bar.write(f"eval @ {tr['env_steps']:,} {unit}s, {tr['seconds']:.1f} s: {res.summary()}")
+        save_last()
+        return res.success_rate, reached
+
     t_session = time.time()
     seconds_before = tr["seconds"]
     last_ckpt = time.time()
     success = tr["evals"][-1]["success_rate"] if tr["evals"] else float("nan")
     stop = False
+    if cfg.eval_at_start and not tr["evals"]:  # the starting point of a learning curve
+        success, stop = evaluate_and_keep_best()
     while not stop:
         t0 = time.time()
         metrics = algo.train_iteration()
@@ -147,23 +172,7 @@ def run(cfg: DictConfig, run_dir: Path, resume_state: dict | None) -> dict:
         out_of_budget = tr["env_steps"] >= budget or tr["seconds"] >= cfg.max_seconds
         if tr["env_steps"] >= tr["next_eval"] or out_of_budget:
             tr["next_eval"] += eval_every
-            res = evaluate(algo.actor, task_cfg, cfg.eval_episodes, device=device, seed=cfg.seed + 10_000)
-            success = res.success_rate
-            rec = {**res.as_dict(), "env_steps": tr["env_steps"], "seconds": tr["seconds"]}
-            tr["evals"].append(rec)
-            for k, v in res.as_dict().items():
-                if isinstance(v, (int, float)) and k != "episodes":
-                    writer.add_scalar(f"eval/{k}", v, tr["env_steps"])
-            # Best = highest success rate, ties broken by the task's secondary measure (lower is better).
-            if (res.success_rate, -res.tiebreak) > (tr["best_success"], -tr["best_error"]):
-                tr["best_success"], tr["best_error"] = res.success_rate, res.tiebreak
-                ckpt.save_atomic(ckpt.policy_record(algo.actor, cfg, rec, tr["env_steps"]), run_dir / ckpt.BEST)
-            if cfg.stop_at_success > 0 and res.success_rate >= cfg.stop_at_success:
-                if tr["time_to_success"] is None:
-                    tr["time_to_success"] = time.time() - T_START if resume_state is None else None
-                stop = True
-            bar.write(f"eval @ {tr['env_steps']:,} {unit}s, {tr['seconds']:.1f} s: {res.summary()}")
-            save_last()
+            success, stop = evaluate_and_keep_best()
             last_ckpt = time.time()
         elif time.time() - last_ckpt >= cfg.checkpoint_every_seconds:
             save_last()
@@ -176,7 +185,8 @@ def run(cfg: DictConfig, run_dir: Path, resume_state: dict | None) -> dict:
     writer.close()
 
     results = {"run_dir": str(run_dir), ("gradient_steps" if offline else "env_steps"): tr["env_steps"], "train_seconds": tr["seconds"],
-               "best_success": tr["best_success"], "time_to_success_s": tr["time_to_success"], "evals": tr["evals"]}
+               "best_success": tr["best_success"], "time_to_success_s": tr["time_to_success"],
+               "eval_seconds": tr["eval_seconds"], "evals": tr["evals"]}
     (run_dir / "results.json").write_text(json.dumps(results, indent=2))
     return results
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
+from sim.arm import pick_place, push, reach
+from sim.arm.contract import CONTRACT as ARM_CONTRACT
 from sim.crazyflie.contract import CONTRACT as CRAZYFLIE_CONTRACT
 from sim.crazyflie.hover import QuadHoverEnv, QuadTaskConfig
 from sim.crazyflie.track import QuadTrackEnv
@@ -13,6 +15,8 @@ from sim.crazyflie.track import QuadTrackEnv
 
 # Quadrotor: the hover criterion decides; PPO needs tens of millions of steps.
 QUAD_RUN = {"max_env_steps": 200_000_000, "eval_every_steps": 1_000_000, "stop_at_success": 0.95}
+# Manipulation (MuJoCo, ~1-2k env steps/s): 50k steps, evaluate every 5k, never stop early.
+ARM_RUN = {"max_env_steps": 50_000, "eval_every_steps": 5_000, "stop_at_success": 0.0}
 
 
 @dataclass(frozen=True)
@@ -31,6 +35,9 @@ class TaskSpec:
 TASKS: dict[str, TaskSpec] = {
     "quad_hover": TaskSpec(QuadHoverEnv, lambda: QuadTaskConfig(name="quad_hover")),
     "quad_track": TaskSpec(QuadTrackEnv, lambda: QuadTaskConfig(name="quad_track", episode_seconds=10.0)),
+    "arm_reach": TaskSpec(reach.ArmReachEnv, reach.default_config, "success", dict(ARM_RUN), ARM_CONTRACT),
+    "arm_push": TaskSpec(push.ArmPushEnv, push.default_config, "success", dict(ARM_RUN), ARM_CONTRACT),
+    "arm_pick_place": TaskSpec(pick_place.ArmPickPlaceEnv, pick_place.default_config, "success", dict(ARM_RUN), ARM_CONTRACT),
 }
 
 

@@ -13,15 +13,18 @@ from sim.registry import get_task
 class SingleEnv(gym.Env):
     metadata = {"render_modes": []}
 
-    def __init__(self, task: str = "quad_hover", cfg=None, backend: str = "torch", seed: int = 0):
+    def __init__(self, task: str = "quad_hover", cfg=None, backend: str | None = None, seed: int = 0):
         spec = get_task(task)
-        self.vec = spec.env_cls(cfg or spec.default_config(), 1, seed=seed, backend=backend)
+        kwargs = {} if backend is None else {"backend": backend}  # None: the task's default backend
+        self.vec = spec.env_cls(cfg or spec.default_config(), 1, seed=seed, **kwargs)
         self.observation_space = self.vec.single_observation_space
         self.action_space = self.vec.single_action_space
 
     @staticmethod
     def _np(obs: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
-        return {k: v[0].cpu().numpy().astype(np.float32) for k, v in obs.items()}
+        # Floating-point entries as float32; others (uint8 RGB images) keep their dtype.
+        return {k: v[0].cpu().numpy().astype(np.float32) if v.is_floating_point() else v[0].cpu().numpy()
+                for k, v in obs.items()}
 
     def reset(self, *, seed: int | None = None, options: dict | None = None):
         super().reset(seed=seed)

@@ -129,7 +129,7 @@ def test_kill9_and_resume(tmp_path):
 
 
 @pytest.mark.parametrize("args, expected", [
-    (["task=quad_hoover"], "unknown task 'quad_hoover'. Valid tasks: quad_hover, quad_track"),
+    (["task=quad_hoover"], "unknown task 'quad_hoover'. Valid tasks: arm_pick_place, arm_push, arm_reach, quad_hover, quad_track"),
     (["seed=abc"], "seed=abc"),
     (["not_a_key=1"], "not_a_key"),
     (["algo.lr=fast"], "algo.lr=fast"),

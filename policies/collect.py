@@ -1,0 +1,114 @@
+"""Collect scripted-expert demonstrations into a dataset (format: policies/dataset.py).
+
+    python -m policies.collect task=arm_push episodes=100 noise=0.3 out=data/arm_push [seed=0]
+        [num_envs=16] [successful_only=false] [task.<field>=value ...]
+
+The expert is the task's own (``expert_action`` in its task file), acting on the true simulator
+state; ``noise`` is the std of Gaussian noise added to its actions (action units, clipped to
+[-1, 1]). Episodes are kept in the order they finish, so a seed fixes the dataset.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+from omegaconf import OmegaConf
+from tqdm import tqdm
+
+from export.onnx_policy import source_revision
+from sim.registry import get_task
+
+from . import dataset as ds
+from .config import UserError, compose_config, to_objects
+
+OPTIONS = {"episodes": int, "noise": float, "seed": int, "out": str, "num_envs": int, "successful_only": bool,
+           "progress": bool}
+DEFAULTS = {"episodes": 100, "noise": 0.0, "seed": 0, "out": "", "num_envs": 16, "successful_only": False,
+            "progress": True}
+
+
+def parse(argv: list[str]) -> tuple[dict, list[str]]:
+    opts, rest = dict(DEFAULTS), []
+    for a in argv:
+        k, eq, v = a.partition("=")
+        if not eq:
+            raise UserError(f"argument '{a}' is not of the form key=value")
+        if k in OPTIONS:
+            try:
+                opts[k] = {"true": True, "false": False}[v.lower()] if OPTIONS[k] is bool else OPTIONS[k](v)
+            except (KeyError, ValueError):
+                raise UserError(f"{k}={v}: expected a value of type {OPTIONS[k].__name__}") from None
+        elif k == "task" or k.startswith("task.") or k.startswith("+task."):
+            rest.append(a)
+        else:
+            raise UserError(f"unknown option '{k}': expected task=..., task.<field>=... or one of {', '.join(OPTIONS)}")
+    if not any(a.startswith("task=") for a in rest):
+        raise UserError("which task? e.g. python -m policies.collect task=arm_push episodes=100 out=data/arm_push")
+    if not opts["out"]:
+        raise UserError("out=<directory> is required")
+    if opts["episodes"] < 1 or opts["num_envs"] < 1:
+        raise UserError("episodes and num_envs must be positive")
+    return opts, rest
+
+
+@torch.no_grad()
+def collect(task_cfg, episodes: int, noise: float, seed: int, num_envs: int, successful_only: bool = False,
+            progress: bool = True) -> tuple[list[dict[str, np.ndarray]], float]:
+    """Roll the expert out in ``num_envs`` parallel envs until ``episodes`` episodes are kept.
+    Returns the episodes and the control period (s)."""
+    env = get_task(task_cfg.name).env_cls(task_cfg, num_envs, seed=seed)
+    if not hasattr(env, "expert_action"):
+        raise UserError(f"task '{task_cfg.name}' has no scripted expert")
+    obs, _ = env.reset(seed=seed)
+    keys = ["obs", "critic", "action", "reward", "success", "terminal"] + (["image"] if "image" in obs else [])
+    running = [{k: [] for k in keys} for _ in range(num_envs)]
+    kept: list[dict[str, np.ndarray]] = []
+    bar = tqdm(total=episodes, unit="episode", disable=not progress, desc=f"collect {task_cfg.name}")
+    while len(kept) < episodes:
+        action = env.expert_action(noise)
+        nxt, reward, term, trunc, info = env.step(action)
+        step = {"obs": obs["policy"], "critic": obs["critic"], "action": action, "reward": reward,
+                "success": info["success"], "terminal": term}
+        if "image" in obs:
+            step["image"] = obs["image"]
+        for i in range(num_envs):
+            for k in keys:
+                running[i][k].append(step[k][i].cpu().numpy())
+        for i in (term | trunc).nonzero().flatten().tolist():
+            ep = {k: np.stack(v) for k, v in running[i].items()}
+            running[i] = {k: [] for k in keys}
+            if (ep["success"].any() or not successful_only) and len(kept) < episodes:
+                kept.append(ep)
+                bar.update(1)
+        obs = nxt
+    bar.close()
+    return kept, env.control_period
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        o, overrides = parse(argv)
+        cfg = compose_config(overrides)
+        task_cfg, _ = to_objects(cfg)
+        if get_task(task_cfg.name).criterion != "success":
+            raise UserError(f"task '{task_cfg.name}' has no scripted expert (manipulation tasks do: arm_*)")
+        eps, period = collect(task_cfg, o["episodes"], o["noise"], o["seed"], o["num_envs"], o["successful_only"],
+                              o["progress"])
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    meta = {"task": task_cfg.name, "task_config": OmegaConf.to_container(cfg.task, resolve=True),
+            "expert_noise": o["noise"], "seed": o["seed"], "successful_only": o["successful_only"],
+            "control_period_s": period, "source_revision": source_revision()}
+    path = ds.save(Path(o["out"]), eps, meta)
+    ok = sum(bool(e["success"].any()) for e in eps)
+    print(f"wrote {len(eps)} episodes ({ok} successful, {sum(len(e['action']) for e in eps)} steps) to {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,123 @@
+"""Demonstration datasets on disk: what ``python -m policies.collect`` writes and what behaviour
+cloning (``algo=diffusion_bc``) and DSRL-NA (demonstrations in the replay buffer) read.
+
+Format ``robolearn-demos-v1``, a directory with two files:
+
+``meta.json``
+    format, task name and the task config the data was collected with, observation and action
+    sizes, number of episodes and of successful ones, the expert's noise, seed, control period
+    (s), creation time and source revision.
+``data.npz`` (NumPy, uncompressed), all episodes concatenated along the first axis (T steps):
+    ``obs`` [T, D] float32      policy observation at each step (as the policy saw it, noisy)
+    ``critic`` [T, Dc] float32  privileged critic observation at the same step
+    ``action`` [T, A] float32   action taken, in the action space's units ([-1, 1])
+    ``reward`` [T] float32      reward received for that action
+    ``success`` [T] bool        task success reached by that action
+    ``terminal`` [T] bool       the episode terminated (not truncated) after that action
+    ``episode_ends`` [E] int64  exclusive end index of each episode (episode i spans
+                                 episode_ends[i-1]..episode_ends[i])
+    ``image`` [T, C, H, W]      optional, when the task's camera was on (uint8 rgb / float32 depth)
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+FORMAT = "robolearn-demos-v1"
+REQUIRED = ("obs", "critic", "action", "reward", "success", "terminal", "episode_ends")
+
+
+class DatasetError(Exception):
+    """A dataset that is missing, malformed or made for another task."""
+
+
+@dataclass
+class Demonstrations:
+    obs: np.ndarray
+    critic: np.ndarray
+    action: np.ndarray
+    reward: np.ndarray
+    success: np.ndarray
+    terminal: np.ndarray
+    episode_ends: np.ndarray
+    meta: dict
+    image: np.ndarray | None = None
+
+    @property
+    def num_episodes(self) -> int:
+        return len(self.episode_ends)
+
+    def episode_slices(self) -> list[slice]:
+        starts = np.concatenate(([0], self.episode_ends[:-1]))
+        return [slice(int(s), int(e)) for s, e in zip(starts, self.episode_ends)]
+
+    def episode_success(self) -> np.ndarray:
+        return np.array([self.success[s].any() for s in self.episode_slices()])
+
+    def first(self, episodes: int) -> "Demonstrations":
+        """The first ``episodes`` episodes (all when 0 or more than there are)."""
+        if episodes <= 0 or episodes >= self.num_episodes:
+            return self
+        end = int(self.episode_ends[episodes - 1])
+        cut = {k: getattr(self, k)[:end] for k in REQUIRED if k != "episode_ends"}
+        meta = {**self.meta, "episodes": episodes, "successes": int(self.episode_success()[:episodes].sum())}
+        return Demonstrations(**cut, episode_ends=self.episode_ends[:episodes].copy(), meta=meta,
+                              image=None if self.image is None else self.image[:end])
+
+    def action_chunks(self, horizon: int) -> np.ndarray:
+        """[T, horizon, A]: the actions taken from each step on, padded past an episode's end
+        with its last action (the robot holds still), never crossing into the next episode."""
+        out = np.empty((len(self.action), horizon, self.action.shape[1]), dtype=np.float32)
+        for s in self.episode_slices():
+            idx = np.minimum(np.arange(s.start, s.stop)[:, None] + np.arange(horizon), s.stop - 1)
+            out[s] = self.action[idx]
+        return out
+
+
+def save(path: str | Path, episodes: list[dict[str, np.ndarray]], meta: dict) -> Path:
+    """Write episodes (each a dict of the per-step arrays above, without episode_ends)."""
+    if not episodes:
+        raise DatasetError("no episodes to save")
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    keys = [k for k in REQUIRED if k != "episode_ends"] + (["image"] if "image" in episodes[0] else [])
+    arrays = {k: np.concatenate([e[k] for e in episodes]) for k in keys}
+    arrays["episode_ends"] = np.cumsum([len(e["action"]) for e in episodes]).astype(np.int64)
+    np.savez(path / "data.npz", **arrays)
+    successes = int(sum(bool(e["success"].any()) for e in episodes))
+    meta = {"format": FORMAT, **meta, "episodes": len(episodes), "successes": successes,
+            "steps": int(arrays["episode_ends"][-1]), "obs_dim": int(arrays["obs"].shape[1]),
+            "critic_dim": int(arrays["critic"].shape[1]), "act_dim": int(arrays["action"].shape[1]),
+            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    (path / "meta.json").write_text(json.dumps(meta, indent=2))
+    return path
+
+
+def load(path: str | Path, task: str | None = None, obs_dim: int | None = None,
+         act_dim: int | None = None) -> Demonstrations:
+    """Read a dataset; with ``task``/``obs_dim``/``act_dim`` given, refuse one made for another task."""
+    path = Path(path)
+    if not (path / "meta.json").is_file() or not (path / "data.npz").is_file():
+        raise DatasetError(f"no dataset at '{path}': expected meta.json and data.npz there "
+                           f"(make one with python -m policies.collect task=<task> out={path})")
+    meta = json.loads((path / "meta.json").read_text())
+    if meta.get("format") != FORMAT:
+        raise DatasetError(f"{path}: format '{meta.get('format')}', expected '{FORMAT}'")
+    with np.load(path / "data.npz") as z:
+        missing = [k for k in REQUIRED if k not in z]
+        if missing:
+            raise DatasetError(f"{path}/data.npz lacks {', '.join(missing)}")
+        arrays = {k: z[k] for k in z.files}
+    demos = Demonstrations(**{k: arrays[k] for k in REQUIRED}, meta=meta, image=arrays.get("image"))
+    if task is not None and meta.get("task") != task:
+        raise DatasetError(f"{path} holds '{meta.get('task')}' demonstrations, this run is task '{task}'")
+    if obs_dim is not None and demos.obs.shape[1] != obs_dim:
+        raise DatasetError(f"{path}: observations have {demos.obs.shape[1]} floats, the task has {obs_dim}")
+    if act_dim is not None and demos.action.shape[1] != act_dim:
+        raise DatasetError(f"{path}: actions have {demos.action.shape[1]} floats, the task has {act_dim}")
+    return demos

@@ -1,0 +1,332 @@
+"""DSRL: steer a frozen diffusion policy by reinforcement learning in its initial-noise space
+(``algo=dsrl base=<diffusion_bc run dir>``), after Wagenmaker et al., "Steering Your Diffusion
+Policy with Latent Space Reinforcement Learning" (2025).
+
+The base policy (policies/diffusion.py) is a black box a = pi_dp(s, w): deterministic DDIM from
+the initial noise w. A SAC actor pi_w(s) picks w = b * tanh(u), u ~ N(mu(s), sigma(s)), bounded
+to [-b, b] (``noise_bound``). One decision executes the base's ``exec_horizon`` actions; its
+reward is their sum and the discount ``gamma`` applies per decision. The base's weights never
+change (they are not even given to an optimiser); its run directory is only read.
+
+Variants (``variant``):
+- ``sac`` (DSRL-SAC): plain SAC in the latent-noise MDP, the replay buffer holds w.
+- ``na`` (DSRL-NA, noise-aliased): a critic Q^A(s, a) over the executed action chunk learns by
+  TD from the buffer (next action a' = pi_dp(s', pi_w(s'))); a critic Q^W(s, w) is distilled
+  from it on w ~ N(0, I), Q^W(s, w) ~ Q^A(s, pi_dp(s, w)), and the actor ascends Q^W. Since
+  Q^A is over actions, demonstrations can go into the buffer (``demos``): every noise that
+  maps to a good action benefits, which is the aliasing the name refers to.
+
+Critics see the privileged critic observation (asymmetric actor-critic); the actor sees the
+policy observation. ``utd`` gradient updates per collected decision.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from . import checkpoint as ckpt
+from . import dataset as ds
+from .diffusion import DiffusionPolicy
+from .networks import Actor, Critic, polyak_update, squashed_log_prob
+from .replay import ReplayBuffer
+
+
+@dataclass
+class DSRLConfig:
+    name: str = "dsrl"
+    base: str = ""  # run directory of an algo=diffusion_bc run of the same task (required)
+    variant: str = "na"  # "na" (DSRL-NA) or "sac" (DSRL-SAC)
+    noise_bound: float = 1.5  # b: w in [-b, b]
+    num_envs: int = 8
+    buffer_size: int = 200_000  # decisions
+    batch_size: int = 256
+    utd: float = 1.0  # gradient updates per collected decision
+    warmup_steps: int = 2_000  # env steps collected before the first update
+    gamma: float = 0.99  # per decision (one executed chunk)
+    tau: float = 0.005  # target network Polyak rate
+    actor_lr: float = 3e-4
+    critic_lr: float = 3e-4
+    alpha_lr: float = 3e-4
+    init_alpha: float = 0.1
+    init_log_std: float = 0.0  # the initial actor draws u ~ N(0, 1): w close to the base's N(0, I)
+    target_entropy_per_dim: float = -1.0
+    actor_hidden: list[int] = field(default_factory=lambda: [256, 256])
+    critic_hidden: list[int] = field(default_factory=lambda: [256, 256])
+    demos: str = ""  # DSRL-NA: a policies.collect dataset loaded into the buffer ("" = none)
+
+
+class SteeredDiffusionPolicy(nn.Module):
+    """What DSRL deploys: obs -> w = b * tanh(mu(obs)) -> frozen base -> executed chunk [N, H, A]."""
+
+    def __init__(self, base: dict, latent: dict, noise_bound: float):
+        super().__init__()
+        self.spec = dict(base=dict(base), latent=dict(latent), noise_bound=noise_bound)
+        self.base = DiffusionPolicy(**base)
+        self.latent = Actor(**latent)
+        self.noise_bound = noise_bound
+
+    def noise(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.noise_bound * self.latent(obs)
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.base(obs, self.noise(obs))
+
+
+def load_base(run_dir: str, task: str, obs_dim: int, act_dim: int, device) -> tuple[DiffusionPolicy, str]:
+    """The frozen base policy of a diffusion_bc run, and a digest of its weights."""
+    from .config import UserError
+
+    if not run_dir:
+        raise UserError("algo=dsrl needs algo.base=<run dir of an algo=diffusion_bc run of this task>")
+    try:
+        rec = ckpt.load(Path(run_dir) / ckpt.BEST, device)
+    except ckpt.CheckpointError as e:
+        raise UserError(f"algo.base={run_dir}: {e}") from None
+    cls = rec.get("policy_class", "Actor")
+    if cls != "DiffusionPolicy":
+        raise UserError(f"algo.base={run_dir} holds a '{cls}' policy; DSRL steers a diffusion policy "
+                        f"(train one with python -m policies.train task={task} algo=diffusion_bc)")
+    base_task = rec["config"]["task"]["name"]
+    spec = rec["policy_spec"]
+    if base_task != task or spec["obs_dim"] != obs_dim or spec["act_dim"] != act_dim:
+        raise UserError(f"algo.base={run_dir} was trained on '{base_task}' (obs {spec['obs_dim']}, action "
+                        f"{spec['act_dim']}); this run is '{task}' (obs {obs_dim}, action {act_dim})")
+    base = DiffusionPolicy(**spec).to(device)
+    base.load_state_dict(rec["policy"])
+    return base.eval().requires_grad_(False), weights_digest(base)
+
+
+def weights_digest(module: nn.Module) -> str:
+    h = hashlib.sha256()
+    for k, v in module.state_dict().items():
+        h.update(k.encode())
+        h.update(v.detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+class DSRL:
+    def __init__(self, cfg: DSRLConfig, env, device: torch.device, seed: int):
+        from .config import UserError
+
+        if cfg.variant not in ("na", "sac"):
+            raise UserError(f"algo.variant={cfg.variant}: expected na (DSRL-NA) or sac (DSRL-SAC)")
+        self.cfg, self.env, self.device = cfg, env, device
+        torch.manual_seed(seed)
+        obs_dim = env.single_observation_space["policy"].shape[0]
+        critic_dim = env.single_observation_space["critic"].shape[0]
+        act_dim = env.single_action_space.shape[0]
+        base, self.base_digest = load_base(cfg.base, env.cfg.name, obs_dim, act_dim, device)
+        self.exec_horizon = base.exec_horizon
+        self.latent_dim = latent_dim = base.latent_dim
+        self.actor = SteeredDiffusionPolicy(base.spec, dict(obs_dim=obs_dim, act_dim=latent_dim,
+                                            hidden=list(cfg.actor_hidden), activation="relu", init_action=0.0,
+                                            init_log_std=cfg.init_log_std, state_dependent_std=True),
+                                            cfg.noise_bound).to(device)
+        self.actor.base.load_state_dict(base.state_dict())
+        self.actor.base.eval().requires_grad_(False)
+        self.base = self.actor.base
+        self.pi = self.actor.latent
+        chunk_dim = self.exec_horizon * act_dim
+        q_in = critic_dim + (latent_dim if cfg.variant == "sac" else chunk_dim)
+        self.q = Critic(q_in, cfg.critic_hidden, "relu", num_outputs=2).to(device)  # Q^W (sac) or Q^A (na)
+        self.q_target = copy.deepcopy(self.q)
+        params = list(self.q.parameters())
+        if cfg.variant == "na":
+            self.qw = Critic(critic_dim + latent_dim, cfg.critic_hidden, "relu", num_outputs=2).to(device)
+            params_w = list(self.qw.parameters())
+            self.qw_opt = torch.optim.Adam(params_w, lr=cfg.critic_lr)
+        self.log_alpha = torch.tensor(math.log(cfg.init_alpha), device=device, requires_grad=True)
+        self.pi_opt = torch.optim.Adam(self.pi.parameters(), lr=cfg.actor_lr)
+        self.q_opt = torch.optim.Adam(params, lr=cfg.critic_lr)
+        self.alpha_opt = torch.optim.Adam([self.log_alpha], lr=cfg.alpha_lr)
+        self.buffer = ReplayBuffer(cfg.buffer_size, {
+            "obs": (obs_dim,), "critic": (critic_dim,), "w": (latent_dim,), "chunk": (chunk_dim,), "reward": (),
+            "next_obs": (obs_dim,), "next_critic": (critic_dim,), "done": ()}, device)
+        self.gen = torch.Generator(device=device)
+        self.gen.manual_seed(seed + 1)
+        self.obs, _ = env.reset(seed=seed)
+        self.decisions = 0
+        self.updates = 0
+        self.owed_updates = 0.0
+        self.demo_transitions = 0
+        if cfg.demos:
+            if cfg.variant != "na":
+                raise UserError("algo.demos: demonstrations go into the buffer of DSRL-NA only (algo.variant=na); "
+                                "DSRL-SAC's buffer holds noises, which demonstrations do not have")
+            self._load_demos(cfg.demos, obs_dim, act_dim)
+
+    # ------------------------------------------------------------------ data
+    def _load_demos(self, path: str, obs_dim: int, act_dim: int) -> None:
+        """Demonstrations as decisions of exec_horizon steps (a chunk cut short by the episode's
+        end is padded with its last action; a truncated tail without a next state is dropped)."""
+        from .config import UserError
+
+        try:
+            d = ds.load(path, task=self.env.cfg.name, obs_dim=obs_dim, act_dim=act_dim)
+        except ds.DatasetError as e:
+            raise UserError(str(e)) from None
+        if d.meta.get("task_config", {}).get("reward_type") != self.env.cfg.reward_type:
+            raise UserError(f"algo.demos={path}: collected with reward_type "
+                            f"{d.meta.get('task_config', {}).get('reward_type')}, this run uses {self.env.cfg.reward_type}")
+        h, rows = self.exec_horizon, {k: [] for k in ("obs", "critic", "chunk", "reward", "next_obs", "next_critic", "done")}
+        for s in d.episode_slices():
+            for t in range(s.start, s.stop, h):
+                end = min(t + h, s.stop)
+                done = bool(d.terminal[t:end].any())
+                if not done and end >= s.stop:
+                    continue  # truncated: no next observation was recorded
+                idx = np.minimum(np.arange(t, t + h), end - 1)
+                rows["obs"].append(d.obs[t])
+                rows["critic"].append(d.critic[t])
+                rows["chunk"].append(d.action[idx].reshape(-1))
+                rows["reward"].append(d.reward[t:end].sum())
+                nxt = end if not done else t  # a terminal's next state is never used (masked)
+                rows["next_obs"].append(d.obs[nxt])
+                rows["next_critic"].append(d.critic[nxt])
+                rows["done"].append(float(done))
+        batch = {k: torch.as_tensor(np.stack(v), device=self.device) for k, v in rows.items()}
+        n = len(batch["obs"])
+        self.buffer.add(**batch, w=torch.zeros(n, self.latent_dim, device=self.device))
+        self.demo_transitions = n
+
+    def _sample_w(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """w = b tanh(u) and log pi(w | obs) (the change of variables includes the scale b)."""
+        mu, log_std = self.pi.dist_params(obs)
+        u = mu + log_std.exp() * torch.randn(mu.shape, generator=self.gen, device=self.device)
+        logp = squashed_log_prob(u, mu, log_std) - self.latent_dim * math.log(self.cfg.noise_bound)
+        return self.cfg.noise_bound * torch.tanh(u), logp
+
+    @torch.no_grad()
+    def collect(self) -> torch.Tensor:
+        """One decision in every environment: exec_horizon env steps of the steered base. An env
+        whose episode ends inside the chunk starts its next episode with the chunk's remaining actions."""
+        obs, n = self.obs, self.env.num_envs
+        self.pi.obs_norm.update(obs["policy"])
+        w, _ = self._sample_w(obs["policy"])
+        chunk = self.base.sample(obs["policy"], w)[:, : self.exec_horizon]
+        reward = torch.zeros(n, device=self.device)
+        ended = torch.zeros(n, dtype=torch.bool, device=self.device)
+        terminal = torch.zeros_like(ended)
+        nxt = {k: torch.zeros_like(v) for k, v in obs.items() if k in ("policy", "critic")}
+        for k in range(self.exec_horizon):
+            o, r, term, trunc, info = self.env.step(chunk[:, k])
+            reward += torch.where(ended, torch.zeros_like(r), r)
+            new = (term | trunc) & ~ended
+            if new.any():
+                for key in nxt:
+                    nxt[key][new] = info["final_obs"][key][new]
+                terminal |= term & new
+                ended |= new
+        for key in nxt:
+            nxt[key][~ended] = o[key][~ended]
+        self.obs = o
+        self.q.obs_norm.update(torch.cat((obs["critic"], self._q_action_input(w, chunk)), -1))
+        if self.cfg.variant == "na":
+            self.qw.obs_norm.update(torch.cat((obs["critic"], w), -1))
+        self.buffer.add(obs=obs["policy"], critic=obs["critic"], w=w, chunk=chunk.reshape(n, -1), reward=reward,
+                        next_obs=nxt["policy"], next_critic=nxt["critic"], done=terminal.float())
+        self.decisions += n
+        return reward
+
+    def _q_action_input(self, w: torch.Tensor, chunk: torch.Tensor) -> torch.Tensor:
+        return w if self.cfg.variant == "sac" else chunk.reshape(len(chunk), -1)
+
+    # ------------------------------------------------------------------ learning
+    def update(self) -> dict[str, float]:
+        c = self.cfg
+        b = self.buffer.sample(c.batch_size, self.gen)
+        alpha = self.log_alpha.exp().detach()
+        metrics: dict[str, float] = {}
+        with torch.no_grad():
+            w2, logp2 = self._sample_w(b["next_obs"])
+            if c.variant == "sac":
+                q_next = self.q_target(torch.cat((b["next_critic"], w2), -1)).min(-1).values - alpha * logp2
+            else:  # Q^A of the action the steered base takes next
+                a2 = self.base.sample(b["next_obs"], w2)[:, : self.exec_horizon].reshape(len(w2), -1)
+                q_next = self.q_target(torch.cat((b["next_critic"], a2), -1)).min(-1).values
+            target = b["reward"] + c.gamma * (1 - b["done"]) * q_next
+        a_in = b["w"] if c.variant == "sac" else b["chunk"]
+        q = self.q(torch.cat((b["critic"], a_in), -1))
+        q_loss = (q - target[:, None]).square().mean()
+        self.q_opt.zero_grad(set_to_none=True)
+        q_loss.backward()
+        self.q_opt.step()
+        metrics["q_loss"] = q_loss.item()
+
+        if c.variant == "na":  # distil Q^W(s, w) from Q^A(s, pi_dp(s, w)), w ~ N(0, I)
+            with torch.no_grad():
+                w_rand = torch.randn(c.batch_size, self.latent_dim, generator=self.gen, device=self.device)
+                a_rand = self.base.sample(b["obs"], w_rand)[:, : self.exec_horizon].reshape(c.batch_size, -1)
+                qa = self.q(torch.cat((b["critic"], a_rand), -1)).min(-1).values
+            qw = self.qw(torch.cat((b["critic"], w_rand), -1))
+            qw_loss = (qw - qa[:, None]).square().mean()
+            self.qw_opt.zero_grad(set_to_none=True)
+            qw_loss.backward()
+            self.qw_opt.step()
+            metrics["qw_loss"] = qw_loss.item()
+        actor_q = self.q if c.variant == "sac" else self.qw
+
+        w, logp = self._sample_w(b["obs"])
+        pi_loss = (alpha * logp - actor_q(torch.cat((b["critic"], w), -1)).min(-1).values).mean()
+        self.pi_opt.zero_grad(set_to_none=True)
+        pi_loss.backward()
+        self.pi_opt.step()
+        alpha_loss = -(self.log_alpha * (logp.detach() + c.target_entropy_per_dim * self.latent_dim)).mean()
+        self.alpha_opt.zero_grad(set_to_none=True)
+        alpha_loss.backward()
+        self.alpha_opt.step()
+        polyak_update(self.q_target, self.q, c.tau)
+        self.updates += 1
+        return {**metrics, "actor_loss": pi_loss.item(), "alpha": alpha.item(), "q_mean": q.mean().item()}
+
+    def train_iteration(self) -> dict[str, float]:
+        reward = self.collect()
+        metrics = {"reward": reward.mean().item()}
+        if self.env.total_steps >= self.cfg.warmup_steps:
+            self.owed_updates += self.cfg.utd * self.env.num_envs  # fractions carry over
+            while self.owed_updates >= 1.0:
+                metrics.update(self.update())
+                self.owed_updates -= 1.0
+        return metrics
+
+    # ------------------------------------------------------------------ checkpointing
+    def state_dict(self) -> dict:
+        d = {"pi": self.pi.state_dict(), "q": self.q.state_dict(), "q_target": self.q_target.state_dict(),
+             "log_alpha": self.log_alpha.detach().clone(), "pi_opt": self.pi_opt.state_dict(),
+             "q_opt": self.q_opt.state_dict(), "alpha_opt": self.alpha_opt.state_dict(),
+             "buffer": self.buffer.state_dict(), "gen": self.gen.get_state(), "obs": self.obs,
+             "decisions": self.decisions, "updates": self.updates, "owed_updates": self.owed_updates,
+             "base_digest": self.base_digest}
+        if self.cfg.variant == "na":
+            d.update(qw=self.qw.state_dict(), qw_opt=self.qw_opt.state_dict())
+        return d
+
+    def load_state_dict(self, d: dict) -> None:
+        from .config import UserError
+
+        if d["base_digest"] != self.base_digest:
+            raise UserError(f"the base policy at {self.cfg.base} changed since this DSRL run started "
+                            f"(weights digest {self.base_digest}, the run was steering {d['base_digest']})")
+        self.pi.load_state_dict(d["pi"])
+        self.q.load_state_dict(d["q"])
+        self.q_target.load_state_dict(d["q_target"])
+        with torch.no_grad():
+            self.log_alpha.copy_(d["log_alpha"])
+        self.pi_opt.load_state_dict(d["pi_opt"])
+        self.q_opt.load_state_dict(d["q_opt"])
+        self.alpha_opt.load_state_dict(d["alpha_opt"])
+        self.buffer.load_state_dict(d["buffer"])
+        self.gen.set_state(d["gen"])
+        self.obs = d["obs"]
+        self.decisions, self.updates, self.owed_updates = d["decisions"], d["updates"], d["owed_updates"]
+        if self.cfg.variant == "na":
+            self.qw.load_state_dict(d["qw"])
+            self.qw_opt.load_state_dict(d["qw_opt"])

@@ -1,0 +1,572 @@
+"""Shared machinery of the arm tasks (reach.py, push.py, pick_place.py): N MuJoCo simulations
+stepped in a Python loop behind the batched Gymnasium vector-env interface the trainers use
+(torch tensors in and out, same-step autoreset, seeding, observation noise, camera, exact
+checkpointing). What a task is (goal, reward, success, randomization, expert) lives in its file.
+
+One MjModel per environment: the randomized physical parameters (cube mass and inertia,
+cube friction, camera pose) are written into that env's own model at the start of each episode,
+followed by ``mj_setConst`` so the derived constants (e.g. the constraint scaling) match. No
+model field is ever shared between environments, so nothing depends on call order.
+The renderer is built on env 0's model: geometry is identical across envs, and the
+(randomized) camera pose is read from each env's MjData.
+
+Observation (float32), identical layout in every task so policies transfer:
+
+    policy [28]:  0:7   joint positions (rad)          7:14  joint velocities (rad/s)
+                  14:17 TCP (``ee`` site) position (world, m)
+                  17    gripper opening, distance between the fingers (m, 0 .. 0.08)
+                  18:21 cube position (world, m)       21:25 cube orientation (quat w, x, y, z; w >= 0)
+                  25:28 goal position (world, m)
+                  arm_reach has no cube: 18:25 are zeros.
+                  Noise (NoiseConfig) on joint positions, joint velocities and the cube position.
+    critic [43]:  0:28  the policy observation without noise
+                  28:31 cube linear velocity (world, m/s)   31:34 cube angular velocity (cube frame, rad/s)
+                  34    cube mass scale   35 friction scale (1 = nominal)
+                  36:39 cube - TCP (m)    39:42 goal - cube (m)   (zeros without a cube)
+                  42    time fraction t / episode_steps
+    image (camera != "none"): "rgb" uint8 [3, H, W]; "depth" float32 [1, H, W] (m, z-depth);
+                  "rgbd" float32 [4, H, W], RGB scaled to [0, 1] then depth in m.
+
+Action [4] in [-1, 1]: [dx, dy, dz] desired TCP displacement per control step, world frame,
+times ``IKConfig.max_delta`` = 0.02 m (0.4 m/s at 20 Hz), turned into joint targets by the
+differential IK of control.py (gripper pointing down, yaw fixed); gripper: -1 = open (fingers
+0.08 m apart), +1 = closed, linear in between (the fingers move at up to 0.05 m/s each).
+``nominal_action`` 0.0 holds the TCP still with the gripper half open.
+Control period 0.05 s (20 Hz), 25 physics steps of 2 ms each.
+
+Episodes: reward_type "sparse" gives 1.0 at every step where the task's success holds, else 0.0
+(with terminate_on_success, the default, the episode ends there, so exactly once); "dense" sums
+the task's named reward terms. terminated = success (if terminate_on_success) | failure (the
+task's, e.g. the cube off the table) | a non-finite state; truncated = the time limit.
+"""
+
+from __future__ import annotations
+
+import copy
+import ctypes.util
+import math
+import os
+from dataclasses import dataclass, field
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+# MuJoCo picks its OpenGL backend when it is imported: EGL renders headless (no display), OSMesa
+# (software) where there is no EGL library. Set MUJOCO_GL before importing mujoco to choose.
+if "MUJOCO_GL" not in os.environ:
+    os.environ["MUJOCO_GL"] = "egl" if ctypes.util.find_library("EGL") else "osmesa"
+import mujoco  # noqa: E402
+
+from . import model as mdl  # noqa: E402
+from .control import DiffIK, IKConfig  # noqa: E402
+from .params import NOMINAL, ArmParams  # noqa: E402
+
+POLICY_DIM = 28
+CRITIC_DIM = 43
+ACT_DIM = 4
+# Policy observation slices (see the module docstring).
+JOINT_POS, JOINT_VEL, EE_POS, GRIPPER, CUBE_POS, CUBE_QUAT, GOAL_POS = (
+    slice(0, 7), slice(7, 14), slice(14, 17), slice(17, 18), slice(18, 21), slice(21, 25), slice(25, 28))
+STATE_SPEC = mujoco.mjtState.mjSTATE_INTEGRATION
+_DIVERGENCE_WARNINGS = np.array([mujoco.mjtWarning.mjWARN_BADQPOS, mujoco.mjtWarning.mjWARN_BADQVEL,
+                                 mujoco.mjtWarning.mjWARN_BADQACC], dtype=int)
+
+
+@dataclass
+class RandomizationConfig:
+    """Sampled once per episode. With ``enabled = False`` the cube starts at its nominal pose
+    (CubeParams.start_xy, yaw 0) with nominal mass and friction, and the camera is at its nominal
+    pose; goals are still drawn (they are the task, not a randomization)."""
+
+    enabled: bool = True
+    object_x: tuple[float, float] = (-0.1, 0.1)  # m, cube offset from CubeParams.start_xy
+    object_y: tuple[float, float] = (-0.15, 0.15)  # m
+    object_yaw: tuple[float, float] = (-math.pi / 4, math.pi / 4)  # rad (the cube has 90 deg symmetry)
+    mass_scale: tuple[float, float] = (0.5, 2.0)  # x CubeParams.mass (inertia scales along)
+    friction_scale: tuple[float, float] = (0.7, 1.3)  # x CubeParams.friction (all cube contacts)
+    camera_pos: float = 0.02  # m, uniform +- per world axis
+    camera_angle: float = 2.0  # deg, uniform +- about each camera axis
+
+
+@dataclass
+class NoiseConfig:
+    """Gaussian noise (std) on the policy observation; the critic sees the clean values."""
+
+    enabled: bool = True
+    joint_pos: float = 0.001  # rad
+    joint_vel: float = 0.01  # rad/s
+    object_pos: float = 0.003  # m (cube position, as from a perception pipeline)
+
+
+@dataclass
+class ArmTaskConfig:
+    """Fields every arm task has (its own config extends this)."""
+
+    name: str = "arm"
+    episode_steps: int = 100  # control steps of 0.05 s
+    reward_type: str = "sparse"  # "sparse": 1.0 while success holds (once, with terminate_on_success); "dense": shaped
+    terminate_on_success: bool = True
+    # "state": the simulator's cube position (with noise); "perception": the depth camera's estimate
+    # (sim/arm/perception.py, Open3D; ~20 ms per env and step on this machine)
+    obs_source: str = "state"
+    camera: str = "none"  # "none" | "rgb" | "depth" | "rgbd": adds obs["image"]
+    image_size: int = 84  # px, square, 64 .. 96
+    randomization: RandomizationConfig = field(default_factory=RandomizationConfig)
+    noise: NoiseConfig = field(default_factory=NoiseConfig)
+
+
+class ArmEnv(gym.vector.VectorEnv):
+    """Batched arm task; subclasses define the task (see the module docstring for the interface)."""
+
+    metadata = {"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP}
+    OBJECT_POS = CUBE_POS  # cube-position slice of the policy observation (the perception code overwrites it)
+    HAS_CUBE = True
+    HAS_PAD = False
+    nominal_action = 0.0  # what an actor's output is initialised to: hold still, gripper half open
+
+    def __init__(self, cfg: ArmTaskConfig, num_envs: int, device: str | torch.device = "cpu", seed: int = 0,
+                 backend: str = "mujoco", params: ArmParams = NOMINAL):
+        if backend != "mujoco":
+            raise ValueError(f"unknown backend '{backend}' for task '{cfg.name}': the arm tasks run on MuJoCo only "
+                             "(backend='mujoco')")
+        if cfg.obs_source not in ("state", "perception"):
+            raise ValueError(f"obs_source='{cfg.obs_source}': expected state or perception")
+        if cfg.obs_source == "perception" and not self.HAS_CUBE:
+            raise ValueError(f"obs_source=perception: task '{cfg.name}' has no cube to perceive")
+        if cfg.camera not in ("none", "rgb", "depth", "rgbd"):
+            raise ValueError(f"camera='{cfg.camera}': expected one of none, rgb, depth, rgbd")
+        lo, hi = params.camera.image_size_range
+        if not lo <= cfg.image_size <= hi:
+            raise ValueError(f"image_size={cfg.image_size}: expected {lo} .. {hi} px")
+        if cfg.reward_type not in ("sparse", "dense"):
+            raise ValueError(f"reward_type='{cfg.reward_type}': expected 'sparse' or 'dense'")
+        self.cfg, self.params, self.num_envs = cfg, params, num_envs
+        self.device = torch.device(device)
+        self.control_period = params.sim.control_period  # s
+        self.substeps = params.sim.substeps
+        self.max_steps = cfg.episode_steps
+        self.ik = DiffIK(params, self.control_period, IKConfig())
+
+        # --- MuJoCo: one compiled model, copied per env (each env's randomized fields are its own)
+        self.xml = mdl.build_mjcf(params, cube=self.HAS_CUBE, pad=self.HAS_PAD)
+        model = mujoco.MjModel.from_xml_string(self.xml)
+        self.models = [copy.deepcopy(model) for _ in range(num_envs)]
+        self.datas = [mujoco.MjData(m) for m in self.models]
+        self._ids(model)
+        self.state_size = mujoco.mj_stateSize(model, STATE_SPEC)
+        self._renderer: mujoco.Renderer | None = None
+
+        # --- spaces
+        box = gym.spaces.Box
+        spaces = {"policy": box(-np.inf, np.inf, (POLICY_DIM,), np.float32),
+                  "critic": box(-np.inf, np.inf, (CRITIC_DIM,), np.float32)}
+        s = cfg.image_size
+        if cfg.camera == "rgb":
+            spaces["image"] = box(0, 255, (3, s, s), np.uint8)
+        elif cfg.camera == "depth":
+            spaces["image"] = box(0.0, np.inf, (1, s, s), np.float32)
+        elif cfg.camera == "rgbd":
+            spaces["image"] = box(0.0, np.inf, (4, s, s), np.float32)
+        self.single_observation_space = gym.spaces.Dict(spaces)
+        self.single_action_space = box(-1.0, 1.0, (ACT_DIM,), np.float32)
+        self.observation_space = gym.vector.utils.batch_space(self.single_observation_space, num_envs)
+        self.action_space = gym.vector.utils.batch_space(self.single_action_space, num_envs)
+
+        # --- per-env episode state (NumPy, float64 like MuJoCo)
+        n = num_envs
+        self.goal = np.zeros((n, 3))
+        self.mass_scale = np.ones(n)
+        self.friction_scale = np.ones(n)
+        self.cam_pos = np.tile(self.nominal_cam_pos, (n, 1))
+        self.cam_quat = np.tile(self.nominal_cam_quat, (n, 1))
+        self.t = np.zeros(n, dtype=np.int64)
+        self.episode_return = np.zeros(n)
+        self.succeeded = np.zeros(n, dtype=bool)  # success at any step of the episode
+        self.expert_phase = np.zeros(n, dtype=np.int64)
+        self.expert_t0 = np.zeros(n, dtype=np.int64)  # step at which the current expert phase began
+        # Snapshot of the simulator state after the last step (filled by _gather)
+        self.qpos = np.zeros((n, model.nq))
+        self.qvel = np.zeros((n, model.nv))
+        self.ee_pos = np.zeros((n, 3))
+        self.ee_rot = np.zeros((n, 3, 3))
+        self.jac = np.zeros((n, 6, 7))
+        self.finger_touch = np.zeros((n, 2), dtype=bool)  # left, right finger in contact with the cube
+        self._jacp = np.zeros((3, model.nv))
+        self._jacr = np.zeros((3, model.nv))
+
+        self.gen = torch.Generator(device="cpu")  # every episode draw and the observation noise
+        self.gen.manual_seed(seed)
+        self.expert_gen = torch.Generator(device="cpu")  # expert action noise only
+        self.expert_gen.manual_seed(seed + 1)
+        self.total_steps = 0  # env steps by all envs together
+        self.nonfinite_resets = 0
+        nz = cfg.noise
+        self.obs_noise_std = np.zeros(POLICY_DIM)
+        self.obs_noise_std[JOINT_POS], self.obs_noise_std[JOINT_VEL] = nz.joint_pos, nz.joint_vel
+        if self.HAS_CUBE:
+            self.obs_noise_std[CUBE_POS] = nz.object_pos
+        self.perception = None
+        if cfg.obs_source == "perception":
+            from .perception import Perception  # Open3D is needed in this mode only
+
+            self.perception = Perception(self)
+        self._reset_envs(np.arange(n))
+
+    def _ids(self, m: mujoco.MjModel) -> None:
+        self.arm_qadr = np.array([m.jnt_qposadr[m.joint(j).id] for j in mdl.ARM_JOINTS])
+        self.arm_dadr = np.array([m.jnt_dofadr[m.joint(j).id] for j in mdl.ARM_JOINTS])
+        # The arm's dofs are contiguous (a chain built in order): slicing beats fancy indexing.
+        assert (np.diff(self.arm_dadr) == 1).all()
+        self.arm_dofs = slice(int(self.arm_dadr[0]), int(self.arm_dadr[-1]) + 1)
+        self.finger_qadr = np.array([m.jnt_qposadr[m.joint(j).id] for j in mdl.FINGER_JOINTS])
+        self.ee_id = m.site(mdl.EE_SITE).id
+        self.cam_id = m.camera(mdl.CAMERA).id
+        self.grip_act = m.actuator(mdl.GRIP_ACTUATOR).id
+        self.arm_act = np.array([m.actuator(f"a{i}").id for i in range(1, 8)])
+        self.finger_geoms = tuple(m.geom(g).id for g in mdl.FINGER_GEOMS)
+        self.goal_mocap = m.body_mocapid[m.body(mdl.GOAL).id]
+        self.nominal_cam_pos, self.nominal_cam_quat = m.cam_pos[self.cam_id].copy(), m.cam_quat[self.cam_id].copy()
+        if self.HAS_CUBE:
+            jid = m.joint(mdl.CUBE).id
+            self.cube_qadr, self.cube_dadr = m.jnt_qposadr[jid], m.jnt_dofadr[jid]
+            self.cube_body, self.cube_geom = m.body(mdl.CUBE).id, m.geom(mdl.CUBE).id
+            self.nominal_inertia = m.body_inertia[self.cube_body].copy()
+            self.nominal_friction = m.geom_friction[self.cube_geom].copy()
+
+    # ================================================================ state snapshot
+    @property
+    def cube_pos(self) -> np.ndarray:
+        return self.qpos[:, self.cube_qadr:self.cube_qadr + 3] if self.HAS_CUBE else np.zeros((self.num_envs, 3))
+
+    @property
+    def cube_quat(self) -> np.ndarray:
+        if not self.HAS_CUBE:
+            return np.zeros((self.num_envs, 4))
+        q = self.qpos[:, self.cube_qadr + 3:self.cube_qadr + 7]
+        return np.where(q[:, :1] < 0, -q, q)  # q and -q are the same rotation: keep w >= 0
+
+    @property
+    def cube_vel(self) -> np.ndarray:
+        """[N,6] linear (world, m/s) and angular (cube frame, rad/s) velocity of the cube (MuJoCo free joint)."""
+        return self.qvel[:, self.cube_dadr:self.cube_dadr + 6] if self.HAS_CUBE else np.zeros((self.num_envs, 6))
+
+    @property
+    def opening(self) -> np.ndarray:
+        """Distance between the fingers, m."""
+        return self.qpos[:, self.finger_qadr].sum(-1)
+
+    def _gather(self, i: int) -> None:
+        """Copy what observation, reward, IK and expert need out of env i's (forwarded) MjData."""
+        m, d = self.models[i], self.datas[i]
+        self.qpos[i], self.qvel[i] = d.qpos, d.qvel
+        self.ee_pos[i] = d.site_xpos[self.ee_id]
+        self.ee_rot[i] = d.site_xmat[self.ee_id].reshape(3, 3)
+        mujoco.mj_jacSite(m, d, self._jacp, self._jacr, self.ee_id)
+        self.jac[i, :3], self.jac[i, 3:] = self._jacp[:, self.arm_dofs], self._jacr[:, self.arm_dofs]
+        if self.HAS_CUBE:
+            touch = [False, False]
+            for g1, g2 in d.contact.geom[:d.ncon].tolist():  # a handful of contacts: plain Python is fastest
+                if g1 == self.cube_geom or g2 == self.cube_geom:
+                    other = g1 + g2 - self.cube_geom
+                    touch[0] |= other == self.finger_geoms[0]
+                    touch[1] |= other == self.finger_geoms[1]
+            self.finger_touch[i] = touch
+
+    # ================================================================ observation
+    def _observe(self) -> dict[str, torch.Tensor]:
+        n = self.num_envs
+        clean = np.concatenate((self.qpos[:, self.arm_qadr], self.qvel[:, self.arm_dadr], self.ee_pos,
+                                self.opening[:, None], self.cube_pos, self.cube_quat, self.goal), axis=-1)
+        policy = clean
+        if self.cfg.noise.enabled:
+            policy = clean + self.obs_noise_std * self._randn((n, POLICY_DIM))
+        if self.perception is not None:  # the camera's cube estimate replaces the simulator's
+            policy = policy.copy()  # the critic keeps the true position
+            self.perception.update(policy)
+        rel_cube = self.cube_pos - self.ee_pos if self.HAS_CUBE else np.zeros((n, 3))
+        rel_goal = self.goal - self.cube_pos if self.HAS_CUBE else np.zeros((n, 3))
+        critic = np.concatenate((clean, self.cube_vel, self.mass_scale[:, None], self.friction_scale[:, None],
+                                 rel_cube, rel_goal, (self.t / self.max_steps)[:, None]), axis=-1)
+        obs = {"policy": self._tensor(policy), "critic": self._tensor(critic)}
+        if self.cfg.camera != "none":
+            obs["image"] = torch.from_numpy(np.stack([self._image(i) for i in range(n)])).to(self.device)
+        return obs
+
+    def _tensor(self, x: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(x.astype(np.float32)).to(self.device)
+
+    def _image(self, i: int) -> np.ndarray:
+        cam = self.cfg.camera
+        frame = self.render(i, rgb=cam in ("rgb", "rgbd"), depth=cam in ("depth", "rgbd"))
+        if cam == "rgb":
+            return frame["rgb"].transpose(2, 0, 1)
+        if cam == "depth":
+            return frame["depth"][None]
+        return np.concatenate((frame["rgb"].transpose(2, 0, 1).astype(np.float32) / 255.0, frame["depth"][None]))
+
+    # ================================================================ task hooks (override)
+    def sample_episode(self, idx: np.ndarray) -> None:
+        """Place the cube and the goal for envs ``idx`` (after their physics was reset)."""
+        raise NotImplementedError
+
+    def success(self) -> np.ndarray:
+        raise NotImplementedError
+
+    def failure(self) -> np.ndarray:
+        """Episode failure (ends it, terminated = True), [N] bool. Default: the cube left the table."""
+        if not self.HAS_CUBE:
+            return np.zeros(self.num_envs, dtype=bool)
+        return self.cube_pos[:, 2] < -0.05
+
+    def reward_terms(self, success: np.ndarray) -> dict[str, np.ndarray]:
+        """Named shaping terms, each [N], summed into the dense reward."""
+        raise NotImplementedError
+
+    def expert(self) -> np.ndarray:
+        """Scripted expert action [N,4] from the true state; updates expert_phase / expert_t0."""
+        raise NotImplementedError
+
+    # ================================================================ shared randomization
+    def randomize_physics(self, idx: np.ndarray) -> None:
+        """Cube mass/inertia and friction, camera pose: drawn if randomization is enabled, else nominal."""
+        r, k = self.cfg.randomization, len(idx)
+        if r.enabled:
+            if self.HAS_CUBE:
+                self.mass_scale[idx] = self._uniform(k, r.mass_scale)
+                self.friction_scale[idx] = self._uniform(k, r.friction_scale)
+            dpos = r.camera_pos * (2 * self._rand((k, 3)) - 1)
+            dang = np.radians(r.camera_angle) * (2 * self._rand((k, 3)) - 1)
+        else:
+            self.mass_scale[idx] = 1.0
+            self.friction_scale[idx] = 1.0
+            dpos, dang = np.zeros((k, 3)), np.zeros((k, 3))
+        for j, i in enumerate(idx):
+            q, dq, out = self.nominal_cam_quat.copy(), np.zeros(4), np.zeros(4)
+            for axis in range(3):  # small rotations about the camera's own x, y, z axes
+                mujoco.mju_axisAngle2Quat(dq, np.eye(3)[axis], dang[j, axis])
+                mujoco.mju_mulQuat(out, q, dq)
+                q = out.copy()
+            self.cam_pos[i], self.cam_quat[i] = self.nominal_cam_pos + dpos[j], q
+
+    def _apply_params(self, i: int) -> None:
+        """Write env i's randomized parameters into its own model, then refresh derived constants."""
+        m = self.models[i]
+        if self.HAS_CUBE:
+            m.body_mass[self.cube_body] = self.params.cube.mass * self.mass_scale[i]
+            m.body_inertia[self.cube_body] = self.nominal_inertia * self.mass_scale[i]
+            m.geom_friction[self.cube_geom] = self.nominal_friction * self.friction_scale[i]
+        m.cam_pos[self.cam_id], m.cam_quat[self.cam_id] = self.cam_pos[i], self.cam_quat[i]
+        mujoco.mj_setConst(m, self.datas[i])
+
+    def set_cube_pose(self, i: int, xy, yaw: float) -> None:
+        """Cube resting on the table at ``xy`` (world, m) with ``yaw`` (rad), at rest."""
+        a = self.cube_qadr
+        half = self.params.cube.half
+        self.datas[i].qpos[a:a + 7] = (xy[0], xy[1], half, math.cos(yaw / 2), 0.0, 0.0, math.sin(yaw / 2))
+        self.datas[i].qvel[self.cube_dadr:self.cube_dadr + 6] = 0.0
+
+    def set_goal(self, i: int, pos) -> None:
+        self.goal[i] = pos
+        self.datas[i].mocap_pos[self.goal_mocap] = pos
+
+    def sample_cube_xy_yaw(self, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Initial cube xy [k,2] (world, m) and yaw [k] (rad): RandomizationConfig ranges, or nominal."""
+        r, c = self.cfg.randomization, self.params.cube
+        xy = np.tile(np.array(c.start_xy), (k, 1))
+        if not r.enabled:
+            return xy, np.zeros(k)
+        xy[:, 0] += self._uniform(k, r.object_x)
+        xy[:, 1] += self._uniform(k, r.object_y)
+        return xy, self._uniform(k, r.object_yaw)
+
+    # ================================================================ gym API
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        if seed is not None:  # a seeded reset starts the experiment over
+            self.gen.manual_seed(seed)
+            self.expert_gen.manual_seed(seed + 1)
+            self.total_steps = 0
+        self._reset_envs(np.arange(self.num_envs))
+        return self._observe(), {}
+
+    def _reset_envs(self, idx: np.ndarray) -> None:
+        self.randomize_physics(idx)
+        home, stroke = np.array(self.params.panda.home), self.params.gripper.stroke
+        for i in idx:
+            m, d = self.models[i], self.datas[i]
+            self._apply_params(i)
+            mujoco.mj_resetData(m, d)
+            d.qpos[self.arm_qadr] = home
+            d.qpos[self.finger_qadr] = stroke
+            d.ctrl[self.arm_act] = home
+            d.ctrl[self.grip_act] = stroke
+        self.sample_episode(idx)
+        for i in idx:
+            mujoco.mj_forward(self.models[i], self.datas[i])
+            self._gather(i)
+        if self.perception is not None:
+            self.perception.reset(idx)
+        self.t[idx] = 0
+        self.episode_return[idx] = 0.0
+        self.succeeded[idx] = False
+        self.expert_phase[idx] = 0
+        self.expert_t0[idx] = 0
+
+    def step(self, action: torch.Tensor):
+        a = np.clip(torch.as_tensor(action).detach().cpu().numpy().astype(np.float64), -1.0, 1.0)
+        q = self.qpos[:, self.arm_qadr]
+        pos_des = self.ik.tcp_targets(self.ee_pos, a[:, :3])
+        q_target = self.ik.joint_targets(self.jac, self.ee_pos, self.ee_rot, q, pos_des)
+        grip = self.ik.gripper_target(a[:, 3])
+        bad = np.zeros(self.num_envs, dtype=bool)
+        for i in range(self.num_envs):
+            m, d = self.models[i], self.datas[i]
+            d.ctrl[self.arm_act] = q_target[i]
+            d.ctrl[self.grip_act] = grip[i]
+            mujoco.mj_step(m, d, self.substeps)
+            # MuJoCo resets the data by itself on a non-finite or huge qpos, qvel or qacc (and warns).
+            warnings = d.warning.number  # a view: counts per warning type
+            bad[i] = warnings[_DIVERGENCE_WARNINGS].any() or not np.isfinite(d.qpos).all() \
+                or not np.isfinite(d.qvel).all()
+            warnings[_DIVERGENCE_WARNINGS] = 0
+            mujoco.mj_forward(m, d)
+            self._gather(i)
+        self.t += 1
+        self.total_steps += self.num_envs
+
+        success = self.success() & ~bad
+        failed = self.failure() | bad
+        if self.cfg.reward_type == "sparse":
+            reward = success.astype(np.float64)
+        else:
+            reward = sum(self.reward_terms(success).values())
+        reward = np.where(bad, 0.0, reward)
+        terminated = failed | (success & self.cfg.terminate_on_success)
+        truncated = (self.t >= self.max_steps) & ~terminated
+        done = terminated | truncated
+        self.episode_return += reward
+        self.succeeded |= success
+
+        info: dict = {"success": torch.from_numpy(success).to(self.device)}
+        if done.any():
+            idx = np.flatnonzero(done)
+            final = self._observe()
+            if bad.any():  # never let a non-finite state reach training: zero it, mark it, reset it
+                self.nonfinite_resets += int(bad.sum())
+                info["nonfinite"] = torch.from_numpy(bad).to(self.device)
+                final = {k: torch.nan_to_num(v, 0.0, 0.0, 0.0) if v.is_floating_point() else v
+                         for k, v in final.items()}
+            info["final_obs"] = final
+            info["done_mask"] = torch.from_numpy(done).to(self.device)
+            info["episode_return"] = self._tensor(self.episode_return[idx])
+            info["episode_success"] = torch.from_numpy(self.succeeded[idx].copy()).to(self.device)
+            info["episode_length"] = self._tensor(self.t[idx] * self.control_period)  # s
+            self._reset_envs(idx)
+        return (self._observe(), self._tensor(reward), torch.from_numpy(terminated).to(self.device),
+                torch.from_numpy(truncated).to(self.device), info)
+
+    def curriculum(self) -> float:
+        return 1.0
+
+    # ================================================================ expert
+    def expert_action(self, noise: float = 0.0) -> torch.Tensor:
+        """The task's scripted expert on the true simulator state, plus Gaussian noise of std
+        ``noise`` (action units), clipped to [-1, 1]. [N, 4] float32."""
+        a = self.expert()
+        if noise > 0:
+            a = a + noise * torch.randn(a.shape, generator=self.expert_gen, dtype=torch.float64).numpy()
+        return self._tensor(np.clip(a, -1.0, 1.0))
+
+    def _phase(self, mask: np.ndarray, phase: int) -> None:
+        """Move envs ``mask`` to expert phase ``phase``, remembering when."""
+        self.expert_phase[mask] = phase
+        self.expert_t0[mask] = self.t[mask]
+
+    def toward(self, target: np.ndarray, gain: float = 1.0) -> np.ndarray:
+        """Action [N,3] moving the TCP toward ``target`` (world, m): proportional, saturating at 1."""
+        return np.clip(gain * (target - self.ee_pos) / self.ik.cfg.max_delta, -1.0, 1.0)
+
+    # ================================================================ camera
+    def render(self, env_index: int = 0, rgb: bool = True, depth: bool = True) -> dict[str, np.ndarray]:
+        """Env ``env_index`` seen by the ``front`` camera at ``image_size``: ``rgb`` uint8 [H, W, 3] and
+        ``depth`` float32 [H, W], z-depth in metres (distance along the optical axis; pixels that
+        see nothing read the far clip distance, CameraParams.far). Row 0 is the top of the image."""
+        if self._renderer is None:
+            s = self.cfg.image_size
+            try:
+                self._renderer = mujoco.Renderer(self.models[0], s, s)
+            except Exception as e:  # no OpenGL context: say how to get one
+                raise RuntimeError(f"cannot render (MUJOCO_GL={os.environ.get('MUJOCO_GL')}): {e}. Headless rendering "
+                                   "needs MUJOCO_GL=egl (GPU or Mesa) or MUJOCO_GL=osmesa, set before mujoco is "
+                                   "imported") from e
+        r, out = self._renderer, {}
+        r.update_scene(self.datas[env_index], camera=mdl.CAMERA)
+        if rgb:
+            out["rgb"] = r.render().copy()
+        if depth:
+            r.enable_depth_rendering()
+            out["depth"] = r.render().astype(np.float32)
+            r.disable_depth_rendering()
+        return out
+
+    def camera_info(self, env_index: int = 0) -> tuple[np.ndarray, np.ndarray]:
+        """Intrinsics K [3,3] (px) and camera pose T_world_cam [4,4] in the OpenCV convention
+        (x right, y down, z forward) for env ``env_index``, randomized pose included.
+
+        K: square pixels, f = (H / 2) / tan(fovy / 2); the principal point is the image centre with
+        pixel centres at integer coordinates, cx = (W - 1) / 2, cy = (H - 1) / 2.
+        Pose: MuJoCo's camera frame has x right, y up and looks along -z, so
+        R_world_cv = R_world_mujoco @ diag(1, -1, -1) (flip y and z); the origin is the same."""
+        s = self.cfg.image_size
+        f = (s / 2) / math.tan(math.radians(self.models[env_index].cam_fovy[self.cam_id]) / 2)
+        k = np.array([[f, 0.0, (s - 1) / 2], [0.0, f, (s - 1) / 2], [0.0, 0.0, 1.0]])
+        d = self.datas[env_index]
+        t = np.eye(4)
+        t[:3, :3] = d.cam_xmat[self.cam_id].reshape(3, 3) @ np.diag((1.0, -1.0, -1.0))
+        t[:3, 3] = d.cam_xpos[self.cam_id]
+        return k, t
+
+    def close_extras(self, **kwargs) -> None:
+        """Free the offscreen renderer (OpenGL context); ``close()`` (gymnasium) calls this."""
+        if self._renderer is not None:
+            self._renderer.close()
+            self._renderer = None
+
+    # ================================================================ checkpointing
+    def state_dict(self) -> dict:
+        """Everything needed to continue bit-exactly: each env's MuJoCo integration state, its
+        randomized parameters, the episode counters, the expert's phases and both generators."""
+        mj = np.zeros((self.num_envs, self.state_size))
+        for i in range(self.num_envs):
+            mujoco.mj_getState(self.models[i], self.datas[i], mj[i], STATE_SPEC)
+        arrays = {k: getattr(self, k).copy() for k in self._STATE_ARRAYS}
+        return {"mj": mj, **arrays, "gen": self.gen.get_state(), "expert_gen": self.expert_gen.get_state(),
+                "total_steps": self.total_steps, "nonfinite_resets": self.nonfinite_resets}
+
+    _STATE_ARRAYS = ("goal", "mass_scale", "friction_scale", "cam_pos", "cam_quat", "t", "episode_return",
+                     "succeeded", "expert_phase", "expert_t0")
+
+    def load_state_dict(self, sd: dict) -> None:
+        if sd["mj"].shape != (self.num_envs, self.state_size):
+            raise ValueError(f"state_dict holds {sd['mj'].shape[0]} envs of state size {sd['mj'].shape[1]}; "
+                             f"this env has {self.num_envs} of size {self.state_size} (same task and num_envs needed)")
+        for k in self._STATE_ARRAYS:
+            setattr(self, k, np.array(sd[k], copy=True))
+        self.gen.set_state(sd["gen"])
+        self.expert_gen.set_state(sd["expert_gen"])
+        self.total_steps, self.nonfinite_resets = sd["total_steps"], sd["nonfinite_resets"]
+        for i in range(self.num_envs):
+            self._apply_params(i)
+            mujoco.mj_setState(self.models[i], self.datas[i], sd["mj"][i], STATE_SPEC)
+            mujoco.mj_forward(self.models[i], self.datas[i])
+            self._gather(i)
+
+    # ================================================================ random helpers (torch generator)
+    def _rand(self, shape) -> np.ndarray:
+        return torch.rand(shape, generator=self.gen, dtype=torch.float64).numpy()
+
+    def _randn(self, shape) -> np.ndarray:
+        return torch.randn(shape, generator=self.gen, dtype=torch.float64).numpy()
+
+    def _uniform(self, k: int, r: tuple[float, float]) -> np.ndarray:
+        return r[0] + (r[1] - r[0]) * self._rand((k,))

@@ -1,0 +1,38 @@
+"""The arm policies' input/output contract, written once (layout: base.py's module docstring).
+
+Exported arm policies carry it in their ONNX metadata; loaders compare it and refuse a mismatch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from sim.contract import ContractBase, Field
+
+from . import base
+from .control import IKConfig
+from .params import NOMINAL
+
+
+@dataclass(frozen=True)
+class ArmContract(ContractBase):
+    version: str = "arm-ee-delta-v1"
+    observation: tuple[Field, ...] = (
+        Field("joint_positions", 7, "joints 1..7", "rad"),
+        Field("joint_velocities", 7, "joints 1..7", "rad/s"),
+        Field("tcp_position", 3, "world (robot base origin, table top z = 0)", "m"),
+        Field("gripper_opening", 1, "distance between the fingers", "m"),
+        Field("cube_position", 3, "world", "m"),
+        Field("cube_quaternion", 4, "w,x,y,z cube->world, w >= 0", "1"),
+        Field("goal_position", 3, "world", "m"),
+    )
+    action_size: int = base.ACT_DIM
+    action_range: tuple[float, float] = (-1.0, 1.0)
+    action_meaning: str = (f"[dx, dy, dz] TCP displacement per step = a * {IKConfig().max_delta} m, world frame "
+                           "(differential IK, gripper down, yaw fixed); gripper -1 open .. +1 closed")
+    policy_period_s: float = NOMINAL.sim.control_period
+    extra: dict = field(default_factory=dict, compare=False, hash=False)
+
+
+CONTRACT = ArmContract()
+assert CONTRACT.obs_size == base.POLICY_DIM, "contract and observation layout disagree"

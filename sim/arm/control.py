@@ -1,0 +1,86 @@
+"""Cartesian control of the arm: the action [dx, dy, dz, gripper] -> actuator targets.
+
+Differential inverse kinematics, batched over environments (NumPy, float64):
+
+    e   = [p_des - p_ee ; k_rot * rot_err(R_ee, R_des)]          6-vector, world frame
+    J+  = J^T (J J^T + lambda^2 I)^-1                               damped least squares
+    dq  = J+ e + (I - J+ J) k_null (q_home - q)                     null space pulls toward home
+    dq *= min(1, min_i qd_max_i * T / |dq_i|)                       velocity limits, direction kept
+    q_target = clip(q + dq, q_min + margin, q_max - margin)
+
+J is the 6x7 Jacobian of the ``ee`` site (mj_jacSite), R_des points the gripper straight down
+with a fixed yaw (fingers opening along world y for yaw 0). ``p_des`` is the measured TCP plus
+the commanded delta, so nothing winds up when the arm is blocked (by the table or the cube).
+The joint PD servos then track q_target within the control period T.
+
+Gripper: the action maps linearly to the finger opening target; the finger servo moves the
+fingers at up to the Franka Hand's 0.05 m/s and squeezes with up to GripperParams.force per finger.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from .params import ArmParams
+
+
+@dataclass(frozen=True)
+class IKConfig:
+    max_delta: float = 0.02  # m per control step for an action of 1 (0.4 m/s at 20 Hz), per axis
+    damping: float = 0.02  # lambda of the damped least squares (m, rad)
+    rot_gain: float = 0.8  # fraction of the orientation error corrected per step
+    null_gain: float = 0.05  # fraction of the distance to home pulled per step in the null space
+    limit_margin: float = 0.05  # rad kept from every joint limit
+    yaw: float = 0.0  # rad, gripper yaw about world z (0: hand x along world x, fingers open along y)
+
+
+def down_rotation(yaw: float) -> np.ndarray:
+    """Hand orientation (hand-to-world rotation): z (approach) pointing down, x at ``yaw``."""
+    x = np.array((math.cos(yaw), math.sin(yaw), 0.0))
+    z = np.array((0.0, 0.0, -1.0))
+    return np.stack((x, np.cross(z, x), z), axis=1)
+
+
+def rotation_error(rot: np.ndarray, rot_des: np.ndarray) -> np.ndarray:
+    """Small-angle rotation vector (world frame, rad) taking ``rot`` [N,3,3] to ``rot_des`` [3,3]."""
+    return 0.5 * np.cross(rot, rot_des[None].repeat(len(rot), 0), axisa=1, axisb=1, axisc=1).sum(-1)
+
+
+class DiffIK:
+    """Turns Cartesian TCP deltas into joint position targets (see the module docstring)."""
+
+    def __init__(self, params: ArmParams, control_period: float, cfg: IKConfig = IKConfig()):
+        p = params.panda
+        self.cfg = cfg
+        self.q_home = np.array(p.home)
+        self.lo = np.array(p.q_min) + cfg.limit_margin
+        self.hi = np.array(p.q_max) - cfg.limit_margin
+        self.max_step = np.array(p.qd_max) * control_period  # rad per control period
+        self.rot_des = down_rotation(cfg.yaw)
+        self.stroke = params.gripper.stroke
+
+    def joint_targets(self, jac: np.ndarray, ee_pos: np.ndarray, ee_rot: np.ndarray, q: np.ndarray,
+                      pos_des: np.ndarray) -> np.ndarray:
+        """jac [N,6,7] (rows: linear, angular), ee_pos [N,3], ee_rot [N,3,3] (hand to world),
+        q [N,7], pos_des [N,3] (world, m) -> joint targets [N,7] (rad)."""
+        c = self.cfg
+        err = np.concatenate((pos_des - ee_pos, c.rot_gain * rotation_error(ee_rot, self.rot_des)), axis=-1)
+        jjt = jac @ jac.transpose(0, 2, 1) + c.damping**2 * np.eye(6)
+        pinv = jac.transpose(0, 2, 1) @ np.linalg.inv(jjt)  # [N,7,6]
+        dq = (pinv @ err[..., None])[..., 0]
+        null = np.eye(7) - pinv @ jac
+        dq += (null @ (c.null_gain * (self.q_home - q))[..., None])[..., 0]
+        scale = np.minimum(1.0, (self.max_step / np.maximum(np.abs(dq), 1e-12)).min(-1, keepdims=True))
+        return np.clip(q + dq * scale, self.lo, self.hi)
+
+    def tcp_targets(self, ee_pos: np.ndarray, action_xyz: np.ndarray) -> np.ndarray:
+        """Desired TCP position: measured TCP + action (clipped to [-1, 1]) x max_delta (world, m)."""
+        return ee_pos + self.cfg.max_delta * np.clip(action_xyz, -1.0, 1.0)
+
+    def gripper_target(self, action_grip: np.ndarray) -> np.ndarray:
+        """Gripper action -1 (open, 0.04 m per finger) .. +1 (closed, 0 m), mapped linearly to the
+        mean finger opening target, m."""
+        return self.stroke * (1.0 - np.clip(action_grip, -1.0, 1.0)) / 2

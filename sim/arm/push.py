@@ -1,0 +1,130 @@
+"""arm_push: push the cube over the table to a goal marked on the table (the gripper may stay closed).
+
+Config, cube and goal sampling, success, reward and the scripted expert are below; the shared
+machinery (simulation, observation layout, action, autoreset, camera, physics randomization)
+is in base.py. The goal is the cube-centre position to reach (z = cube half size: on the table).
+
+Success: the cube's centre within ``success_radius`` (3 cm, horizontal) of the goal.
+Termination: success (if terminate_on_success); failure if the cube falls off the table;
+time limit (truncation) after episode_steps.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .base import ArmEnv, ArmTaskConfig
+
+
+@dataclass
+class PushReward:
+    """Dense reward = sum of the named terms (per 0.05 s step), each in [0, weight]."""
+
+    reach: float = 0.2  # x (1 - tanh(|cube - TCP| / scale)): get to the cube
+    goal: float = 1.0  # x (1 - tanh(|goal - cube|_xy / scale)): bring it to the goal
+    scale: float = 0.1  # m
+    success: float = 2.0  # while the cube is within the success radius
+
+
+@dataclass
+class PushConfig(ArmTaskConfig):
+    name: str = "arm_push"
+    episode_steps: int = 100  # 5 s; the expert needs 34 steps (median), at most ~70
+    goal_x: tuple[float, float] = (0.35, 0.65)  # m, world, uniform (rejected until the distance fits)
+    goal_y: tuple[float, float] = (-0.2, 0.2)  # m
+    goal_distance: tuple[float, float] = (0.1, 0.25)  # m, from the cube's start (horizontal)
+    success_radius: float = 0.03  # m
+    reward: PushReward = field(default_factory=PushReward)
+
+
+def default_config() -> PushConfig:
+    return PushConfig()
+
+
+def sample_goals_on_table(env: ArmEnv, cube_xy: np.ndarray, gx, gy, dist) -> np.ndarray:
+    """Goal xy [k,2] uniform in gx x gy, at a horizontal distance within ``dist`` of ``cube_xy``:
+    16 candidates per env from the env's generator, the first that fits (the farthest if none does,
+    which a goal range covering the table makes vanishingly rare)."""
+    k, tries = len(cube_xy), 16
+    x = gx[0] + (gx[1] - gx[0]) * env._rand((k, tries))
+    y = gy[0] + (gy[1] - gy[0]) * env._rand((k, tries))
+    cand = np.stack((x, y), -1)
+    d = np.linalg.norm(cand - cube_xy[:, None], axis=-1)
+    ok = (d >= dist[0]) & (d <= dist[1])
+    first = np.where(ok.any(-1), ok.argmax(-1), d.argmax(-1))
+    return cand[np.arange(k), first]
+
+
+class ArmPushEnv(ArmEnv):
+    # ------------------------------------------------------------------ episode
+    def sample_episode(self, idx: np.ndarray) -> None:
+        c = self.cfg
+        xy, yaw = self.sample_cube_xy_yaw(len(idx))
+        goal_xy = sample_goals_on_table(self, xy, c.goal_x, c.goal_y, c.goal_distance)
+        for j, i in enumerate(idx):
+            self.set_cube_pose(i, xy[j], yaw[j])
+            self.set_goal(i, (goal_xy[j, 0], goal_xy[j, 1], self.params.cube.half))
+
+    # ------------------------------------------------------------------ success, reward
+    def goal_distance(self) -> np.ndarray:
+        return np.linalg.norm(self.goal[:, :2] - self.cube_pos[:, :2], axis=-1)
+
+    def success(self) -> np.ndarray:
+        return self.goal_distance() < self.cfg.success_radius
+
+    def reward_terms(self, success: np.ndarray) -> dict[str, np.ndarray]:
+        w = self.cfg.reward
+        return {
+            "reach": w.reach * (1.0 - np.tanh(np.linalg.norm(self.cube_pos - self.ee_pos, axis=-1) / w.scale)),
+            "goal": w.goal * (1.0 - np.tanh(self.goal_distance() / w.scale)),
+            "success": w.success * success,
+        }
+
+    # ------------------------------------------------------------------ expert
+    # Phases: 0 move above the point behind the cube (seen from the goal), 1 descend there,
+    # 2 push along the line cube -> goal (re-aimed every step); back to 0 if the fingers slip
+    # off the line or pass the cube.
+    HIGH = 0.10  # m, TCP height for moving around the cube (fingertips clear its top)
+    # TCP height while pushing: fingertips ~7 mm above the table, so the fingers press on the lower
+    # part of the cube's face (pushing near its centre tips it over at high friction).
+    LOW = 0.016
+    STANDOFF = 0.065  # m, TCP to cube centre before pushing
+    CONTACT = 0.041  # m, TCP to cube centre when the closed fingers touch its face (cube half + finger)
+    STEP = 0.015  # m, how far the push target leads the contact point per step
+
+    def expert(self) -> np.ndarray:
+        """Scripted push with closed fingers, on the true state (phases above).
+
+        Measured (first episode of 40 parallel envs, env seeds 0-4, 200 episodes per noise level):
+        200/200 succeed at noise 0.0 and 200/200 at 0.1; median 33-35 steps, at most 68 of the 100.
+        tests/test_arm.py checks >= 90 % on 20 episodes."""
+        ee, cube = self.ee_pos, self.cube_pos
+        to_goal = self.goal[:, :2] - cube[:, :2]
+        dist = np.linalg.norm(to_goal, axis=-1, keepdims=True)
+        u = to_goal / np.maximum(dist, 1e-6)
+        behind = cube[:, :2] - self.STANDOFF * u
+        rel = ee[:, :2] - cube[:, :2]
+        along = (rel * u).sum(-1)  # < 0: behind the cube
+        lateral = np.abs(rel[:, 0] * u[:, 1] - rel[:, 1] * u[:, 0])
+
+        ph = self.expert_phase
+        self._phase((ph == 0) & (np.linalg.norm(ee[:, :2] - behind, axis=-1) < 0.01), 1)
+        self._phase((ph == 1) & (ee[:, 2] < self.LOW + 0.004), 2)
+        self._phase((ph == 2) & ((lateral > 0.02) | (along > -0.02)), 0)
+        ph = self.expert_phase
+
+        target = np.zeros((self.num_envs, 3))
+        target[:, :2] = behind
+        target[:, 2] = np.where(ph == 0, self.HIGH, self.LOW)
+        push = ph == 2
+        lead = np.minimum(dist, self.STEP)
+        target[push, :2] = (cube[:, :2] - (self.CONTACT - lead) * u)[push]
+        # Climb before moving sideways: in phase 0 hold xy until high enough.
+        low = (ph == 0) & (ee[:, 2] < self.HIGH - 0.02)
+        target[low, :2] = ee[low, :2]
+        a = np.zeros((self.num_envs, 4))
+        a[:, :3] = self.toward(target, gain=0.8)
+        a[:, 3] = 1.0  # closed
+        return a

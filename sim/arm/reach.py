@@ -1,0 +1,78 @@
+"""arm_reach: bring the gripper's tool centre point to a random point above the table.
+
+Config, goal sampling, success, reward and the scripted expert are below; the shared machinery
+(simulation, observation layout, action, autoreset, camera) is in base.py. There is no cube:
+the cube slots of the observation (18:25) are zeros, the layout is that of every arm task.
+
+Success: the TCP within ``success_radius`` (2 cm) of the goal.
+Termination: success (if terminate_on_success); time limit (truncation) after episode_steps.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .base import ArmEnv, ArmTaskConfig
+
+
+@dataclass
+class ReachReward:
+    """Dense reward = sum of the named terms (per 0.05 s step)."""
+
+    distance: float = 1.0  # x (1 - tanh(distance / distance_scale))
+    distance_scale: float = 0.1  # m
+    success: float = 1.0  # while the TCP is within the success radius
+
+
+@dataclass
+class ReachConfig(ArmTaskConfig):
+    name: str = "arm_reach"
+    episode_steps: int = 30  # 1.5 s; the expert needs 8 steps on average, at most ~13
+    goal_x: tuple[float, float] = (0.3, 0.65)  # m, world, uniform
+    goal_y: tuple[float, float] = (-0.25, 0.25)  # m
+    goal_z: tuple[float, float] = (0.05, 0.35)  # m above the table top
+    success_radius: float = 0.02  # m
+    reward: ReachReward = field(default_factory=ReachReward)
+
+
+def default_config() -> ReachConfig:
+    return ReachConfig()
+
+
+class ArmReachEnv(ArmEnv):
+    HAS_CUBE = False
+
+    # ------------------------------------------------------------------ episode
+    def sample_episode(self, idx: np.ndarray) -> None:
+        c, k = self.cfg, len(idx)
+        goals = np.stack((self._uniform(k, c.goal_x), self._uniform(k, c.goal_y), self._uniform(k, c.goal_z)), -1)
+        for j, i in enumerate(idx):
+            self.set_goal(i, goals[j])
+
+    # ------------------------------------------------------------------ success, reward
+    def distance(self) -> np.ndarray:
+        return np.linalg.norm(self.goal - self.ee_pos, axis=-1)
+
+    def success(self) -> np.ndarray:
+        return self.distance() < self.cfg.success_radius
+
+    def reward_terms(self, success: np.ndarray) -> dict[str, np.ndarray]:
+        w = self.cfg.reward
+        return {
+            "distance": w.distance * (1.0 - np.tanh(self.distance() / w.distance_scale)),
+            "success": w.success * success,
+        }
+
+    # ------------------------------------------------------------------ expert
+    def expert(self) -> np.ndarray:
+        """Straight line to the goal, proportional near it (gain 0.7 per step), gripper open.
+
+        Measured (first episode of 40 parallel envs, env seeds 0 and 1, 80 episodes per noise level):
+        80/80 succeed at noise 0.0 and 80/80 at 0.1; median 8-9 steps, at most 13 of the 30.
+        tests/test_arm.py checks >= 90 % on 20 episodes."""
+        a = np.zeros((self.num_envs, 4))
+        a[:, :3] = self.toward(self.goal, gain=0.7)
+        a[:, 3] = -1.0
+        return a

@@ -1,0 +1,217 @@
+"""The arm tasks (sim/arm): Cartesian control, scripted experts, episode semantics, exact resume,
+the Gymnasium checker, the camera and the randomizer."""
+
+import os
+
+import ctypes.util
+
+if "MUJOCO_GL" not in os.environ:  # headless rendering: EGL, else OSMesa (as sim/arm/base.py chooses)
+    os.environ["MUJOCO_GL"] = "egl" if ctypes.util.find_library("EGL") else "osmesa"
+
+import dataclasses  # noqa: E402
+
+import mujoco  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from gymnasium.utils.env_checker import check_env  # noqa: E402
+
+from sim.arm.base import CRITIC_DIM, CUBE_POS, EE_POS, POLICY_DIM  # noqa: E402
+from sim.arm.params import NOMINAL  # noqa: E402
+from sim.arm.pick_place import ArmPickPlaceEnv  # noqa: E402
+from sim.arm.push import ArmPushEnv  # noqa: E402
+from sim.arm.reach import ArmReachEnv  # noqa: E402
+from sim.registry import get_task  # noqa: E402
+from sim.single import SingleEnv  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """The arm envs are NumPy/MuJoCo-bound; one torch thread, restored for the other test modules."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def make(task: str, n: int, seed: int = 0, **overrides):
+    spec = get_task(task)
+    cfg = dataclasses.replace(spec.default_config(), **overrides)
+    return spec.env_cls(cfg, n, seed=seed)
+
+
+def drive_to(env, target: np.ndarray, steps: int) -> None:
+    """Command the TCP toward ``target`` [N,3] (proportional, saturating actions), checking the
+    joint limits after every step."""
+    lo, hi = np.array(NOMINAL.panda.q_min), np.array(NOMINAL.panda.q_max)
+    for _ in range(steps):
+        a = torch.zeros(env.num_envs, 4)
+        a[:, :3] = torch.from_numpy(env.toward(target, gain=0.8))
+        env.step(a)
+        q = env.qpos[:, env.arm_qadr]
+        assert (q >= lo).all() and (q <= hi).all(), f"joint limit violated: {q}"
+
+
+def test_ik_reaches_targets_and_respects_joint_limits():
+    env = make("arm_reach", 5, episode_steps=1000, terminate_on_success=False)
+    env.reset(seed=0)
+    targets = np.array([[0.35, -0.2, 0.05], [0.6, 0.2, 0.3], [0.5, 0.0, 0.15], [0.4, 0.25, 0.35], [0.65, -0.1, 0.1]])
+    drive_to(env, targets, 40)
+    err = np.linalg.norm(env.ee_pos - targets, axis=-1)
+    assert err.max() < 0.005, err
+    down = -env.ee_rot[:, :, 2] @ np.array((0.0, 0.0, 1.0))  # hand z axis along world -z
+    assert down.min() > np.cos(np.radians(2.0)), down
+    # Far out of reach (in front, behind, below the table, above): targets clamp inside the limits.
+    far = np.array([[1.5, 0.0, 0.2], [-0.8, 0.3, 0.4], [0.5, 0.0, -0.5], [0.0, 0.0, 1.5], [0.3, -1.2, 0.2]])
+    drive_to(env, far, 60)
+
+
+@pytest.mark.parametrize("task", ["arm_reach", "arm_push", "arm_pick_place"])
+@pytest.mark.parametrize("noise", [0.0, 0.1])
+def test_scripted_expert_succeeds(task, noise):
+    n = 20
+    env = make(task, n, seed=1)
+    env.reset(seed=1)
+    finished = np.zeros(n, dtype=bool)
+    success = np.zeros(n, dtype=bool)
+    for _ in range(env.max_steps):
+        _, _, term, trunc, info = env.step(env.expert_action(noise))
+        success |= info["success"].numpy() & ~finished
+        finished |= (term | trunc).numpy()
+    assert finished.all()
+    assert success.mean() >= 0.9, f"{task} expert at noise {noise}: {success.mean():.0%}"
+
+
+def test_sparse_reward_and_termination():
+    env = make("arm_reach", 4)
+    obs, _ = env.reset(seed=0)
+    assert obs["policy"].shape == (4, POLICY_DIM) and obs["critic"].shape == (4, CRITIC_DIM)
+    ended = np.zeros(4, dtype=bool)
+    for _ in range(env.max_steps):
+        goal = env.goal.copy()
+        obs, reward, term, trunc, info = env.step(env.expert_action())
+        success = info["success"].numpy()
+        assert reward.dtype == torch.float32 and np.array_equal(reward.numpy(), success.astype(np.float32))
+        assert np.array_equal(term.numpy(), success)  # reach has no failure termination
+        if term.any():
+            assert np.array_equal(info["done_mask"].numpy(), (term | trunc).numpy())
+            for i in np.flatnonzero(term.numpy()):
+                ee = info["final_obs"]["critic"][i, EE_POS].numpy()  # the observation that ended it
+                assert np.linalg.norm(ee - goal[i]) < env.cfg.success_radius + 1e-6
+                assert obs["critic"][i, -1] == 0.0  # already reset: time fraction 0
+            done = (term | trunc).numpy()
+            assert info["episode_success"].numpy().tolist() == term.numpy()[done].tolist()
+            assert torch.equal(info["episode_return"], term[torch.from_numpy(done)].float())
+        ended |= term.numpy()
+    assert ended.all()
+    # Holding still: no reward, truncated (not terminated) at the time limit.
+    env.reset(seed=0)
+    for _ in range(env.max_steps):
+        _, reward, term, trunc, info = env.step(torch.zeros(4, 4))
+        assert (reward == 0).all() and not term.any()
+    assert trunc.all() and not info["episode_success"].any()
+
+
+def test_exact_resume_push():
+    env = make("arm_push", 3, seed=5)
+    env.reset(seed=5)
+    for _ in range(25):
+        env.step(env.expert_action(0.2))
+    state = env.state_dict()
+    other = make("arm_push", 3, seed=123)
+    other.load_state_dict(state)
+    g = torch.Generator().manual_seed(0)
+    for k in range(90):  # crosses episode ends; the expert's phases and noise generator resume too
+        if k % 2:
+            a, a2 = env.expert_action(0.3), other.expert_action(0.3)
+            assert torch.equal(a, a2)
+        else:
+            a = torch.rand(3, 4, generator=g) * 2 - 1
+        obs, r, te, tr, _ = env.step(a)
+        obs2, r2, te2, tr2, _ = other.step(a)
+        assert all(torch.equal(obs[key], obs2[key]) for key in obs)
+        assert torch.equal(r, r2) and torch.equal(te, te2) and torch.equal(tr, tr2)
+    assert other.total_steps == env.total_steps
+
+
+def test_gymnasium_check_env():
+    check_env(SingleEnv("arm_push"), skip_render_check=True)
+
+
+def test_render_and_camera_info():
+    env = make("arm_reach", 2, camera="rgbd", image_size=64)
+    obs, _ = env.reset(seed=2)
+    assert obs["image"].shape == (2, 4, 64, 64) and obs["image"].dtype == torch.float32
+    env.set_goal(1, (0.0, 0.0, -1.0))  # the goal marker out of the camera's view
+    mujoco.mj_forward(env.models[1], env.datas[1])
+    frame = env.render(1)
+    assert frame["rgb"].shape == (64, 64, 3) and frame["rgb"].dtype == np.uint8
+    assert frame["depth"].shape == (64, 64) and frame["depth"].dtype == np.float32
+    k, t_world_cam = env.camera_info(1)
+    nominal = np.array(NOMINAL.camera.pos)
+    assert 0 < np.abs(t_world_cam[:3, 3] - nominal).max() <= env.cfg.randomization.camera_pos + 1e-9  # jitter seen
+    for u, v in [(31, 31), (32, 32), (10, 50), (55, 45)]:  # centre and around, all on the table top
+        z = float(frame["depth"][v, u])
+        p_cam = np.linalg.inv(k) @ np.array((u, v, 1.0)) * z
+        p_world = t_world_cam[:3, :3] @ p_cam + t_world_cam[:3, 3]
+        assert abs(p_world[2]) < 0.005, (u, v, p_world)  # on the table plane z = 0
+    rgb = make("arm_push", 1, camera="rgb")
+    o, _ = rgb.reset(seed=0)
+    assert o["image"].shape == (1, 3, 84, 84) and o["image"].dtype == torch.uint8
+    assert rgb.single_observation_space["image"].contains(o["image"][0].numpy())
+
+
+def test_randomization_changes_and_disables():
+    env = make("arm_pick_place", 2)
+    env.reset(seed=0)
+    body, geom = env.cube_body, env.cube_geom
+    def snapshot():
+        m = env.models[0]
+        return m.body_mass[body], m.geom_friction[geom, 0], env.cube_pos[0].copy(), env.cube_quat[0].copy()
+
+    first = snapshot()
+    env.reset()
+    second = snapshot()
+    assert first[0] != second[0] and first[1] != second[1]
+    assert not np.allclose(first[2], second[2]) and not np.allclose(first[3], second[3])
+    lo, hi = env.cfg.randomization.mass_scale
+    assert lo * NOMINAL.cube.mass <= second[0] <= hi * NOMINAL.cube.mass
+
+    cfg = get_task("arm_pick_place").default_config()
+    cfg.randomization.enabled = False
+    fixed = ArmPickPlaceEnv(cfg, 2, seed=0)
+    for seed in (0, 1):
+        fixed.reset(seed=seed)
+        for i in range(2):
+            m = fixed.models[i]
+            assert m.body_mass[body] == pytest.approx(NOMINAL.cube.mass)
+            assert np.allclose(m.geom_friction[geom], NOMINAL.cube.friction)
+            assert np.allclose(fixed.cube_pos[i], (*NOMINAL.cube.start_xy, NOMINAL.cube.half), atol=1e-3)
+            assert np.allclose(fixed.cube_quat[i], (1, 0, 0, 0), atol=1e-3)
+            assert np.allclose(fixed.camera_info(i)[1][:3, 3], NOMINAL.camera.pos)
+
+
+def test_interface_errors_and_layout():
+    with pytest.raises(ValueError, match="backend"):
+        ArmPushEnv(get_task("arm_push").default_config(), 1, backend="torch")
+    with pytest.raises(NotImplementedError, match="obs_source=perception"):
+        make("arm_push", 1, obs_source="perception")
+    env = make("arm_push", 2, noise=dataclasses.replace(get_task("arm_push").default_config().noise, enabled=False))
+    obs, _ = env.reset(seed=0)
+    assert ArmPushEnv.OBJECT_POS == CUBE_POS
+    assert np.allclose(obs["policy"][:, ArmPushEnv.OBJECT_POS].numpy(), env.cube_pos, atol=1e-6)
+    assert torch.equal(obs["policy"], obs["critic"][:, :POLICY_DIM])
+    assert isinstance(ArmReachEnv.nominal_action, float) and env.curriculum() == 1.0
+    assert env.control_period == 0.05 and env.single_action_space.shape == (4,)
+
+
+def test_dense_reward_and_nonfinite_reset():
+    env = make("arm_pick_place", 3, reward_type="dense")
+    env.reset(seed=0)
+    _, reward, _, _, _ = env.step(env.expert_action())
+    assert torch.isfinite(reward).all() and (reward > 0).all()
+    env.datas[1].qvel[:] = np.nan  # MuJoCo resets a diverged state by itself; the env must notice
+    _, reward, term, _, info = env.step(torch.zeros(3, 4))
+    assert term.tolist() == [False, True, False] and reward[1] == 0 and env.nonfinite_resets == 1
+    assert info["nonfinite"].tolist() == [False, True, False] and not info["success"][1]
+    assert all(torch.isfinite(v).all() for v in info["final_obs"].values()) and env.t[1] == 0

@@ -1,0 +1,211 @@
+"""Manipulation pillar end to end with tiny budgets: demonstrations on disk, diffusion behaviour
+cloning, DSRL (both variants) on a frozen base, perception in the loop, ONNX export, clear errors."""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from policies import checkpoint as ckpt
+from policies import dataset as ds
+from policies.config import compose_config, to_objects
+from policies.dsrl import DSRL
+from sim.registry import get_task
+
+ROOT = Path(__file__).resolve().parents[1]
+FAST = ["progress=false", "threads=1", "eval_episodes=4"]
+
+
+def cli(module: str, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", module, *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.fixture(scope="module")
+def demos(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("demos") / "push"
+    r = cli("policies.collect", "task=arm_push", "episodes=6", "noise=0.2", "num_envs=6", f"out={out}", "progress=false")
+    assert r.returncode == 0, r.stderr
+    return out
+
+
+@pytest.fixture(scope="module")
+def base_run(demos, tmp_path_factory) -> Path:
+    run = tmp_path_factory.mktemp("bc") / "base"
+    r = cli("policies.train", "task=arm_push", "algo=diffusion_bc", f"algo.dataset={demos}", "algo.gradient_steps=200",
+            "algo.updates_per_iteration=50", "algo.eval_every_updates=200", f"run_dir={run}", *FAST)
+    assert r.returncode == 0, r.stdout + r.stderr
+    return run
+
+
+def test_dataset_round_trip(demos):
+    d = ds.load(demos, task="arm_push", obs_dim=28, act_dim=4)
+    assert d.num_episodes == 6 and d.meta["expert_noise"] == 0.2 and d.meta["format"] == ds.FORMAT
+    assert len(d.obs) == len(d.critic) == len(d.action) == d.episode_ends[-1]
+    assert d.obs.dtype == np.float32 and d.critic.shape[1] == 43
+    ok = d.episode_success()
+    assert ok.sum() == d.meta["successes"] >= 5, "the expert succeeds at noise 0.2"
+    for s, success in zip(d.episode_slices(), ok):
+        # sparse reward with termination: reward 1 exactly at the last step of a successful episode
+        assert d.reward[s].sum() == float(success) and (d.reward[s][-1] == 1.0) == success
+        assert d.terminal[s][-1] == success and not d.terminal[s][:-1].any()
+    chunks = d.action_chunks(4)
+    last = d.episode_ends[0] - 1
+    assert np.array_equal(chunks[last], np.repeat(d.action[last][None], 4, 0)), "chunks never cross an episode"
+    assert np.array_equal(chunks[0], d.action[:4])
+    with pytest.raises(ds.DatasetError, match="holds 'arm_push' demonstrations"):
+        ds.load(demos, task="arm_pick_place")
+    with pytest.raises(ds.DatasetError, match="no dataset at"):
+        ds.load(demos.parent / "missing")
+
+
+def test_diffusion_bc_run(base_run):
+    rec = ckpt.load(base_run / ckpt.BEST)
+    assert rec["policy_class"] == "DiffusionPolicy" and rec["config"]["algo"]["name"] == "diffusion_bc"
+    policy, _ = ckpt.load_policy(base_run)
+    obs = torch.zeros(3, 28)
+    w = torch.randn(3, policy.latent_dim)
+    assert policy(obs, w).shape == (3, 4, 4) and torch.equal(policy(obs, w), policy(obs, w))
+
+
+def test_bc_needs_a_matching_dataset(demos, tmp_path):
+    r = cli("policies.train", "task=arm_pick_place", "algo=diffusion_bc", f"algo.dataset={demos}",
+            f"run_dir={tmp_path / 'r'}", *FAST)
+    assert r.returncode == 2 and "holds 'arm_push' demonstrations" in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("variant", ["na", "sac"])
+def test_dsrl_leaves_the_base_untouched(base_run, tmp_path, variant):
+    before = sha(base_run / ckpt.BEST)
+    base, _ = ckpt.load_policy(base_run)
+    run = tmp_path / variant
+    r = cli("policies.train", "task=arm_push", "algo=dsrl", f"algo.variant={variant}", f"algo.base={base_run}",
+            "algo.warmup_steps=64", "algo.batch_size=32", "max_env_steps=256", "eval_every_steps=256",
+            f"run_dir={run}", *FAST)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert sha(base_run / ckpt.BEST) == before, "the base run's checkpoint was modified"
+    steered, rec = ckpt.load_policy(run)
+    assert rec["policy_class"] == "SteeredDiffusionPolicy"
+    for (k, v), (k2, v2) in zip(base.state_dict().items(), steered.base.state_dict().items()):
+        assert k == k2 and torch.equal(v, v2), f"base weight {k} changed"
+    trained = torch.load(run / ckpt.LAST, weights_only=False)["algo"]
+    assert trained["updates"] > 0, "the run must have updated its actor and critics"
+
+
+def _dsrl(base_run: Path, variant: str, overrides=()) -> DSRL:
+    cfg = compose_config(["task=arm_push", "algo=dsrl", f"algo.variant={variant}", f"algo.base={base_run}",
+                          "algo.warmup_steps=0", "algo.batch_size=128", *overrides])
+    task_cfg, algo_cfg = to_objects(cfg)
+    env = get_task("arm_push").env_cls(task_cfg, algo_cfg.num_envs, seed=0)
+    return DSRL(algo_cfg, env, torch.device("cpu"), 0)
+
+
+@pytest.mark.parametrize("variant", ["na", "sac"])
+def test_short_dsrl_run_improves_the_critic_fit(base_run, variant):
+    """With gamma = 0 the critic's target is the decision's own reward (dense, the sum over the
+    executed chunk): its error on a fixed batch of collected decisions must drop within 300
+    updates, for Q(s, w) (DSRL-SAC) and for Q^A(s, a) and the distilled Q^W(s, w) (DSRL-NA)."""
+    torch.manual_seed(0)
+    algo = _dsrl(base_run, variant, ["task.reward_type=dense", "algo.gamma=0.0"])
+    for _ in range(40):
+        algo.collect()
+    batch = algo.buffer.sample(512, torch.Generator().manual_seed(0))
+    a_in = batch["w"] if variant == "sac" else batch["chunk"]
+
+    def error() -> float:
+        with torch.no_grad():
+            q = algo.q(torch.cat((batch["critic"], a_in), -1)).mean(-1)
+            return (batch["reward"] - q).square().mean().item()
+
+    before = error()
+    spread = batch["reward"].var().item()
+    for _ in range(300):
+        m = algo.update()
+    after = error()
+    assert after < 0.3 * spread < before, f"critic error {before:.3f} -> {after:.3f} (reward variance {spread:.3f})"
+    if variant == "na":
+        assert m["qw_loss"] < 0.3 * spread, f"Q^W must follow Q^A: loss {m['qw_loss']:.3f}"
+
+
+def test_dsrl_refuses_a_bad_base(tmp_path, run_dir, base_run):
+    r = cli("policies.train", "task=arm_push", "algo=dsrl", f"algo.base={tmp_path / 'nowhere'}",
+            f"run_dir={tmp_path / 'a'}", *FAST)
+    assert r.returncode == 2 and "no checkpoint at" in r.stderr and "Traceback" not in r.stderr
+    r = cli("policies.train", "task=arm_push", "algo=dsrl", f"algo.base={run_dir}", f"run_dir={tmp_path / 'b'}", *FAST)
+    assert r.returncode == 2 and "holds a 'Actor' policy; DSRL steers a diffusion policy" in r.stderr
+    r = cli("policies.train", "task=arm_pick_place", "algo=dsrl", f"algo.base={base_run}",
+            f"run_dir={tmp_path / 'c'}", *FAST)
+    assert r.returncode == 2 and "was trained on 'arm_push'" in r.stderr
+    r = cli("policies.train", "task=arm_push", "algo=dsrl", f"run_dir={tmp_path / 'd'}", *FAST)
+    assert r.returncode == 2 and "algo=dsrl needs algo.base=" in r.stderr
+
+
+def test_steered_policy_exports_to_onnx_with_parity(base_run, tmp_path):
+    from export.onnx_policy import ContractError, OnnxPolicy
+    from sim.arm.contract import CONTRACT as ARM
+    from sim.crazyflie.contract import CONTRACT as CRAZYFLIE
+
+    run = tmp_path / "dsrl"
+    r = cli("policies.train", "task=arm_push", "algo=dsrl", f"algo.base={base_run}", "algo.warmup_steps=64",
+            "algo.batch_size=32", "max_env_steps=128", "eval_every_steps=128", f"run_dir={run}", *FAST)
+    assert r.returncode == 0, r.stderr
+    with torch.no_grad():  # make the steering non-trivial, so parity covers the actor too
+        policy, rec = ckpt.load_policy(run)
+        for p in policy.latent.net.parameters():
+            p.add_(0.3 * torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())))
+        ckpt.save_atomic(rec | {"policy": policy.state_dict()}, run / ckpt.BEST)
+    r = cli("policies.export", str(run))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "ok, tolerance 0.0001" in r.stdout
+    onnx = OnnxPolicy(run / "export/policy.onnx", ARM)
+    obs = np.load(run / "export/parity_obs.npy")[:200]
+    with torch.no_grad():
+        ref = policy(torch.as_tensor(obs)).numpy()
+    got = onnx(obs)
+    assert got.shape == (200, 4, 4) and np.abs(got - ref).max() < 1e-4
+    assert np.abs(ref).max() > 0.3, "parity on a policy that does something"
+    with pytest.raises(ContractError, match="another observation/action contract"):
+        OnnxPolicy(run / "export/policy.onnx", CRAZYFLIE)
+
+
+def test_unsteered_base_exports_with_a_noise_input(base_run, tmp_path):
+    from export.onnx_policy import ContractError, OnnxPolicy
+    from sim.arm.contract import CONTRACT as ARM
+
+    r = cli("policies.export", str(base_run))
+    assert r.returncode == 0 and "ok" in r.stdout, r.stdout + r.stderr
+    onnx = OnnxPolicy(base_run / "export/policy.onnx", ARM)
+    policy, _ = ckpt.load_policy(base_run)
+    obs, w = np.zeros((5, 28), np.float32), np.random.default_rng(0).standard_normal((5, 16)).astype(np.float32)
+    with torch.no_grad():
+        ref = policy(torch.as_tensor(obs), torch.as_tensor(w)).numpy()
+    assert np.abs(onnx(obs, w) - ref).max() < 1e-4
+    with pytest.raises(ContractError, match="pass noise"):
+        onnx(obs)
+
+
+def test_policy_runs_from_the_perceived_cube():
+    """obs_source=perception: the cube slice of the policy observation is the camera's estimate."""
+    from sim.arm.base import CUBE_POS
+
+    cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(get_task("arm_push").config_cls),
+                                              {"obs_source": "perception"}))
+    env = get_task("arm_push").env_cls(cfg, 4, seed=3)
+    obs, _ = env.reset(seed=3)
+    for _ in range(3):
+        obs, *_ = env.step(env.expert_action())
+    est, true = obs["policy"][:, CUBE_POS], obs["critic"][:, CUBE_POS]
+    err = (est - true).norm(dim=-1)
+    assert err.max() < 0.01, f"perceived cube {err.tolist()} m from the true one (limit 1 cm)"
+    assert not torch.equal(est, true), "the estimate, not the simulator's value"
