@@ -1,6 +1,6 @@
 """Collect scripted-expert demonstrations into a dataset (format: policies/dataset.py).
 
-    python -m policies.collect task=arm_push episodes=100 noise=0.3 out=data/arm_push [seed=0]
+    python -m policies.collect task=arm_push episodes=100 noise=0.3 [out=data/arm_push] [seed=0]
         [num_envs=16] [successful_only=false] [task.<field>=value ...]
 
 The expert is the task's own (``expert_action`` in its task file), acting on the true simulator
@@ -47,8 +47,8 @@ def parse(argv: list[str]) -> tuple[dict, list[str]]:
             raise UserError(f"unknown option '{k}': expected task=..., task.<field>=... or one of {', '.join(OPTIONS)}")
     if not any(a.startswith("task=") for a in rest):
         raise UserError("which task? e.g. python -m policies.collect task=arm_push episodes=100 out=data/arm_push")
-    if not opts["out"]:
-        raise UserError("out=<directory> is required")
+    if not opts["out"]:  # where algo=diffusion_bc looks by default
+        opts["out"] = "data/" + next(a for a in rest if a.startswith("task=")).split("=", 1)[1]
     if opts["episodes"] < 1 or opts["num_envs"] < 1:
         raise UserError("episodes and num_envs must be positive")
     return opts, rest

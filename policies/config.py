@@ -71,8 +71,14 @@ def _register_schemas() -> None:
 _register_schemas()
 
 
+# Short forms on the command line: base=<run> for algo.base=<run> (dsrl), dataset=<dir> for algo.dataset=<dir>.
+SHORTHANDS = {"base": "algo.base", "dataset": "algo.dataset"}
+
+
 def compose_config(overrides: list[str]) -> DictConfig:
     """Compose the run config from YAML + command-line overrides, validated against the schemas."""
+    overrides = [SHORTHANDS[o.split("=", 1)[0]] + "=" + o.split("=", 1)[1] if o.split("=", 1)[0] in SHORTHANDS
+                 and "=" in o else o for o in overrides]
     for o in overrides:
         key, _, value = o.partition("=")
         if key == "task" and value not in TASKS:

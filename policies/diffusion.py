@@ -31,7 +31,7 @@ from .normalizer import RunningNorm
 @dataclass
 class DiffusionBCConfig:
     name: str = "diffusion_bc"
-    dataset: str = ""  # directory written by python -m policies.collect (required)
+    dataset: str = ""  # directory written by python -m policies.collect ("": data/<task>, collect's default)
     max_episodes: int = 0  # train on the first N demonstrations only (0: all of them)
     num_envs: int = 1  # offline: the environment is used for evaluation only
     pred_horizon: int = 4  # actions predicted per query
@@ -173,13 +173,12 @@ class DiffusionBC:
         torch.manual_seed(seed)
         obs_dim = env.single_observation_space["policy"].shape[0]
         act_dim = env.single_action_space.shape[0]
-        if not cfg.dataset:
-            raise UserError("algo=diffusion_bc needs algo.dataset=<dir> (make one with python -m policies.collect)")
+        path = cfg.dataset or f"data/{env.cfg.name}"
         try:
-            demos = ds.load(cfg.dataset, task=env.cfg.name, obs_dim=obs_dim, act_dim=act_dim).first(cfg.max_episodes)
+            demos = ds.load(path, task=env.cfg.name, obs_dim=obs_dim, act_dim=act_dim).first(cfg.max_episodes)
         except ds.DatasetError as e:
             raise UserError(str(e)) from None
-        self.dataset_info = {"path": cfg.dataset, "episodes": demos.num_episodes,
+        self.dataset_info = {"path": path, "episodes": demos.num_episodes,
                              "successful": int(demos.episode_success().sum()), "steps": len(demos.action)}
         self.obs = torch.as_tensor(demos.obs, device=device)
         self.chunks = torch.as_tensor(demos.action_chunks(cfg.pred_horizon), device=device)

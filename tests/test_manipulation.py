@@ -43,7 +43,7 @@ def demos(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def base_run(demos, tmp_path_factory) -> Path:
     run = tmp_path_factory.mktemp("bc") / "base"
-    r = cli("policies.train", "task=arm_push", "algo=diffusion_bc", f"algo.dataset={demos}", "algo.gradient_steps=200",
+    r = cli("policies.train", "task=arm_push", "algo=diffusion_bc", f"dataset={demos}", "algo.gradient_steps=200",
             "algo.updates_per_iteration=50", "algo.eval_every_updates=200", f"run_dir={run}", *FAST)
     assert r.returncode == 0, r.stdout + r.stderr
     return run
@@ -139,7 +139,7 @@ def test_short_dsrl_run_improves_the_critic_fit(base_run, variant):
 
 
 def test_dsrl_refuses_a_bad_base(tmp_path, run_dir, base_run):
-    r = cli("policies.train", "task=arm_push", "algo=dsrl", f"algo.base={tmp_path / 'nowhere'}",
+    r = cli("policies.train", "task=arm_push", "algo=dsrl", f"base={tmp_path / 'nowhere'}",
             f"run_dir={tmp_path / 'a'}", *FAST)
     assert r.returncode == 2 and "no checkpoint at" in r.stderr and "Traceback" not in r.stderr
     r = cli("policies.train", "task=arm_push", "algo=dsrl", f"algo.base={run_dir}", f"run_dir={tmp_path / 'b'}", *FAST)
