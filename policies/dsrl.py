@@ -18,6 +18,12 @@ Variants (``variant``):
 
 Critics see the privileged critic observation (asymmetric actor-critic); the actor sees the
 policy observation. ``utd`` gradient updates per collected decision.
+
+Two choices for sparse tasks that end at success: (1) the critic targets carry no entropy bonus
+(it stays in the actor's loss): with one, every decision before the end pays alpha * H (about
+0.17 with 16 noise dimensions at alpha 0.01), so a success, which stops that stream, would be
+worth less than never succeeding; (2) a time-out ends the return like a termination, since the
+critic observes the time left in the episode.
 """
 
 from __future__ import annotations
@@ -59,7 +65,9 @@ class DSRLConfig:
     # 0.1 would pay ~1.5 per decision for randomness, more than the sparse success reward of 1.
     init_alpha: float = 0.01
     init_log_std: float = 0.0  # the initial actor draws u ~ N(0, 1): w close to the base's N(0, I)
-    target_entropy_per_dim: float = -1.0
+    # Target entropy per noise dimension, measured for tanh(u) in [-1, 1] (DSRL's reference setting
+    # is 0); in w-space that is + log(b) per dimension.
+    target_entropy_per_dim: float = 0.0
     actor_hidden: list[int] = field(default_factory=lambda: [256, 256])
     critic_hidden: list[int] = field(default_factory=lambda: [256, 256])
     demos: str = ""  # DSRL-NA: a policies.collect dataset loaded into the buffer ("" = none)
@@ -168,7 +176,7 @@ class DSRL:
     # ------------------------------------------------------------------ data
     def _load_demos(self, path: str, obs_dim: int, act_dim: int) -> None:
         """Demonstrations as decisions of exec_horizon steps (a chunk cut short by the episode's
-        end is padded with its last action; a truncated tail without a next state is dropped)."""
+        end is padded with its last action); an episode's last decision ends the return."""
         from .config import UserError
 
         try:
@@ -182,15 +190,13 @@ class DSRL:
         for s in d.episode_slices():
             for t in range(s.start, s.stop, h):
                 end = min(t + h, s.stop)
-                done = bool(d.terminal[t:end].any())
-                if not done and end >= s.stop:
-                    continue  # truncated: no next observation was recorded
+                done = end >= s.stop  # terminated or timed out (see the module docstring)
                 idx = np.minimum(np.arange(t, t + h), end - 1)
                 rows["obs"].append(d.obs[t])
                 rows["critic"].append(d.critic[t])
                 rows["chunk"].append(d.action[idx].reshape(-1))
                 rows["reward"].append(d.reward[t:end].sum())
-                nxt = end if not done else t  # a terminal's next state is never used (masked)
+                nxt = end if not done else t  # the next state of a last decision is never used (masked)
                 rows["next_obs"].append(d.obs[nxt])
                 rows["next_critic"].append(d.critic[nxt])
                 rows["done"].append(float(done))
@@ -216,7 +222,6 @@ class DSRL:
         chunk = self.base.sample(obs["policy"], w)[:, : self.exec_horizon]
         reward = torch.zeros(n, device=self.device)
         ended = torch.zeros(n, dtype=torch.bool, device=self.device)
-        terminal = torch.zeros_like(ended)
         nxt = {k: torch.zeros_like(v) for k, v in obs.items() if k in ("policy", "critic")}
         for k in range(self.exec_horizon):
             o, r, term, trunc, info = self.env.step(chunk[:, k])
@@ -225,7 +230,6 @@ class DSRL:
             if new.any():
                 for key in nxt:
                     nxt[key][new] = info["final_obs"][key][new]
-                terminal |= term & new
                 ended |= new
         for key in nxt:
             nxt[key][~ended] = o[key][~ended]
@@ -234,7 +238,7 @@ class DSRL:
         if self.cfg.variant == "na":
             self.qw.obs_norm.update(torch.cat((obs["critic"], w), -1))
         self.buffer.add(obs=obs["policy"], critic=obs["critic"], w=w, chunk=chunk.reshape(n, -1), reward=reward,
-                        next_obs=nxt["policy"], next_critic=nxt["critic"], done=terminal.float())
+                        next_obs=nxt["policy"], next_critic=nxt["critic"], done=ended.float())  # time-outs too
         self.decisions += n
         return reward
 
@@ -248,9 +252,9 @@ class DSRL:
         alpha = self.log_alpha.exp().detach()
         metrics: dict[str, float] = {}
         with torch.no_grad():
-            w2, logp2 = self._sample_w(b["next_obs"])
+            w2, _ = self._sample_w(b["next_obs"])
             if c.variant == "sac":
-                q_next = self.q_target(torch.cat((b["next_critic"], w2), -1)).min(-1).values - alpha * logp2
+                q_next = self.q_target(torch.cat((b["next_critic"], w2), -1)).min(-1).values
             else:  # Q^A of the action the steered base takes next
                 a2 = self.base.sample(b["next_obs"], w2)[:, : self.exec_horizon].reshape(len(w2), -1)
                 q_next = self.q_target(torch.cat((b["next_critic"], a2), -1)).min(-1).values
@@ -281,7 +285,8 @@ class DSRL:
         self.pi_opt.zero_grad(set_to_none=True)
         pi_loss.backward()
         self.pi_opt.step()
-        alpha_loss = -(self.log_alpha * (logp.detach() + c.target_entropy_per_dim * self.latent_dim)).mean()
+        target_entropy = self.latent_dim * (c.target_entropy_per_dim + math.log(c.noise_bound))  # in w-space
+        alpha_loss = -(self.log_alpha * (logp.detach() + target_entropy)).mean()
         self.alpha_opt.zero_grad(set_to_none=True)
         alpha_loss.backward()
         self.alpha_opt.step()
