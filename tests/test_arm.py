@@ -194,8 +194,10 @@ def test_randomization_changes_and_disables():
 def test_interface_errors_and_layout():
     with pytest.raises(ValueError, match="backend"):
         ArmPushEnv(get_task("arm_push").default_config(), 1, backend="torch")
-    with pytest.raises(NotImplementedError, match="obs_source=perception"):
-        make("arm_push", 1, obs_source="perception")
+    with pytest.raises(ValueError, match="obs_source='camera': expected state or perception"):
+        make("arm_push", 1, obs_source="camera")
+    with pytest.raises(ValueError, match="task 'arm_reach' has no cube to perceive"):
+        make("arm_reach", 1, obs_source="perception")
     env = make("arm_push", 2, noise=dataclasses.replace(get_task("arm_push").default_config().noise, enabled=False))
     obs, _ = env.reset(seed=0)
     assert ArmPushEnv.OBJECT_POS == CUBE_POS

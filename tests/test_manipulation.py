@@ -209,3 +209,21 @@ def test_policy_runs_from_the_perceived_cube():
     err = (est - true).norm(dim=-1)
     assert err.max() < 0.01, f"perceived cube {err.tolist()} m from the true one (limit 1 cm)"
     assert not torch.equal(est, true), "the estimate, not the simulator's value"
+
+
+def test_dsrl_na_loads_demonstrations(base_run, demos):
+    """algo.demos: every demonstration becomes decisions of exec_horizon steps in Q^A's buffer,
+    an episode's last one ending the return; DSRL-SAC (whose buffer holds noises) refuses them."""
+    from policies.config import UserError
+
+    algo = _dsrl(base_run, "na", [f"algo.demos={demos}"])
+    d = ds.load(demos)
+    per_episode = [-(-(s.stop - s.start) // algo.exec_horizon) for s in d.episode_slices()]
+    assert algo.demo_transitions == algo.buffer.size == sum(per_episode)
+    done = algo.buffer.data["done"][: algo.buffer.size]
+    assert done.sum().item() == d.num_episodes
+    assert algo.buffer.data["reward"][: algo.buffer.size].sum().item() == d.episode_success().sum()
+    first = algo.buffer.data["chunk"][0].reshape(algo.exec_horizon, -1).numpy()
+    assert np.array_equal(first, d.action[: algo.exec_horizon])
+    with pytest.raises(UserError, match="DSRL-NA only"):
+        _dsrl(base_run, "sac", [f"algo.demos={demos}"])
