@@ -26,9 +26,7 @@ from benchmarks.common import write_section
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "benchmarks" / "results"
 METHODS = {  # method -> policies.train overrides (besides task, seed, budgets)
-    # DSRL-SAC's updates never run the base policy, so it can afford 4 per decision; DSRL-NA runs
-    # the base twice per update (~30 ms on one core here) and keeps the default of 1.
-    "dsrl_sac": ["algo=dsrl", "algo.variant=sac", "algo.utd=4"],
+    "dsrl_sac": ["algo=dsrl", "algo.variant=sac"],
     "dsrl_na": ["algo=dsrl", "algo.variant=na"],
     "sac": ["algo=sac"],
 }
