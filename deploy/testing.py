@@ -69,8 +69,10 @@ class RosWorld:
         return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-4000:]}" for p in self.logs)
 
     @staticmethod
-    def stop(proc: subprocess.Popen, sig: int = signal.SIGINT, timeout: float = 10.0) -> int:
-        """Signal the process group, wait, SIGKILL if needed; returns the exit code."""
+    def stop(proc: subprocess.Popen, sig: int = signal.SIGINT, timeout: float = 15.0) -> int:
+        """Signal the process group, wait, SIGKILL if needed; returns the exit code. The wait
+        outlasts the launch runner's own escalation (SIGINT, SIGTERM at 5 s, SIGKILL at 10 s), so
+        a launch is never killed before it has killed its nodes (they run in their own sessions)."""
         if proc.poll() is None:
             try:
                 os.killpg(proc.pid, sig)
