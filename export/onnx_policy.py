@@ -46,7 +46,7 @@ def export_onnx(policy: torch.nn.Module, path: Path, metadata: dict[str, str], c
 
     policy = policy.eval()
     inputs, names = (torch.zeros(1, contract.obs_size),), [INPUT]
-    if type(policy).__name__ == "DiffusionPolicy":  # unsteered: the caller draws the initial noise
+    if getattr(policy, "takes_noise", False):  # an unsteered diffusion policy: the caller draws w
         inputs, names = inputs + (torch.zeros(1, policy.latent_dim),), names + [NOISE]
     path.parent.mkdir(parents=True, exist_ok=True)
     with warnings.catch_warnings():

@@ -112,6 +112,8 @@ class ResidualMLPDenoiser(nn.Module):
 class DiffusionPolicy(nn.Module):
     """obs [N, D] (+ initial noise w [N, H*A]) -> executed action chunk [N, exec_horizon, A]."""
 
+    takes_noise = True  # deployed unsteered, the caller draws w (the ONNX export gets a noise input)
+
     def __init__(self, obs_dim: int, act_dim: int, pred_horizon: int, exec_horizon: int, diffusion_steps: int,
                  ddim_steps: int, hidden: int, blocks: int, time_embed: int):
         super().__init__()

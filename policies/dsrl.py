@@ -148,14 +148,12 @@ class DSRL:
         q_in = critic_dim + (latent_dim if cfg.variant == "sac" else chunk_dim)
         self.q = Critic(q_in, cfg.critic_hidden, "relu", num_outputs=2).to(device)  # Q^W (sac) or Q^A (na)
         self.q_target = copy.deepcopy(self.q)
-        params = list(self.q.parameters())
         if cfg.variant == "na":
             self.qw = Critic(critic_dim + latent_dim, cfg.critic_hidden, "relu", num_outputs=2).to(device)
-            params_w = list(self.qw.parameters())
-            self.qw_opt = torch.optim.Adam(params_w, lr=cfg.critic_lr)
+            self.qw_opt = torch.optim.Adam(self.qw.parameters(), lr=cfg.critic_lr)
         self.log_alpha = torch.tensor(math.log(cfg.init_alpha), device=device, requires_grad=True)
         self.pi_opt = torch.optim.Adam(self.pi.parameters(), lr=cfg.actor_lr)
-        self.q_opt = torch.optim.Adam(params, lr=cfg.critic_lr)
+        self.q_opt = torch.optim.Adam(self.q.parameters(), lr=cfg.critic_lr)
         self.alpha_opt = torch.optim.Adam([self.log_alpha], lr=cfg.alpha_lr)
         self.buffer = ReplayBuffer(cfg.buffer_size, {
             "obs": (obs_dim,), "critic": (critic_dim,), "w": (latent_dim,), "chunk": (chunk_dim,), "reward": (),

@@ -72,11 +72,10 @@ def export_run(run_dir: Path) -> dict:
                                             f"rev {meta['source_revision']}")
         files.update(c=out / "policy.c", h=out / "policy.h")
 
-    noiseless = policy if rec["policy_class"] != "DiffusionPolicy" else None
-    obs = parity_observations(noiseless or policy, task_cfg)
+    obs = parity_observations(policy, task_cfg)
     onnx = OnnxPolicy(onnx_path, contract)
     with torch.no_grad():
-        if noiseless is not None:
+        if not getattr(policy, "takes_noise", False):
             ref, got = policy(torch.as_tensor(obs)).numpy(), onnx(obs)
         else:
             noise = torch.randn(len(obs), policy.latent_dim, generator=torch.Generator().manual_seed(1))
