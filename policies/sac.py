@@ -71,8 +71,8 @@ class SAC:
     def collect(self) -> torch.Tensor:
         obs = self.obs
         self.actor.obs_norm.update(obs["policy"])
-        self.q.obs_norm.update(torch.cat((obs["critic"], torch.zeros(obs["critic"].shape[0], self.act_dim, device=self.device)), -1))
         action, _ = self._sample(obs["policy"])
+        self.q.obs_norm.update(torch.cat((obs["critic"], action), -1))  # the critic's input: state and action
         self.obs, reward, term, trunc, info = self.env.step(action)
         nxt = {k: v.clone() for k, v in self.obs.items()}
         if "final_obs" in info:  # same-step autoreset: learn from the observation that ended the episode

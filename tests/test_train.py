@@ -190,4 +190,23 @@ def test_twin_critics_are_independent_networks():
     assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in q.nets[0].parameters())
     assert all(p.grad is None or not p.grad.any() for p in q.nets[1].parameters())
     assert any(isinstance(m, torch.nn.LayerNorm) for m in q.nets[1])
+    assert not torch.equal(q.nets[0][0].weight, q.nets[1][0].weight)  # initialised independently too
     assert Critic(5, [16], "tanh")(torch.randn(8, 5)).shape == (8,)  # a single value head stays [N]
+
+
+def test_sac_critic_normalises_the_actions_it_is_trained_on():
+    """The critic's input normaliser tracks the sampled actions, not placeholders: with a
+    variance of ~0 on the action part every action would be clamped to +-10 standard units."""
+    from policies.sac import SAC, SACConfig
+
+    env = QuadHoverEnv(QuadTaskConfig(), 32)
+    sac = SAC(SACConfig(num_envs=32), env, torch.device("cpu"), seed=0)
+    actions = []
+    for _ in range(20):
+        sac.collect()
+        actions.append(sac.buffer.data["action"][sac.buffer.ptr - 32: sac.buffer.ptr])
+    actions = torch.cat(actions)
+    act_dim = actions.shape[1]
+    norm = sac.q.obs_norm
+    torch.testing.assert_close(norm.mean[-act_dim:], actions.mean(0), atol=1e-4, rtol=0)
+    torch.testing.assert_close(norm.var[-act_dim:], actions.var(0, unbiased=False), rtol=0.05, atol=1e-5)
