@@ -71,7 +71,7 @@ class DSRLConfig:
     actor_hidden: list[int] = field(default_factory=lambda: [256, 256])
     critic_hidden: list[int] = field(default_factory=lambda: [256, 256])
     # LayerNorm in the critics' hidden layers (DSRL's reference configuration uses it). Without
-    # it, DSRL-SAC's Q grew to ~38 on arm_push in 50k steps, where true values are <= 1.
+    # it, DSRL-SAC's Q grew to ~35-38 on arm_push in 50k steps, where true values are <= 1.
     critic_layer_norm: bool = True
     demos: str = ""  # DSRL-NA: a policies.collect dataset loaded into the buffer ("" = none)
 
@@ -223,6 +223,7 @@ class DSRL:
         chunk = self.base.sample(obs["policy"], w)[:, : self.exec_horizon]
         reward = torch.zeros(n, device=self.device)
         ended = torch.zeros(n, dtype=torch.bool, device=self.device)
+        bad = torch.zeros(n, dtype=torch.bool, device=self.device)  # the decision reached a non-finite state
         nxt = {k: torch.zeros_like(v) for k, v in obs.items() if k in ("policy", "critic")}
         for k in range(self.exec_horizon):
             o, r, term, trunc, info = self.env.step(chunk[:, k])
@@ -231,6 +232,8 @@ class DSRL:
             if new.any():
                 for key in nxt:
                     nxt[key][new] = info["final_obs"][key][new]
+                if "nonfinite" in info:
+                    bad |= info["nonfinite"] & new
                 ended |= new
         for key in nxt:
             nxt[key][~ended] = o[key][~ended]
@@ -239,8 +242,10 @@ class DSRL:
         if self.cfg.variant == "na":  # Q^W learns on w ~ N(0, I) (update()): normalise for those
             w_dist = torch.randn(w.shape, generator=self.gen, device=self.device)
             self.qw.obs_norm.update(torch.cat((obs["critic"], w_dist), -1))
-        self.buffer.add(obs=obs["policy"], critic=obs["critic"], w=w, chunk=chunk.reshape(n, -1), reward=reward,
-                        next_obs=nxt["policy"], next_critic=nxt["critic"], done=ended.float())  # time-outs too
+        keep = ~bad  # a decision that reached a non-finite state is never fed to training
+        self.buffer.add(obs=obs["policy"][keep], critic=obs["critic"][keep], w=w[keep],
+                        chunk=chunk.reshape(n, -1)[keep], reward=reward[keep], next_obs=nxt["policy"][keep],
+                        next_critic=nxt["critic"][keep], done=ended[keep].float())  # time-outs end returns too
         self.decisions += n
         return reward
 

@@ -219,9 +219,14 @@ def test_dense_reward_and_nonfinite_reset():
     _, r, term, _, _ = push.step(torch.zeros(2, 4))
     worst = push.cfg.reward.reach + push.cfg.reward.goal
     assert term.tolist() == [False, True] and -worst <= r[0] <= 0
-    assert r[1] <= -worst * (push.max_steps - 1)  # at least the worst cost of the 99 steps it skips
+    # this step's cost (between 0 and worst) plus the worst cost of the max_steps - 1 steps it skips
+    assert -worst * push.max_steps <= r[1] <= -worst * (push.max_steps - 1)
     env.datas[1].qvel[:] = np.nan  # MuJoCo resets a diverged state by itself; the env must notice
     _, reward, term, _, info = env.step(torch.zeros(3, 4))
-    assert term.tolist() == [False, True, False] and reward[1] == 0 and env.nonfinite_resets == 1
+    # a non-finite state is a failure at step 2: the worst cost of this step and of the remaining ones
+    w = env.cfg.reward
+    worst = w.reach + w.grasp + w.lift + w.place
+    assert term.tolist() == [False, True, False] and env.nonfinite_resets == 1
+    assert reward[1].item() == pytest.approx(-worst * (env.max_steps - 1))
     assert info["nonfinite"].tolist() == [False, True, False] and not info["success"][1]
     assert all(torch.isfinite(v).all() for v in info["final_obs"].values()) and env.t[1] == 0

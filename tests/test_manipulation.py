@@ -111,6 +111,15 @@ def _dsrl(base_run: Path, variant: str, overrides=()) -> DSRL:
     return DSRL(algo_cfg, env, torch.device("cpu"), 0)
 
 
+def test_dsrl_never_stores_a_nonfinite_decision(base_run):
+    algo = _dsrl(base_run, "sac")
+    n = algo.env.num_envs
+    algo.env.datas[1].qvel[:] = np.nan  # diverges inside the next decision's first step
+    algo.collect()
+    assert algo.env.nonfinite_resets == 1 and algo.buffer.size == n - 1 and algo.decisions == n
+    assert all(torch.isfinite(v[: algo.buffer.size]).all() for v in algo.buffer.data.values())
+
+
 @pytest.mark.parametrize("variant", ["na", "sac"])
 def test_short_dsrl_run_improves_the_critic_fit(base_run, variant):
     """With gamma = 0 the critic's target is the decision's own reward (dense, the sum over the

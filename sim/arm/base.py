@@ -320,7 +320,9 @@ class ArmEnv(gym.vector.VectorEnv):
         return self.cube_pos[:, 2] < -0.05
 
     def reward_terms(self, success: np.ndarray) -> dict[str, np.ndarray]:
-        """Named shaping terms, each [N], summed into the dense reward."""
+        """Named shaping terms, each [N] in [0, weight], summed into the dense reward. Each name is
+        the field of ``cfg.reward`` holding its weight, and the success bonus is named "success":
+        step() reads the weights by these names to turn the other terms into costs."""
         raise NotImplementedError
 
     def expert(self) -> np.ndarray:
@@ -440,15 +442,15 @@ class ArmEnv(gym.vector.VectorEnv):
             reward = success.astype(np.float64)
         else:
             terms = self.reward_terms(success)
-            reward = sum(terms.values())
+            reward = np.where(bad, 0.0, sum(terms.values()))  # the terms of a non-finite state are not numbers
             if self.cfg.terminate_on_success:
                 # Minimum-time form: the shaping terms become costs (<= 0 per step), so ending the
-                # episode at success never forfeits reward, and a failure pays the largest cost of
-                # every step it skips. (With positive shaping, hovering next to the goal until the
-                # time limit out-earns the success bonus.) Term names are the weights' field names.
+                # episode at success never forfeits reward, and a failure (a non-finite state
+                # included) pays the largest cost of every step it skips. (With positive shaping,
+                # hovering next to the goal until the time limit out-earns the success bonus.)
+                # Term names are the weights' field names.
                 worst = sum(getattr(self.cfg.reward, k) for k in terms if k != "success")
                 reward = reward - worst - failed * worst * (self.max_steps - self.t)
-        reward = np.where(bad, 0.0, reward)
         terminated = failed | (success & self.cfg.terminate_on_success)
         truncated = (self.t >= self.max_steps) & ~terminated
         done = terminated | truncated
