@@ -2,13 +2,17 @@
 (w ~ N(0, I)), DSRL-NA, DSRL-SAC and SAC from scratch, plus wall time per 1k env steps.
 
     python -m benchmarks.manipulation [--tasks arm_push arm_pick_place] [--seeds 0 1 2]
-        [--steps 50000] [--eval-every 10000] [--episodes 100] [--demos 20] [--noise 0.3]
+        [--steps 50000] [--eval-every 10000] [--episodes 100] [--demos 20] [--noise 0.3] [--threads 1]
 
 Per task: collect ``--demos`` scripted-expert episodes at ``--noise`` (a deliberately small,
 noisy dataset), train one diffusion base policy on it (seed 0), then run every method for every
 seed with ``policies.train`` and read the evaluations from each run's results.json. The base
 policy's curve is flat: it is evaluated with ``--episodes`` episodes once per seed. Writes
-``benchmarks/results/<task>_success.png`` and a section of BENCHMARKS.md.
+``benchmarks/results/<task>_success.png`` and one section of BENCHMARKS.md per task.
+
+Runs are cached: a dataset, base or method run whose output already exists under ``--work`` is
+read, not repeated (delete its directory to run it again), so a table can combine runs made at
+different revisions; the section says which revision wrote it.
 """
 
 from __future__ import annotations
@@ -149,7 +153,8 @@ def main() -> None:
         if not a.no_write:  # one section per task: a run of one task leaves the others' results alone
             cmd = (f"python -m benchmarks.manipulation --tasks {task} --methods {' '.join(a.methods)} "
                    f"--seeds {' '.join(map(str, a.seeds))} --steps {a.steps} --eval-every {a.eval_every} "
-                   f"--episodes {a.episodes} --demos {a.demos} --noise {a.noise} --bc-steps {a.bc_steps}")
+                   f"--episodes {a.episodes} --demos {a.demos} --noise {a.noise} --bc-steps {a.bc_steps} "
+                   f"--threads {a.threads}")
             write_section(f"Manipulation: {task}", cmd, body)
 
 
