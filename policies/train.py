@@ -111,7 +111,12 @@ def run(cfg: DictConfig, run_dir: Path, resume_state: dict | None) -> dict:
           "best_success": -1.0, "best_error": float("inf"), "evals": [], "time_to_success": None,
           "eval_seconds": 0.0}
     if resume_state is not None:
-        algo.load_state_dict(resume_state["algo"])
+        try:
+            algo.load_state_dict(resume_state["algo"])
+        except (RuntimeError, KeyError) as e:  # e.g. a checkpoint of networks laid out by an older revision
+            first = str(e).strip().splitlines()[0]
+            raise UserError(f"resume={run_dir}: {ckpt.LAST} does not fit this version's {algo_cfg.name} "
+                            f"networks ({first}); start a new run") from None
         env.load_state_dict(resume_state["env"])
         torch.set_rng_state(resume_state["torch_rng"])
         tr = resume_state["trainer"]

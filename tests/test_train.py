@@ -153,6 +153,14 @@ def test_resume_errors_overwrite_nothing(tmp_path):
     res = _run_cli(*TINY, f"run_dir={run}")
     assert res.returncode == 2 and "already holds a run" in res.stderr
 
+    state = torch.load(run / "checkpoints/last.pt", weights_only=False)  # critic laid out as an older revision's
+    state["algo"]["critic"] = {k.replace("nets.0.", "net."): v for k, v in state["algo"]["critic"].items()}
+    torch.save(state, run / "checkpoints/last.pt")
+    old_layout = (run / "checkpoints/last.pt").read_bytes()
+    res = _run_cli(f"resume={run}")
+    assert res.returncode == 2 and "does not fit" in res.stderr and "Traceback" not in res.stderr, res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1 and (run / "checkpoints/last.pt").read_bytes() == old_layout
+
     (run / "checkpoints/last.pt").write_bytes(before[: len(before) // 3])  # truncated file
     res = _run_cli(f"resume={run}")
     assert res.returncode == 2 and "corrupt" in res.stderr and "Traceback" not in res.stderr
