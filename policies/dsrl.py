@@ -73,6 +73,11 @@ class DSRLConfig:
     # LayerNorm in the critics' hidden layers (DSRL's reference configuration uses it). Without
     # it, DSRL-SAC's Q grew to ~35-38 on arm_push in 50k steps, where true values are <= 1.
     critic_layer_norm: bool = True
+    # Clip TD targets to the task's return range (env.return_range(), where the task has one), as
+    # HER clips its targets to the -1/0 reward's range (Andrychowicz et al., 2017). With LayerNorm
+    # but without the clip, DSRL-SAC's Q still rose to 7.5 on arm_pick_place (returns <= 1), and
+    # with reward_type=time above 0 (returns <= 0) within 20k steps.
+    clip_targets: bool = True
     demos: str = ""  # DSRL-NA: a policies.collect dataset loaded into the buffer ("" = none)
 
 
@@ -163,6 +168,7 @@ class DSRL:
             "next_obs": (obs_dim,), "next_critic": (critic_dim,), "done": ()}, device)
         self.gen = torch.Generator(device=device)
         self.gen.manual_seed(seed + 1)
+        self.return_range = env.return_range() if cfg.clip_targets and hasattr(env, "return_range") else None
         self.obs, _ = env.reset(seed=seed)
         self.decisions = 0
         self.updates = 0
@@ -253,19 +259,27 @@ class DSRL:
         return w if self.cfg.variant == "sac" else chunk.reshape(len(chunk), -1)
 
     # ------------------------------------------------------------------ learning
+    @torch.no_grad()
+    def td_target(self, b: dict[str, torch.Tensor]) -> torch.Tensor:
+        """r + gamma (1 - done) min_i Q'_i(s', next), next = w' ~ pi_w(s') (DSRL-SAC) or the base's
+        action chunk from it (DSRL-NA); clipped to the task's return range if it has one."""
+        w2, _ = self._sample_w(b["next_obs"])
+        if self.cfg.variant == "sac":
+            q_next = self.q_target(torch.cat((b["next_critic"], w2), -1)).min(-1).values
+        else:  # Q^A of the action the steered base takes next
+            a2 = self.base.sample(b["next_obs"], w2)[:, : self.exec_horizon].reshape(len(w2), -1)
+            q_next = self.q_target(torch.cat((b["next_critic"], a2), -1)).min(-1).values
+        target = b["reward"] + self.cfg.gamma * (1 - b["done"]) * q_next
+        if self.return_range is not None:  # a value outside the task's return range is an error
+            target = target.clamp(*self.return_range)
+        return target
+
     def update(self) -> dict[str, float]:
         c = self.cfg
         b = self.buffer.sample(c.batch_size, self.gen)
         alpha = self.log_alpha.exp().detach()
         metrics: dict[str, float] = {}
-        with torch.no_grad():
-            w2, _ = self._sample_w(b["next_obs"])
-            if c.variant == "sac":
-                q_next = self.q_target(torch.cat((b["next_critic"], w2), -1)).min(-1).values
-            else:  # Q^A of the action the steered base takes next
-                a2 = self.base.sample(b["next_obs"], w2)[:, : self.exec_horizon].reshape(len(w2), -1)
-                q_next = self.q_target(torch.cat((b["next_critic"], a2), -1)).min(-1).values
-            target = b["reward"] + c.gamma * (1 - b["done"]) * q_next
+        target = self.td_target(b)
         a_in = b["w"] if c.variant == "sac" else b["chunk"]
         q = self.q(torch.cat((b["critic"], a_in), -1))
         q_loss = (q - target[:, None]).square().mean()

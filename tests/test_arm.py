@@ -112,6 +112,26 @@ def test_sparse_reward_and_termination():
     assert trunc.all() and not info["episode_success"].any()
 
 
+def test_time_reward_counts_the_steps_to_success():
+    env = make("arm_reach", 4, reward_type="time")
+    env.reset(seed=0)
+    steps = np.zeros(4, dtype=int)
+    while True:
+        _, reward, term, trunc, info = env.step(env.expert_action())
+        steps += 1
+        success = info["success"].numpy()
+        assert np.array_equal(reward.numpy(), -(~success).astype(np.float32) / np.float32(env.max_steps))
+        if term.any():  # the first episode to end: its return is minus the steps before success
+            i = int(np.flatnonzero(term.numpy())[0])
+            assert info["episode_return"][0].item() == pytest.approx(-(steps[i] - 1) / env.max_steps)
+            break
+    push = make("arm_push", 2, reward_type="time")
+    push.reset(seed=0)
+    push.datas[1].qpos[push.cube_qadr + 2] = -0.2  # cube knocked off the table at step 1: pays every step
+    _, r, term, _, _ = push.step(torch.zeros(2, 4))
+    assert term.tolist() == [False, True] and r.tolist() == pytest.approx([-1.0 / push.max_steps, -1.0])
+
+
 def test_exact_resume_push():
     env = make("arm_push", 3, seed=5)
     env.reset(seed=5)

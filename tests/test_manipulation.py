@@ -120,6 +120,26 @@ def test_dsrl_never_stores_a_nonfinite_decision(base_run):
     assert all(torch.isfinite(v[: algo.buffer.size]).all() for v in algo.buffer.data.values())
 
 
+@pytest.mark.parametrize("reward_type, bounds", [("time", (-1.0, 0.0)), ("sparse", (0.0, 1.0)), ("dense", None)])
+def test_dsrl_targets_stay_in_the_return_range(base_run, reward_type, bounds):
+    """A critic that overestimates (here: its target network's output shifted by +-5) cannot push
+    TD targets outside the returns the task can pay."""
+    algo = _dsrl(base_run, "sac", [f"task.reward_type={reward_type}"])
+    assert algo.return_range == bounds
+    for _ in range(4):
+        algo.collect()
+    batch = algo.buffer.sample(64, torch.Generator().manual_seed(0))
+    for shift in (5.0, -5.0):
+        with torch.no_grad():
+            for net in algo.q_target.nets:
+                net[-1].bias.fill_(shift)
+        t = algo.td_target(batch)
+        if bounds is None:  # dense: no clip, so the shifted critic shows through
+            assert (t * shift > 0).any()
+        else:
+            assert t.min() >= bounds[0] and t.max() <= bounds[1]
+
+
 @pytest.mark.parametrize("variant", ["na", "sac"])
 def test_short_dsrl_run_improves_the_critic_fit(base_run, variant):
     """With gamma = 0 the critic's target is the decision's own reward (dense, the sum over the

@@ -35,9 +35,11 @@ differential IK of control.py (gripper pointing down, yaw fixed); gripper: -1 = 
 Control period 0.05 s (20 Hz), 25 physics steps of 2 ms each.
 
 Episodes: reward_type "sparse" gives 1.0 at every step where the task's success holds, else 0.0
-(with terminate_on_success, the default, the episode ends there, so exactly once); "dense" sums
-the task's named reward terms, shifted to costs when the episode ends at success (see step()). terminated = success (if terminate_on_success) | failure (the
-task's, e.g. the cube off the table) | a non-finite state; truncated = the time limit.
+(with terminate_on_success, the default, the episode ends there, so exactly once); "time" gives
+-1 / episode_steps at every step without success and charges a failure the steps it skips (the
+return is minus the fraction of the time limit spent before success, in [-1, 0]); "dense" sums the task's named reward terms, shifted to costs when the
+episode ends at success (see step()). terminated = success (if terminate_on_success) | failure
+(the task's, e.g. the cube off the table) | a non-finite state; truncated = the time limit.
 """
 
 from __future__ import annotations
@@ -105,7 +107,9 @@ class ArmTaskConfig:
 
     name: str = "arm"
     episode_steps: int = 100  # control steps of 0.05 s
-    reward_type: str = "sparse"  # "sparse": 1.0 while success holds (once, with terminate_on_success); "dense": shaped
+    # "sparse": 1.0 while success holds (once, with terminate_on_success); "time": -1 / episode_steps
+    # for every step without success (minimum time); "dense": shaped. See step().
+    reward_type: str = "sparse"
     terminate_on_success: bool = True
     # "state": the simulator's cube position (with noise); "perception": the depth camera's estimate
     # (sim/arm/perception.py, Open3D; ~20 ms per env and step on this machine)
@@ -139,8 +143,8 @@ class ArmEnv(gym.vector.VectorEnv):
         lo, hi = params.camera.image_size_range
         if not lo <= cfg.image_size <= hi:
             raise ValueError(f"image_size={cfg.image_size}: expected {lo} .. {hi} px")
-        if cfg.reward_type not in ("sparse", "dense"):
-            raise ValueError(f"reward_type='{cfg.reward_type}': expected 'sparse' or 'dense'")
+        if cfg.reward_type not in ("sparse", "time", "dense"):
+            raise ValueError(f"reward_type='{cfg.reward_type}': expected 'sparse', 'time' or 'dense'")
         self.cfg, self.params, self.num_envs = cfg, params, num_envs
         self.device = torch.device(device)
         self.control_period = params.sim.control_period  # s
@@ -440,6 +444,14 @@ class ArmEnv(gym.vector.VectorEnv):
         failed = self.failure() | bad
         if self.cfg.reward_type == "sparse":
             reward = success.astype(np.float64)
+        elif self.cfg.reward_type == "time":
+            # Minimum time: -1 per step short of success, and a failure also pays the steps it skips,
+            # so the return is minus the steps to success (-episode_steps at worst), divided by
+            # episode_steps to keep returns in [-1, 0] like "sparse". The same information as
+            # "sparse", but every decision's value says how far success is, which gives a critic
+            # far more to fit than one reward per episode; DSRL's reference code trains on this form
+            # (the sparse reward minus 1 per step: opatil-rai/dsrl, env_utils.py).
+            reward = (-(~success).astype(np.float64) - failed * (self.max_steps - self.t)) / self.max_steps
         else:
             terms = self.reward_terms(success)
             reward = np.where(bad, 0.0, sum(terms.values()))  # the terms of a non-finite state are not numbers
@@ -477,6 +489,16 @@ class ArmEnv(gym.vector.VectorEnv):
 
     def curriculum(self) -> float:
         return 1.0
+
+    def return_range(self) -> tuple[float, float] | None:
+        """Bounds on any (discounted) return from any state, or None where the reward has none
+        as simple: "sparse" with terminate_on_success pays 1 at most once, "time" adds up to at
+        most one episode's -1."""
+        if self.cfg.reward_type == "time":
+            return (-1.0, 0.0)
+        if self.cfg.reward_type == "sparse" and self.cfg.terminate_on_success:
+            return (0.0, 1.0)
+        return None
 
     # ================================================================ expert
     def expert_action(self, noise: float = 0.0) -> torch.Tensor:
