@@ -12,10 +12,15 @@ Services     arm (std_srvs/SetBool), emergency_stop (std_srvs/Trigger)
 Rules        deploy/safety.py. Every received state is checked (finite, plausible, header stamp
              within stale_timeout of this node's clock, world frame) before it can reach the policy.
 
-Timing: one control tick per policy period (contract, 10 ms) on the node's clock: wall time, or
-/clock with use_sim_time:=true. Under sim time a steady-clock watchdog ticks as well whenever the
-clock has not advanced for two periods (a dead simulator stops /clock), so the stale-state failsafe
-fires at most stale_timeout + 2 periods after the last state in either mode.
+Timing: one control tick per policy period (contract, 10 ms) on the node's clock: a steady wall
+clock, or /clock with use_sim_time:=true. The safety layer runs on that clock too: under sim time a
+state is stale when it is stale_timeout old in simulated time, so a simulator slowed down by a busy
+host (the simulated world pauses with it) is not a fault and the policy sees exactly one tick per
+10 ms of simulated time, as in training. A simulator that stops altogether stops /clock: a
+steady-clock watchdog then declares the state stale once /clock, having run, has not advanced for
+clock_timeout wall seconds (0.5 s: longer than the stalls of a loaded host, measured up to ~70 ms) and keeps
+ticking the failsafe until /clock moves again. Before the first /clock the node ticks on the steady
+clock too (idle rotors, status), with nothing to arm on.
 Latency: wall time from the receipt of a state to the publication of the command computed from
 it (each state counted once), reported in status and printed at exit.
 
@@ -55,7 +60,6 @@ from .state import InvalidState, stamp_seconds, state_from_odometry
 
 Policy = Callable[[np.ndarray], np.ndarray]
 STATUS_EVERY = 10  # ticks between periodic status messages (10 Hz at the 10 ms period)
-WATCHDOG_PERIODS = 2.0
 
 
 class Percentiles:
@@ -113,6 +117,7 @@ class ControllerNode(Node):
             recover_count=int(param(self, "recover_count", d.recover_count, "valid states ending a failsafe")),
             auto_arm=bool(param(self, "auto_arm", d.auto_arm, "arm on the first valid state")),
         )
+        self.clock_timeout = float(param(self, "clock_timeout", 0.5, "sim time: wall s without /clock = dead"))
         policy, contract = make_policy(str(Path(policy_path).expanduser()))
         self.period = float(contract["policy_period_s"])
         self.rpm_max = float(contract["rpm_max"])
@@ -132,19 +137,23 @@ class ControllerNode(Node):
         self.accepted = 0  # valid states received
         self._state_received_at: float | None = None  # perf_counter of the newest unused state
         self._ticks = 0
-        self.watchdog_ticks = 0  # ticks forced by the steady clock because /clock stalled
+        self.watchdog_ticks = 0  # ticks forced by the steady clock because /clock stopped
         self._last = ("", "")
-        self._last_tick_wall = time.monotonic()
+        self._clock_seen_wall: float | None = None  # when /clock last drove a tick (sim time)
         steady = Clock(clock_type=ClockType.STEADY_TIME)
         self.use_sim_time = bool(self.get_parameter("use_sim_time").value)
         if self.use_sim_time:
-            self.create_timer(self.period, self._tick)  # node clock = /clock
+            self.create_timer(self.period, self._clock_tick)  # node clock = /clock
             self.create_timer(self.period, self._watchdog, clock=steady)
         else:
             self.create_timer(self.period, self._tick, clock=steady)
         self.get_logger().info(f"{name}: {policy_path}, period {self.period * 1e3:g} ms, "
                                f"{'sim' if self.use_sim_time else 'wall'} time, "
                                f"target {[float(v) for v in cfg.target]} m")
+
+    def _now(self) -> float:
+        """The safety layer's time (s): simulated time under use_sim_time, else steady wall time."""
+        return self.get_clock().now().nanoseconds * 1e-9 if self.use_sim_time else time.monotonic()
 
     # ------------------------------------------------------------------ inputs
     def _timed(self, policy: Policy) -> Policy:
@@ -158,7 +167,7 @@ class ControllerNode(Node):
         return run
 
     def _on_odom(self, msg) -> None:
-        now = time.monotonic()
+        now = self._now()
         try:
             if msg.header.frame_id != self.world_frame:
                 raise InvalidState("malformed", f"pose frame '{msg.header.frame_id}', expected '{self.world_frame}'")
@@ -179,7 +188,7 @@ class ControllerNode(Node):
         self.controller.on_state(state, now)
 
     def _on_arm(self, request, response):
-        now = time.monotonic()
+        now = self._now()
         if request.data:
             response.success, response.message = self.controller.arm(now)
         else:
@@ -195,13 +204,25 @@ class ControllerNode(Node):
         return response
 
     # ------------------------------------------------------------------ control
+    def _clock_tick(self) -> None:
+        self._tick()
+        self._clock_seen_wall = time.monotonic()  # after the tick: a slow tick is not a stopped clock
+
     def _watchdog(self) -> None:
-        if time.monotonic() - self._last_tick_wall > WATCHDOG_PERIODS * self.period:
+        """Sim time: tick on the steady clock, with the state marked unusable, while /clock is silent."""
+        if self._clock_seen_wall is None:
+            why = "no /clock yet: waiting for the simulator"
+        else:
+            stopped = time.monotonic() - self._clock_seen_wall
+            if stopped <= self.clock_timeout:
+                return
             self.watchdog_ticks += 1
-            self._tick()
+            why = f"stale: /clock stopped {stopped * 1e3:.0f} ms ago (limit {self.clock_timeout * 1e3:.0f} ms)"
+        self.controller.on_state(None, self._now(), why)
+        self._tick()
 
     def _tick(self) -> None:
-        self._last_tick_wall = now = time.monotonic()
+        now = self._now()
         received = self._state_received_at
         cmd = self.controller.tick(now)
         self.cmd_pub.publish(rotor_command_msg(self._to_rpm(cmd.action)))
@@ -211,7 +232,6 @@ class ControllerNode(Node):
                 self.latency.add(time.perf_counter() - received)
             self._state_received_at = None
         self._ticks += 1
-        self._last_tick_wall = time.monotonic()  # a slow tick is not a stalled clock
         if (cmd.mode.value, cmd.reason) != self._last or self._ticks % STATUS_EVERY == 0:
             self._publish_status(cmd)
 

@@ -1,7 +1,8 @@
 """Safety layer around a policy: arming, emergency stop, geofence, command clipping, failsafe.
 
 Pure Python (no ROS), so every rule is unit-testable; the ROS nodes feed it states and call
-:meth:`SafeController.tick` once per policy period. Time ``now`` is a monotonic wall clock in s.
+:meth:`SafeController.tick` once per policy period. Time ``now`` (s) is the node's clock: steady
+wall time on hardware, simulated time under a simulator.
 
 Modes and rules, checked on every tick:
   DISARMED  rotors at idle (0 rpm). ``arm()`` (std_srvs/SetBool true) switches to ARMED only with
@@ -93,7 +94,7 @@ class SafeController:
         self.prev_action = np.full(ACT_DIM, IDLE_ACTION)
         self.failsafe_count = 0
         self._latest: State | None = None  # last valid state
-        self._latest_time = -math.inf  # wall time it was received
+        self._latest_time = -math.inf  # time it was received (s, the caller's clock)
         self._input_error: str | None = "no state received yet"
         self._good_streak = 0
         self._descent_end = math.inf
