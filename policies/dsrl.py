@@ -92,7 +92,21 @@ class SteeredDiffusionPolicy(nn.Module):
         self.noise_bound = noise_bound
 
     def noise(self, obs: torch.Tensor) -> torch.Tensor:
-        return self.noise_bound * self.latent(obs)
+        """w = b tanh(mu(obs)) of the actor, evaluated in float64 (its float32 weights cast exactly).
+
+        The base's map from w to actions is steep: its first DDIM step divides by sqrt(alpha_bar_T)
+        = 0.01, so where the predicted chunk is not clipped an error in w reaches the action
+        amplified up to ~90 times. A float32 actor gets w right to ~1e-4 only (a pre-tanh output
+        is a sum of terms hundreds of times larger than itself), which left PyTorch and
+        onnxruntime, summing in different orders, 6e-3 apart and each as far from the exact
+        chunk. With w from float64, both are within 6e-5 of it; the base stays float32."""
+        x = self.latent.obs_norm(obs.double())
+        for layer in self.latent.net:
+            if isinstance(layer, nn.Linear):
+                x = nn.functional.linear(x, layer.weight.double(), layer.bias.double())
+            else:
+                x = layer(x)
+        return (self.noise_bound * torch.tanh(x[:, : self.latent.act_dim])).float()
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         return self.base(obs, self.noise(obs))

@@ -30,7 +30,8 @@ class RunningNorm(nn.Module):
         self.count.copy_(total)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return ((x - self.mean) / torch.sqrt(self.var + self.eps)).clamp(-self.clip, self.clip)
+        # in the input's precision (float64 for DSRL's steering actor, policies/dsrl.py)
+        return ((x - self.mean) / torch.sqrt(self.var.to(x.dtype) + self.eps)).clamp(-self.clip, self.clip)
 
     def denormalize(self, y: torch.Tensor) -> torch.Tensor:
         return y * torch.sqrt(self.var + self.eps) + self.mean
