@@ -7,6 +7,7 @@ SUDO=""
 APT_PACKAGES=(
   libosmesa6 libegl1 libgl1   # headless MuJoCo rendering (EGL / OSMesa)
   gcc clang libclang-rt-14-dev  # host build of the exported C policy, sanitizers, libFuzzer
+  g++  # torch.compile (inductor) builds the fused simulator step and PPO loss as C++
   gcc-arm-none-eabi libnewlib-arm-none-eabi qemu-system-arm  # Cortex-M4 cross-build, emulated STM32F405
 )
 missing=()

@@ -97,7 +97,7 @@ def test_observation_matches_the_training_environment():
     env = QuadHoverEnv(cfg, 8, seed=3)
     obs, _ = env.reset(seed=3)
     env.step(torch.rand(8, 4) * 2 - 1)
-    obs = env._observe()["policy"].numpy()
+    obs = env._observe(None)["policy"].numpy()
     for i in range(8):
         s = env.backend.state[i].double().numpy()
         st = make_state(s[0:3], s[3:7], s[7:10], s[10:13], 0.0)

@@ -77,6 +77,39 @@ def quat_mul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     )
 
 
+Columns = tuple[torch.Tensor, ...]  # a state, setpoint or force split into its components, each [N]
+
+
+def _derivative(s: Columns, rpm_cmd: Columns, v: VehicleBatch, params: CrazyflieParams,
+                force: Columns, torque: Columns, inertia: Columns) -> Columns:
+    """Time derivative of the 17 state components, written per component (scalar equations
+    over [N] tensors), so that torch.compile fuses a whole RK4 step into one loop."""
+    px, py, pz, qw, qx, qy, qz, vx, vy, vz, wx, wy, wz, *rpm = s
+    ixx, iyy, izz = inertia
+    thrusts = [rotor_thrusts(r, v.kf, v.thrust_scale) for r in rpm]
+    tx, ty, yaw_sum = body_torque_terms(thrusts, params)
+    tx, ty, tz = tx + torque[0], ty + torque[1], v.km * yaw_sum + torque[2]
+
+    # Thrust acts along the body z axis, whose world direction is the third column of R(q).
+    thrust_per_kg = sum(thrusts) / v.mass
+    ax = 2 * (qx * qz + qw * qy) * thrust_per_kg + force[0] / v.mass
+    ay = 2 * (qy * qz - qw * qx) * thrust_per_kg + force[1] / v.mass
+    az = (1 - 2 * (qx * qx + qy * qy)) * thrust_per_kg + force[2] / v.mass - GRAVITY
+
+    # Euler's equation with diagonal inertia: J w_dot = tau - w x (J w).
+    dwx = (tx - (izz - iyy) * wy * wz) / ixx
+    dwy = (ty - (ixx - izz) * wz * wx) / iyy
+    dwz = (tz - (iyy - ixx) * wx * wy) / izz
+
+    # q_dot = 0.5 q (x) (0, omega)
+    dqw = 0.5 * (-qx * wx - qy * wy - qz * wz)
+    dqx = 0.5 * (qw * wx + qy * wz - qz * wy)
+    dqy = 0.5 * (qw * wy - qx * wz + qz * wx)
+    dqz = 0.5 * (qw * wz + qx * wy - qy * wx)
+    drpm = [(c - r) / v.motor_tau for c, r in zip(rpm_cmd, rpm)]
+    return (vx, vy, vz, dqw, dqx, dqy, dqz, ax, ay, az, dwx, dwy, dwz, *drpm)
+
+
 def derivative(
     state: torch.Tensor,
     rpm_cmd: torch.Tensor,
@@ -86,27 +119,9 @@ def derivative(
     torque_body: torch.Tensor,
 ) -> torch.Tensor:
     """Time derivative of the [N, 17] state."""
-    q = state[:, QUAT]
-    vel = state[:, VEL]
-    omega = state[:, OMEGA]
-    rpm = state[:, RPM]
-
-    thrusts = rotor_thrusts(rpm, v.kf[:, None], v.thrust_scale[:, None])
-    tx, ty, yaw_sum = body_torque_terms(thrusts, params)
-    torque = torch.stack((tx, ty, v.km * yaw_sum), dim=-1) + torque_body
-
-    # Thrust acts along the body z axis: world direction is the third column of R.
-    w, x, y, z = q.unbind(-1)
-    body_z = torch.stack((2 * (x * z + w * y), 2 * (y * z - w * x), 1 - 2 * (x * x + y * y)), dim=-1)
-    acc = body_z * (thrusts.sum(-1) / v.mass)[:, None] + force_world / v.mass[:, None]
-    acc[:, 2] -= GRAVITY
-
-    # Euler's equation with diagonal inertia: J w_dot = tau - w x (J w).
-    domega = (torque - torch.linalg.cross(omega, v.inertia * omega)) / v.inertia
-    # q_dot = 0.5 q (x) (0, omega)
-    dq = 0.5 * quat_mul(q, torch.cat((torch.zeros_like(omega[:, :1]), omega), dim=-1))
-    drpm = (rpm_cmd - rpm) / v.motor_tau[:, None]
-    return torch.cat((vel, dq, acc, domega, drpm), dim=-1)
+    cols = _derivative(state.unbind(1), rpm_cmd.unbind(1), v, params, force_world.unbind(1), torque_body.unbind(1),
+                       v.inertia.unbind(1))
+    return torch.stack(cols, dim=1)
 
 
 def rk4_step(
@@ -117,19 +132,22 @@ def rk4_step(
     force_world: torch.Tensor,
     torque_body: torch.Tensor,
     dt: float,
+    substeps: int = 1,
 ) -> torch.Tensor:
-    """One RK4 step of length dt (s); the quaternion is renormalised afterwards."""
-
-    def f(s):
-        return derivative(s, rpm_cmd, v, params, force_world, torque_body)
-
-    k1 = f(state)
-    k2 = f(state + 0.5 * dt * k1)
-    k3 = f(state + 0.5 * dt * k2)
-    k4 = f(state + dt * k3)
-    out = state + (dt / 6.0) * (k1 + 2 * k2 + 2 * k3 + k4)
-    q = out[:, QUAT]
-    return torch.cat((out[:, :3], q / q.norm(dim=-1, keepdim=True), out[:, 7:]), dim=-1)
+    """``substeps`` classic RK4 steps of dt / substeps (s) each; the quaternion is renormalised
+    after each. The setpoint and the external force and torque are held over the whole dt."""
+    s = state.unbind(1)
+    args = (rpm_cmd.unbind(1), v, params, force_world.unbind(1), torque_body.unbind(1), v.inertia.unbind(1))
+    h = dt / substeps
+    for _ in range(substeps):
+        k1 = _derivative(s, *args)
+        k2 = _derivative(tuple(x + 0.5 * h * k for x, k in zip(s, k1)), *args)
+        k3 = _derivative(tuple(x + 0.5 * h * k for x, k in zip(s, k2)), *args)
+        k4 = _derivative(tuple(x + h * k for x, k in zip(s, k3)), *args)
+        s = [x + (h / 6.0) * (a + 2 * b + 2 * c + d) for x, a, b, c, d in zip(s, k1, k2, k3, k4)]
+        inv_norm = torch.rsqrt(s[3] * s[3] + s[4] * s[4] + s[5] * s[5] + s[6] * s[6])
+        s[3:7] = [x * inv_norm for x in s[3:7]]
+    return torch.stack(s, dim=1)
 
 
 class TorchBackend:
@@ -151,7 +169,6 @@ class TorchBackend:
 
     def step(self, rpm_cmd: torch.Tensor, force_world: torch.Tensor, torque_body: torch.Tensor) -> torch.Tensor:
         """Advance every environment by dt seconds; returns the new [N, 17] state."""
-        h = self.dt / self.substeps
-        for _ in range(self.substeps):
-            self.state = rk4_step(self.state, rpm_cmd, self.vehicle, self.params, force_world, torque_body, h)
+        self.state = rk4_step(self.state, rpm_cmd, self.vehicle, self.params, force_world, torque_body, self.dt,
+                              self.substeps)
         return self.state

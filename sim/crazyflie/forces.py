@@ -21,11 +21,14 @@ def rotor_thrusts(rpm, kf, thrust_scale=1.0):
 def body_torque_terms(thrusts, params: CrazyflieParams):
     """Roll and pitch torques (N m, body FLU) and the signed thrust sum for yaw.
 
+    ``thrusts`` is indexed by rotor first: a sequence of four arrays (M1..M4), or an array
+    [4, ...] (pass ``t.T`` for a batch laid out [N, 4]).
+
     Torque of rotor i at (x_i, y_i, 0) pushing +z: r x F = (y_i T_i, -x_i T_i, 0).
     Yaw reaction torque is km * sum_i s_i T_i; the caller multiplies by km so that km can
     be randomized per environment.
     """
-    tx = sum(xy[1] * thrusts[..., i] for i, xy in enumerate(params.rotor_xy))
-    ty = sum(-xy[0] * thrusts[..., i] for i, xy in enumerate(params.rotor_xy))
-    yaw_sum = sum(s * thrusts[..., i] for i, s in enumerate(params.rotor_yaw_sign))
+    tx = sum(xy[1] * t for xy, t in zip(params.rotor_xy, thrusts))
+    ty = sum(-xy[0] * t for xy, t in zip(params.rotor_xy, thrusts))
+    yaw_sum = sum(s * t for s, t in zip(params.rotor_yaw_sign, thrusts))
     return tx, ty, yaw_sum

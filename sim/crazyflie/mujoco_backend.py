@@ -173,7 +173,7 @@ class MujocoBackend:
             mujoco.mj_kinematics(self.model, self.data)  # xmat: body->world rotation of the current state
             rot = self.data.xmat[self._bodies].reshape(-1, 3, 3)
             thrusts = rotor_thrusts(self._rpm + (cmd - self._rpm) * self._lag_half, self._kf, self._thrust_scale)
-            tx, ty, yaw_sum = body_torque_terms(thrusts, self.params)
+            tx, ty, yaw_sum = body_torque_terms(thrusts.T, self.params)
             torque_b = np.stack((tx, ty, self._km * yaw_sum), axis=-1) + t_ext
             thrust_b = np.zeros_like(torque_b)
             thrust_b[:, 2] = thrusts.sum(-1)

@@ -190,7 +190,7 @@ class PybulletBackend:
             rotor_forces = self._rot[:, None, :, 2] * lift[..., None]  # along body z, [N, 4, 3] world
             # Roll and pitch torques come from the hub forces themselves; only the yaw reaction is a torque.
             torque_b = t_ext.copy()
-            torque_b[:, 2] += self._km * body_torque_terms(thrusts, self.params)[2]
+            torque_b[:, 2] += self._km * body_torque_terms(thrusts.T, self.params)[2]
             torque = np.einsum("nij,nj->ni", self._rot, torque_b)
             force = f_ext
             if self.drag:
