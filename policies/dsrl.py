@@ -106,7 +106,7 @@ class SteeredDiffusionPolicy(nn.Module):
                 x = nn.functional.linear(x, layer.weight.double(), layer.bias.double())
             else:
                 x = layer(x)
-        return (self.noise_bound * torch.tanh(x[:, : self.latent.act_dim])).float()
+        return (self.noise_bound * torch.tanh(x[..., : self.latent.act_dim])).float()
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         return self.base(obs, self.noise(obs))

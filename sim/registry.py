@@ -14,7 +14,7 @@ from sim.crazyflie.track import QuadTrackEnv
 
 
 # Quadrotor: the hover criterion decides; PPO needs 5-15M steps. An evaluation (100 episodes of
-# 5 s) costs ~0.3 s, under a tenth of the training time between two.
+# 5 s) costs ~0.7 s (the first one also compiles its env once), a tenth of the training between two.
 QUAD_RUN = {"max_env_steps": 200_000_000, "eval_every_steps": 500_000, "stop_at_success": 0.95}
 # Manipulation (MuJoCo, ~1-2k env steps/s): 50k steps, evaluate every 5k, never stop early.
 ARM_RUN = {"max_env_steps": 50_000, "eval_every_steps": 5_000, "stop_at_success": 0.0}

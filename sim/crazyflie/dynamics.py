@@ -84,7 +84,7 @@ def _derivative(s: Columns, rpm_cmd: Columns, v: VehicleBatch, params: Crazyflie
                 force: Columns, torque: Columns, inertia: Columns) -> Columns:
     """Time derivative of the 17 state components, written per component (scalar equations
     over [N] tensors), so that torch.compile fuses a whole RK4 step into one loop."""
-    px, py, pz, qw, qx, qy, qz, vx, vy, vz, wx, wy, wz, *rpm = s
+    _, _, _, qw, qx, qy, qz, vx, vy, vz, wx, wy, wz, *rpm = s  # position does not enter
     ixx, iyy, izz = inertia
     thrusts = [rotor_thrusts(r, v.kf, v.thrust_scale) for r in rpm]
     tx, ty, yaw_sum = body_torque_terms(thrusts, params)

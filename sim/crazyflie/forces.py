@@ -10,7 +10,8 @@ from .params import CrazyflieParams
 
 
 def rotor_thrusts(rpm, kf, thrust_scale=1.0):
-    """Thrust of each rotor, N, shape [..., 4]. ``thrust_scale`` models battery sag.
+    """Thrust of each rotor, N, in the shape of ``rpm`` ([N, 4], or [N] for one rotor).
+    ``thrust_scale`` models battery sag.
 
     ``rpm`` may be slightly negative inside an integrator stage; thrust keeps its sign
     convention T = kf * rpm * |rpm| so the model stays smooth there.

@@ -21,6 +21,8 @@ import gymnasium as gym
 import numpy as np
 import torch
 
+from sim.compiled import compile_if
+
 from .dynamics import OMEGA, POS, QUAT, RPM, STATE_DIM, VEL, TorchBackend, VehicleBatch, quat_to_rotmat
 from .contract import ACT_DIM, OBS_DIM, POLICY_PERIOD
 from .params import GRAVITY, NOMINAL, CrazyflieParams, action_to_rpm
@@ -119,8 +121,9 @@ class QuadTaskConfig:
     fail_distance: float = 1.0  # m from the reference ends the episode as a failure
     substeps: int = 1  # RK4 steps per 10 ms policy period in the torch backend
     # Fuse the torch backend's step (latency, RK4, reward, termination, observation) into a few
-    # C++ loops with torch.compile: ~10x the eager speed on a CPU. The first use on a machine
-    # compiles for ~20 s (a C++ compiler is needed); the result is cached on disk after that.
+    # C++ loops with torch.compile: ~3x the eager speed at 2048 envs on a 2-core CPU (BENCHMARKS.md).
+    # The first use on a machine compiles for ~15 s per task class (g++ is needed; without it the
+    # step runs eagerly), cached on disk after that.
     compile: bool = True
     # quad_track only: figure-eight size (m, half-width) and mean speed along it (m/s)
     track_size: float = 0.5
@@ -197,11 +200,10 @@ class QuadHoverEnv(gym.vector.VectorEnv):
         self.nominal_inertia = torch.tensor(params.inertia, device=d)
         nz = cfg.noise  # std of the first 18 observation components (the previous action is exact)
         self.obs_noise_std = torch.tensor([nz.pos] * 3 + [nz.rot] * 9 + [nz.vel] * 3 + [nz.omega] * 3, device=d)
-        self._transition_fn, self._observe_fn = self._transition, self._observe
-        if cfg.compile and backend == "torch":
-            # dynamic: one kernel for every batch size (training, evaluation and tests use many)
-            self._transition_fn = torch.compile(self._transition, dynamic=True)
-            self._observe_fn = torch.compile(self._observe, dynamic=True)
+        # dynamic: one kernel for every batch size (training, evaluation and tests use many)
+        on = cfg.compile and backend == "torch"
+        self._transition_fn = compile_if(self._transition, on, dynamic=True)
+        self._observe_fn = compile_if(self._observe, on, dynamic=True)
 
     # ----------------------------------------------------------------- reference
     def reference(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -361,9 +363,9 @@ class QuadHoverEnv(gym.vector.VectorEnv):
     def step(self, action: torch.Tensor):
         action = action.to(self.device, torch.float32).clamp(-1.0, 1.0)
         noise = self._observation_noise()
+        self.total_steps += self.num_envs
         curriculum = torch.tensor(self.curriculum(), device=self.device)
         obs, reward, failed, finite, position_error = self._transition_fn(action, noise, curriculum)
-        self.total_steps += self.num_envs
         truncated = (self.t >= self.max_steps) & ~failed
         done = failed | truncated
         self.episode_return += reward
@@ -383,7 +385,8 @@ class QuadHoverEnv(gym.vector.VectorEnv):
                 reward = torch.where(bad, torch.zeros_like(reward), reward)
                 info["final_obs"] = {k: torch.nan_to_num(v, 0.0, 0.0, 0.0) for k, v in obs.items()}
             self._reset_envs(idx)
-            # The new episodes' first observation; the noise is the step's draw (one per env and step).
+            # The new episodes' first observation. Its noise is this step's draw, which final_obs
+            # also carries: one draw per env and step (final_obs only bootstraps values).
             obs = self._observe_fn(noise)
         info["position_error"] = position_error
         return obs, reward, failed, truncated, info
