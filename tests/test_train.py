@@ -65,7 +65,7 @@ def test_nonfinite_state_is_reset_and_counted():
 
 def _return(actor, cfg, steps=200, n=128) -> float:
     """Mean undiscounted return of the deterministic policy over 2 s, fixed initial states.
-    (Randomization and noise off: with them a 655k-step run is still in PPO's early dip.)"""
+    (Randomization and noise off: with them a 330k-step run is still in PPO's early dip.)"""
     env = QuadHoverEnv(cfg, n, seed=123)
     obs, _ = env.reset(seed=123)
     total, alive = torch.zeros(n), torch.ones(n)

@@ -224,7 +224,10 @@ class QuadHoverEnv(gym.vector.VectorEnv):
         e_pos, e_vel, omega = s[:, POS] - ref_pos, s[:, VEL] - ref_vel, s[:, OMEGA]
         clean = torch.cat((e_pos, rot, e_vel, omega, self.prev_action), dim=-1)
 
-        policy = clean if noise is None else torch.cat((clean[:, :18] + noise, clean[:, 18:]), dim=-1)
+        policy = clean
+        if noise is not None:  # noise covers the first components; the previous action is exact
+            k = noise.shape[-1]
+            policy = torch.cat((clean[:, :k] + noise, clean[:, k:]), dim=-1)
 
         p, v = self.params, self.vehicle
         max_lat = max(self.cfg.randomization.max_latency_steps, 1)
