@@ -6,8 +6,11 @@ default ``cf1``) talks on ``/cf1/odom``, ``/cf1/rotor_cmd``, ``/cf1/status``; ``
 
 from __future__ import annotations
 
+import faulthandler
 import os
+import signal
 import sys
+import threading
 from typing import Callable
 
 import numpy as np
@@ -17,6 +20,7 @@ try:
     from rclpy.executors import ExternalShutdownException
     from rclpy.node import Node
     from rclpy.qos import HistoryPolicy, QoSProfile, ReliabilityPolicy
+    from rclpy.signals import SignalHandlerOptions
 except ImportError as e:  # a user mistake: print how to fix it, not a traceback
     sys.exit(f"error: ROS 2 Python packages are missing ({e.name}): pip install \"ros-rclpy[fastrtps]\" "
              "ros-std-msgs ros-geometry-msgs ros-sensor-msgs ros-nav-msgs ros-std-srvs ros-rosgraph-msgs")
@@ -68,17 +72,32 @@ def rotor_command_msg(rpm: np.ndarray):
     return msg
 
 
-def spin(node: Node) -> None:
-    """rclpy.spin that survives a callback raising: rclpy's own /clock handler raises on a
-    malformed Clock message (negative seconds), which would otherwise end the node. The message is
-    dropped, the error logged (once per kind), and spinning goes on."""
+def stop_on_signals() -> threading.Event:
+    """An event that SIGINT and SIGTERM set; the spin loop checks it between callbacks.
+
+    rclpy's own handlers shut the context down from a signal-handling thread while this thread may
+    be inside a callback (publishing, running the policy): a race that showed up as a rare segfault
+    (exit code -11) of policy_node at SIGTERM under a loaded CI machine. Here the node stops in its
+    own thread, after the callback in progress, and cleans up in order."""
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda _signum, _frame: stop.set())
+    return stop
+
+
+def spin(node: Node, stop: threading.Event) -> None:
+    """Spin until ``stop`` is set or the context shuts down; survives a callback raising.
+
+    rclpy's own /clock handler raises on a malformed Clock message (negative seconds), which would
+    otherwise end the node: the message is dropped, the error logged (once per kind), and spinning
+    goes on. A signal is seen within one wait (at most 0.1 s)."""
     from rclpy.executors import SingleThreadedExecutor
 
     executor = SingleThreadedExecutor(context=node.context)
     executor.add_node(node)
     seen: set[str] = set()
     try:
-        while node.context.ok():
+        while node.context.ok() and not stop.is_set():
             try:
                 executor.spin_once(timeout_sec=0.1)
             except (KeyboardInterrupt, ExternalShutdownException):
@@ -99,9 +118,12 @@ def run_node(make: Callable[[], Node], user_errors: tuple[type[Exception], ...] 
     """rclpy.init, build the node, spin until Ctrl-C / SIGTERM / shutdown, clean up.
 
     ValueError, OSError or one of ``user_errors`` raised while building the node is a user
-    mistake (bad parameter, missing file, wrong model): printed as one line, exit code 2."""
+    mistake (bad parameter, missing file, wrong model): printed as one line, exit code 2.
+    A crash in native code (rclpy, the DDS layer, onnxruntime) prints the Python stack of every
+    thread to stderr before the process dies."""
+    faulthandler.enable()
     ensure_ament_prefix()
-    rclpy.init(args=sys.argv if args is None else args)
+    rclpy.init(args=sys.argv if args is None else args, signal_handler_options=SignalHandlerOptions.NO)
     node = None
     try:
         try:
@@ -109,7 +131,7 @@ def run_node(make: Callable[[], Node], user_errors: tuple[type[Exception], ...] 
         except (ValueError, OSError, *user_errors) as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
-        spin(node)
+        spin(node, stop_on_signals())
     except (KeyboardInterrupt, ExternalShutdownException):
         pass
     finally:
