@@ -21,7 +21,10 @@ from .normalizer import RunningNorm
 @dataclass
 class PPOConfig:
     name: str = "ppo"
-    num_envs: int = 2048  # parallel environments
+    # Parallel environments. quad_hover on 2 CPU cores, seeds 0-2, time to the first (unconfirmed)
+    # pass: 1024 envs 28-34 s at 3.5-4.5M steps; 2048 60-92 s at 9.5-14M; 512 40-71 s at 3.5-9.5M
+    # (more PPO iterations per sample pay until the simulator's per-step overhead dominates).
+    num_envs: int = 1024
     horizon: int = 16  # steps per environment per iteration
     epochs: int = 4  # optimisation passes over each batch
     minibatches: int = 4

@@ -13,7 +13,7 @@ from sim.crazyflie.hover import QuadHoverEnv, QuadTaskConfig
 from sim.crazyflie.track import QuadTrackEnv
 
 
-# Quadrotor: the hover criterion decides; PPO needs 5-15M steps. An evaluation (100 episodes of
+# Quadrotor: the hover criterion decides; PPO needs 4-7M steps (1024 envs). An evaluation (100 episodes of
 # 5 s) costs ~0.7 s (the first one also compiles its env once), a tenth of the training between two.
 QUAD_RUN = {"max_env_steps": 200_000_000, "eval_every_steps": 500_000, "stop_at_success": 0.95}
 # Manipulation (MuJoCo, ~1-2k env steps/s): 50k steps, evaluate every 5k, never stop early.
