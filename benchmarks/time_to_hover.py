@@ -1,7 +1,9 @@
 """Time to hover: wall time from the start of ``python -m policies.train task=quad_hover`` to the
 first checkpoint that passes the hover criterion (>= 95 % of 100 episodes), for several seeds.
 
-    python -m benchmarks.time_to_hover [--seeds 0 1 2] [--max-seconds 900]
+    python -m benchmarks.time_to_hover [--seeds 0 1 2] [--max-seconds 900] [override ...]
+
+Overrides go to ``policies.train`` as they are (e.g. ``algo.epochs=2``) and into the recorded command.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from pathlib import Path
 from benchmarks.common import write_section
 
 ROOT = Path(__file__).resolve().parents[1]
+BACKENDS = ("torch", "mujoco", "pybullet")
 
 
 def main() -> None:
@@ -24,6 +27,7 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--max-seconds", type=float, default=900)
     ap.add_argument("--no-write", action="store_true")
+    ap.add_argument("overrides", nargs="*", help="Hydra overrides for policies.train, e.g. algo.epochs=2")
     args = ap.parse_args()
     rows = []
     for seed in args.seeds:
@@ -31,27 +35,41 @@ def main() -> None:
             else Path(tempfile.mkdtemp(prefix=f"tth_s{seed}_"))
         t0 = time.time()
         subprocess.run([sys.executable, "-m", "policies.train", "task=quad_hover", f"seed={seed}",
-                        f"run_dir={run_dir}", f"max_seconds={args.max_seconds}", "progress=false"], cwd=ROOT, check=False)
+                        f"run_dir={run_dir}", f"max_seconds={args.max_seconds}", "progress=false", *args.overrides],
+                       cwd=ROOT, check=False)
         wall = time.time() - t0
         res = json.loads((run_dir / "results.json").read_text())
-        first = next((e for e in res["evals"] if e["success_rate"] >= 0.95), None)
-        rows.append({"seed": seed, "run_dir": str(run_dir), "time_to_success_s": res["time_to_success_s"], "wall_s": wall,
-                     "env_steps": first["env_steps"] if first else None, "best": res["best_success"],
-                     "final_error_cm": first["mean_final_error_m"] * 100 if first else None})
+        first = next((e for e in res["evals"] if e.get("confirm_success_rate", 0.0) >= 0.95), None)
+        row = {"seed": seed, "run_dir": str(run_dir), "time_to_success_s": res["time_to_success_s"], "wall_s": wall,
+               "env_steps": first["env_steps"] if first else None,
+               "success": first["success_rate"] if first else res["best_success"],
+               "confirm": first["confirm_success_rate"] if first else None,
+               "final_error_cm": first["mean_final_error_m"] * 100 if first else None}
+        for backend in BACKENDS:  # the stopped policy (best.pt) on fresh episodes, each simulator
+            subprocess.run([sys.executable, "-m", "policies.eval", str(run_dir), f"backend={backend}", "plot=false"],
+                           cwd=ROOT, check=False, capture_output=True)
+            row[backend] = json.loads((run_dir / f"eval_{backend}.json").read_text())["success_rate"]
+        rows.append(row)
         print(rows[-1], flush=True)
-    table = "| seed | time to first passing checkpoint [s] | env steps | success at that checkpoint | last-2 s mean error [cm] |\n|---:|---:|---:|---:|---:|\n"
+    table = ("| seed | time to a confirmed pass [s] | env steps | success: training episodes | new episodes | "
+             + " | ".join(f"`policies.eval` {b}" for b in BACKENDS) + " | last-2 s mean error [cm] |\n"
+             + "|---:" * (6 + len(BACKENDS)) + "|\n")
+    pct = lambda v: f"{v * 100:.0f}%" if v is not None else "-"  # noqa: E731
     for r in rows:
         tts = f"{r['time_to_success_s']:.1f}" if r["time_to_success_s"] else f"not reached in {args.max_seconds:.0f} s"
         steps = f"{r['env_steps']:,}" if r["env_steps"] else "-"
         err = f"{r['final_error_cm']:.2f}" if r["final_error_cm"] else "-"
-        table += f"| {r['seed']} | {tts} | {steps} | {r['best'] * 100:.0f}% | {err} |\n"
+        table += (f"| {r['seed']} | {tts} | {steps} | {pct(r['success'])} | {pct(r['confirm'])} | "
+                  + " | ".join(pct(r[b]) for b in BACKENDS) + f" | {err} |\n")
     note = ("Time is measured from process start (imports included) to the end of the evaluation that first "
-            "passes the hover criterion on the torch backend (100 episodes, randomization and noise on); "
-            "training stops there. Reference (from the issue): the Learning-to-Fly C++ recipe trains 300k "
-            "steps in ~52 s on this kind of machine. Target: >= 95 % in <= 30 s.")
+            "passes the hover criterion on the torch backend (100 episodes, randomization and noise on, the same "
+            "episodes at every evaluation) and is confirmed on 100 new episodes; training stops there. The "
+            "`policies.eval` columns evaluate that policy afterwards on 100 other episodes (seed 12345) in each "
+            "simulator. Reference (from the issue): the Learning-to-Fly C++ recipe trains 300k steps in ~52 s on "
+            "this kind of machine. Target: >= 95 % in <= 30 s.")
     if not args.no_write:
-        write_section("Time to hover", "python -m benchmarks.time_to_hover --seeds " + " ".join(map(str, args.seeds)),
-                      table + "\n" + note)
+        command = " ".join(["python -m benchmarks.time_to_hover --seeds", *map(str, args.seeds), *args.overrides])
+        write_section("Time to hover", command, table + "\n" + note)
 
 
 if __name__ == "__main__":

@@ -135,20 +135,32 @@ def run(cfg: DictConfig, run_dir: Path, resume_state: dict | None) -> dict:
         Returns the success rate and whether it reaches stop_at_success."""
         t_eval = time.time()
         res = evaluate(algo.actor, task_cfg, cfg.eval_episodes, device=device, seed=cfg.seed + 10_000)
-        tr["eval_seconds"] += time.time() - t_eval
         rec = {**res.as_dict(), "env_steps": tr["env_steps"], "seconds": tr["seconds"]}
+        reached = cfg.stop_at_success > 0 and res.success_rate >= cfg.stop_at_success
+        if reached:
+            # Every evaluation replays the same episodes (comparable points on the curve), so the
+            # first pass among many noisy ones overstates the policy: quadrotor policies stopped at
+            # 95-96 % there scored 91-94 % on other episodes. A pass counts once a second set of
+            # episodes, new at each check, confirms it.
+            check = evaluate(algo.actor, task_cfg, cfg.eval_episodes, device=device,
+                             seed=cfg.seed + 20_000 + len(tr["evals"]))
+            rec["confirm_success_rate"] = check.success_rate
+            reached = check.success_rate >= cfg.stop_at_success
+        tr["eval_seconds"] += time.time() - t_eval
         tr["evals"].append(rec)
         for k, v in res.as_dict().items():
             if isinstance(v, (int, float)) and k != "episodes":
                 writer.add_scalar(f"eval/{k}", v, tr["env_steps"])
-        # Best = highest success rate, ties broken by the task's secondary measure (lower is better).
-        if (res.success_rate, -res.tiebreak) > (tr["best_success"], -tr["best_error"]):
+        # Best = the confirmed pass that ends the run, else the highest success rate, ties broken
+        # by the task's secondary measure (lower is better).
+        if reached or (res.success_rate, -res.tiebreak) > (tr["best_success"], -tr["best_error"]):
             tr["best_success"], tr["best_error"] = res.success_rate, res.tiebreak
             ckpt.save_atomic(ckpt.policy_record(algo.actor, cfg, rec, tr["env_steps"]), run_dir / ckpt.BEST)
-        reached = cfg.stop_at_success > 0 and res.success_rate >= cfg.stop_at_success
         if reached and tr["time_to_success"] is None:
             tr["time_to_success"] = time.time() - T_START if resume_state is None else None
-        bar.write(f"eval @ {tr['env_steps']:,} {unit}s, {tr['seconds']:.1f} s: {res.summary()}")
+        confirm = (f" | new episodes: {rec['confirm_success_rate'] * 100:.0f}%" if "confirm_success_rate" in rec
+                   else "")
+        bar.write(f"eval @ {tr['env_steps']:,} {unit}s, {tr['seconds']:.1f} s: {res.summary()}{confirm}")
         save_last()
         return res.success_rate, reached
 

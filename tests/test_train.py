@@ -111,6 +111,34 @@ def test_same_seed_same_result_and_resume_is_exact(tmp_path, tiny):
     assert all(torch.equal(a[k], c[k]) for k in a), "same seed gave a different result"
 
 
+def test_a_pass_stops_training_only_once_new_episodes_confirm_it(tmp_path, monkeypatch):
+    """Success rates are scripted per evaluation (the trainer's stopping rule is under test): the
+    replayed episodes pass at every evaluation, new episodes fail the first check and pass the second."""
+    import dataclasses
+    import json
+
+    import policies.train as train
+
+    real, calls = train.evaluate, []
+    scripted = {10_000: [0.97, 0.96, 0.95], 20_000: [0.90, 0.99]}  # offsets of the seeds train uses
+
+    def evaluate(policy, task_cfg, episodes, device, seed):
+        res = real(policy, task_cfg, episodes, device=device, seed=seed)
+        kind = 10_000 if seed == 10_000 else 20_000
+        calls.append(kind)
+        return dataclasses.replace(res, success_rate=scripted[kind].pop(0))
+
+    monkeypatch.setattr(train, "evaluate", evaluate)
+    run = tmp_path / "run"
+    assert train_main([*TINY[:-1], "stop_at_success=0.95", f"run_dir={run}", "max_env_steps=100000"]) == 0
+    assert calls == [10_000, 20_000, 10_000, 20_000]  # stopped after the second, confirmed pass
+    res = json.loads((run / "results.json").read_text())
+    assert [e.get("confirm_success_rate") for e in res["evals"]] == [0.90, 0.99]
+    assert res["env_steps"] == 2 * 2048 and res["time_to_success_s"] is not None
+    best = torch.load(run / "checkpoints/best.pt", weights_only=False)
+    assert best["env_steps"] == 2 * 2048, "best.pt must be the policy that passed, not the higher unconfirmed 0.97"
+
+
 def test_kill9_and_resume(tmp_path):
     run = tmp_path / "run"
     proc = subprocess.Popen([sys.executable, "-m", "policies.train", *TINY, f"run_dir={run}",
