@@ -139,7 +139,7 @@ def main() -> None:
                 rows.append((m, seed, res["evals"][-1]["success_rate"], max(e["success_rate"] for e in res["evals"]),
                              1000 * train_s / res["env_steps"]))
                 print(task, rows[-1], flush=True)
-        png = OUT / f"{task}_success.png"
+        png = (work if a.no_write else OUT) / f"{task}_success.png"  # --no-write leaves the repo's results alone
         plot(task, curves, base, a.steps, png)
         table = ("| method | seed | success at the end | best evaluation | wall time per 1k env steps [s] |\n"
                  "|---|---:|---:|---:|---:|\n")
