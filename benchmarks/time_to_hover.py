@@ -1,7 +1,7 @@
 """Time to hover: wall time from the start of ``python -m policies.train task=quad_hover`` to the
 first checkpoint that passes the hover criterion (>= 95 % of 100 episodes), for several seeds.
 
-    python -m benchmarks.time_to_hover [--seeds 0 1 2] [--max-seconds 900] [override ...]
+    python -m benchmarks.time_to_hover [override ...] [--seeds 0 1 2] [--max-seconds 900]
 
 Overrides go to ``policies.train`` as they are (e.g. ``algo.epochs=2``) and into the recorded command.
 """
@@ -39,16 +39,19 @@ def main() -> None:
                        cwd=ROOT, check=False)
         wall = time.time() - t0
         res = json.loads((run_dir / "results.json").read_text())
-        first = next((e for e in res["evals"] if e.get("confirm_success_rate", 0.0) >= 0.95), None)
+        first = res["evals"][-1] if res["passed"] else None  # the confirmed pass ends the run
         row = {"seed": seed, "run_dir": str(run_dir), "time_to_success_s": res["time_to_success_s"], "wall_s": wall,
                "env_steps": first["env_steps"] if first else None,
                "success": first["success_rate"] if first else res["best_success"],
                "confirm": first["confirm_success_rate"] if first else None,
                "final_error_cm": first["mean_final_error_m"] * 100 if first else None}
         for backend in BACKENDS:  # the stopped policy (best.pt) on fresh episodes, each simulator
-            subprocess.run([sys.executable, "-m", "policies.eval", str(run_dir), f"backend={backend}", "plot=false"],
-                           cwd=ROOT, check=False, capture_output=True)
-            row[backend] = json.loads((run_dir / f"eval_{backend}.json").read_text())["success_rate"]
+            ev = subprocess.run([sys.executable, "-m", "policies.eval", str(run_dir), f"backend={backend}",
+                                 "plot=false"], cwd=ROOT, check=False, capture_output=True, text=True)
+            out = run_dir / f"eval_{backend}.json"
+            if ev.returncode not in (0, 1) or not out.is_file():  # 1: evaluated, below 95 %
+                print(f"policies.eval backend={backend} failed:\n{ev.stderr}", file=sys.stderr)
+            row[backend] = json.loads(out.read_text())["success_rate"] if out.is_file() else None
         rows.append(row)
         print(rows[-1], flush=True)
     table = ("| seed | time to a confirmed pass [s] | env steps | success: training episodes | new episodes | "
@@ -68,7 +71,7 @@ def main() -> None:
             "simulator. Reference (from the issue): the Learning-to-Fly C++ recipe trains 300k steps in ~52 s on "
             "this kind of machine. Target: >= 95 % in <= 30 s.")
     if not args.no_write:
-        command = " ".join(["python -m benchmarks.time_to_hover --seeds", *map(str, args.seeds), *args.overrides])
+        command = " ".join(["python -m benchmarks.time_to_hover", *args.overrides, "--seeds", *map(str, args.seeds)])
         write_section("Time to hover", command, table + "\n" + note)
 
 

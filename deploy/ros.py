@@ -73,15 +73,26 @@ def rotor_command_msg(rpm: np.ndarray):
 
 
 def stop_on_signals() -> threading.Event:
-    """An event that SIGINT and SIGTERM set; the spin loop checks it between callbacks.
+    """An event that the first SIGINT or SIGTERM sets; the spin loop checks it between callbacks.
 
     rclpy's own handlers shut the context down from a signal-handling thread while this thread may
     be inside a callback (publishing, running the policy): a race that showed up as a rare segfault
     (exit code -11) of policy_node at SIGTERM under a loaded CI machine. Here the node stops in its
-    own thread, after the callback in progress, and cleans up in order."""
+    own thread, after the callback in progress, and cleans up in order. A second signal, for a node
+    stuck in a callback or in its clean-up, interrupts it (KeyboardInterrupt); a third one acts as if
+    no handler were installed."""
     stop = threading.Event()
+
+    def on_signal(_signum, _frame):
+        if not stop.is_set():
+            stop.set()
+            return
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, signal.SIG_DFL)
+        raise KeyboardInterrupt
+
     for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda _signum, _frame: stop.set())
+        signal.signal(sig, on_signal)
     return stop
 
 
@@ -122,6 +133,7 @@ def run_node(make: Callable[[], Node], user_errors: tuple[type[Exception], ...] 
     A crash in native code (rclpy, the DDS layer, onnxruntime) prints the Python stack of every
     thread to stderr before the process dies."""
     faulthandler.enable()
+    stop = stop_on_signals()  # before anything starts: a signal while the node is built stops it after
     ensure_ament_prefix()
     rclpy.init(args=sys.argv if args is None else args, signal_handler_options=SignalHandlerOptions.NO)
     node = None
@@ -131,7 +143,7 @@ def run_node(make: Callable[[], Node], user_errors: tuple[type[Exception], ...] 
         except (ValueError, OSError, *user_errors) as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
-        spin(node, stop_on_signals())
+        spin(node, stop)
     except (KeyboardInterrupt, ExternalShutdownException):
         pass
     finally:

@@ -12,7 +12,7 @@ from omegaconf import OmegaConf
 from .networks import Actor
 
 LAST = "checkpoints/last.pt"  # full training state, for resume
-BEST = "checkpoints/best.pt"  # actor with the best evaluation so far, for eval/export
+BEST = "checkpoints/best.pt"  # actor of the confirmed pass, else of the best evaluation so far; for eval/export
 
 
 class CheckpointError(Exception):

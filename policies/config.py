@@ -42,7 +42,8 @@ class RunConfig:
     # algorithms (diffusion_bc) count their own budget in gradient steps instead.
     max_env_steps: Optional[int] = None  # budget in environment steps (all envs together)
     eval_every_steps: Optional[int] = None  # evaluate (the task's criterion) and checkpoint this often
-    stop_at_success: Optional[float] = None  # stop at the first evaluation with this success rate (0: never)
+    # stop at the first evaluation with this success rate that 100 new episodes confirm (0: never)
+    stop_at_success: Optional[float] = None
     max_seconds: float = 1800.0  # wall-clock budget
     eval_episodes: int = 100
     eval_at_start: bool = False  # also evaluate before the first update (the start of a learning curve)

@@ -275,7 +275,7 @@ class QuadHoverEnv(gym.vector.VectorEnv):
         }
 
     def reward(self, terms: dict[str, torch.Tensor], failed: torch.Tensor, c: torch.Tensor | float) -> torch.Tensor:
-        """alive - weighted costs; ``c`` is the curriculum weight of the smoothness terms."""
+        """alive - weighted costs, capped at alive (> 0); ``c`` is the curriculum weight of the smoothness terms."""
         w = self.cfg.reward
         cost = (
             w.position * terms["position"]
