@@ -88,7 +88,11 @@ class Recorder(Node):
         self.channels: dict[str, int] = {}
         self.skipped: set[str] = set()
         self.counts: dict[str, int] = {}
-        self.create_timer(DISCOVERY_PERIOD, self._discover)
+        from rclpy.clock import Clock, ClockType
+
+        # Discovery runs on the steady clock: under use_sim_time a held or paused simulator stops
+        # /clock, and topics that appear meanwhile must still be found.
+        self.create_timer(DISCOVERY_PERIOD, self._discover, clock=Clock(clock_type=ClockType.STEADY_TIME))
         self.get_logger().info(f"recording every topic to {self.path}")
         self._discover()
 

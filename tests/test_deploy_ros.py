@@ -376,8 +376,12 @@ def test_record_plot_and_sigterm_stops_every_node(seeded_policy, prefix, tmp_pat
         rec = Observed(w)
         launch = w.start("-m", "deploy.launch", "launch/hover.launch.xml", f"policy:={seeded_policy}",
                          "record:=true", f"bag:={bag}", name="launch")
-        w.spin_until(lambda: "recording every topic" in w.output(launch) and len(rec.cmd) > 100, 60,
-                     "the recorder and 1 s of commands")
+        def recorder_subscribed() -> bool:  # DDS discovery can lag seconds behind on a loaded machine
+            subs = w.observer().get_subscriptions_info_by_topic("/cf1/rotor_cmd")
+            return any(i.node_name == "recorder" for i in subs)
+
+        w.spin_until(lambda: "recording every topic" in w.output(launch) and recorder_subscribed()
+                     and len(rec.cmd) > 100, 60, "the recorder subscribed to rotor_cmd and 1 s of commands")
         w.spin_for(1.5)
         pids = [int(p) for p in re.findall(r"process started with pid \[(\d+)\]", w.output(launch))]
         assert len(pids) == 3
