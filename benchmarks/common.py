@@ -14,7 +14,9 @@ import torch
 BENCHMARKS_MD = Path(__file__).resolve().parents[1] / "BENCHMARKS.md"
 
 
-def machine() -> str:
+def machine(threads: int | None = None) -> str:
+    """CPU, memory, Python and torch; ``threads``: the torch threads the measured runs used
+    (default: this process's)."""
     cpu = "unknown CPU"
     try:
         for line in open("/proc/cpuinfo"):
@@ -23,9 +25,10 @@ def machine() -> str:
                 break
     except OSError:
         pass
+    n = threads or torch.get_num_threads()
     mem_gb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
     return (f"{os.cpu_count()} cores ({cpu}), {mem_gb:.0f} GB RAM, no GPU, Python {platform.python_version()}, "
-            f"torch {torch.__version__} ({torch.get_num_threads()} threads)")
+            f"torch {torch.__version__} ({n} thread{'s' if n != 1 else ''})")
 
 
 def revision() -> str:
@@ -36,10 +39,10 @@ def revision() -> str:
         return "unknown"
 
 
-def write_section(title: str, command: str, body: str) -> None:
-    """Replace (or append) the section ``## title`` of BENCHMARKS.md."""
+def write_section(title: str, command: str, body: str, threads: int | None = None) -> None:
+    """Replace (or append) the section ``## title`` of BENCHMARKS.md; ``threads`` as in machine()."""
     text = BENCHMARKS_MD.read_text() if BENCHMARKS_MD.exists() else "# Benchmarks\n\nEvery number below was produced by the command written next to it.\n"
-    section = (f"## {title}\n\nCommand: `{command}`  \nMachine: {machine()}  \n"
+    section = (f"## {title}\n\nCommand: `{command}`  \nMachine: {machine(threads)}  \n"
                f"Date: {date.today().isoformat()}, revision {revision()}\n\n{body.strip()}\n\n")
     pattern = re.compile(rf"^## {re.escape(title)}\n.*?(?=^## |\Z)", re.S | re.M)
     text = pattern.sub(lambda _: section, text) if pattern.search(text) else text.rstrip() + "\n\n" + section

@@ -155,7 +155,7 @@ def main() -> None:
                    f"--seeds {' '.join(map(str, a.seeds))} --steps {a.steps} --eval-every {a.eval_every} "
                    f"--episodes {a.episodes} --demos {a.demos} --noise {a.noise} --bc-steps {a.bc_steps} "
                    f"--threads {a.threads}")
-            write_section(f"Manipulation: {task}", cmd, body)
+            write_section(f"Manipulation: {task}", cmd, body, threads=a.threads)
 
 
 if __name__ == "__main__":
