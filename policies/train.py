@@ -108,7 +108,7 @@ def run(cfg: DictConfig, run_dir: Path, resume_state: dict | None) -> dict:
     budget, eval_every, unit = ((algo_cfg.gradient_steps, algo_cfg.eval_every_updates, "update") if offline
                                 else (cfg.max_env_steps, cfg.eval_every_steps, "step"))
     tr = {"iteration": 0, "env_steps": 0, "seconds": 0.0, "next_eval": eval_every,
-          "best_success": -1.0, "best_error": float("inf"), "evals": [], "time_to_success": None,
+          "best_success": -1.0, "best_error": float("inf"), "evals": [], "time_to_success": None, "passed": False,
           "eval_seconds": 0.0}
     if resume_state is not None:
         try:
@@ -119,7 +119,7 @@ def run(cfg: DictConfig, run_dir: Path, resume_state: dict | None) -> dict:
                             f"networks ({first}); start a new run") from None
         env.load_state_dict(resume_state["env"])
         torch.set_rng_state(resume_state["torch_rng"])
-        tr = resume_state["trainer"]
+        tr = {"passed": False, **resume_state["trainer"]}  # checkpoints of older revisions lack "passed"
     writer = SummaryWriter(str(run_dir / "tb"), purge_step=tr["iteration"] or None)
     if resume_state is None:
         writer.add_text("config", f"```\n{OmegaConf.to_yaml(cfg)}\n```")
@@ -154,10 +154,10 @@ def run(cfg: DictConfig, run_dir: Path, resume_state: dict | None) -> dict:
         # Best = a confirmed pass (it ends the run); before one, the highest success rate, ties
         # broken by the task's secondary measure (lower is better).
         better = (res.success_rate, -res.tiebreak) > (tr["best_success"], -tr["best_error"])
-        if reached or (better and not tr.get("passed", False)):
+        if reached or (better and not tr["passed"]):
             tr["best_success"], tr["best_error"] = res.success_rate, res.tiebreak
             ckpt.save_atomic(ckpt.policy_record(algo.actor, cfg, rec, tr["env_steps"]), run_dir / ckpt.BEST)
-        tr["passed"] = tr.get("passed", False) or reached
+        tr["passed"] = tr["passed"] or reached
         if reached and tr["time_to_success"] is None:
             tr["time_to_success"] = time.time() - T_START if resume_state is None else None
         confirm = (f" | new episodes: {rec['confirm_success_rate'] * 100:.0f}%" if "confirm_success_rate" in rec
@@ -204,7 +204,7 @@ def run(cfg: DictConfig, run_dir: Path, resume_state: dict | None) -> dict:
     writer.close()
 
     results = {"run_dir": str(run_dir), ("gradient_steps" if offline else "env_steps"): tr["env_steps"], "train_seconds": tr["seconds"],
-               "best_success": tr["best_success"], "passed": tr.get("passed", False),
+               "best_success": tr["best_success"], "passed": tr["passed"],
                "time_to_success_s": tr["time_to_success"],
                "eval_seconds": tr["eval_seconds"], "evals": tr["evals"]}
     (run_dir / "results.json").write_text(json.dumps(results, indent=2))
