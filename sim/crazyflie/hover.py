@@ -330,6 +330,9 @@ class QuadHoverEnv(gym.vector.VectorEnv):
         return s
 
     # ----------------------------------------------------------------- gym API
+    # Simulation never needs gradients; no_grad also keeps the compiled step's graph the same
+    # whichever mode the caller is in (a change of grad mode recompiles it, ~1-2 s).
+    @torch.no_grad()
     def reset(self, *, seed: int | None = None, options: dict | None = None):
         if seed is not None:  # a seeded reset starts the experiment over, curriculum included
             self.gen.manual_seed(seed)
@@ -366,6 +369,7 @@ class QuadHoverEnv(gym.vector.VectorEnv):
         self.prev_action = action
         return self._observe(noise), reward, failed, self.finite(), terms["position"]
 
+    @torch.no_grad()
     def step(self, action: torch.Tensor):
         action = action.to(self.device, torch.float32).clamp(-1.0, 1.0)
         noise = self._observation_noise()
