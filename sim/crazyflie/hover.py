@@ -331,7 +331,7 @@ class QuadHoverEnv(gym.vector.VectorEnv):
 
     # ----------------------------------------------------------------- gym API
     # Simulation never needs gradients; no_grad also keeps the compiled step's graph the same
-    # whichever mode the caller is in (a change of grad mode recompiles it, ~1-2 s).
+    # whichever mode the caller is in (a change of grad mode retraces and recompiles it).
     @torch.no_grad()
     def reset(self, *, seed: int | None = None, options: dict | None = None):
         if seed is not None:  # a seeded reset starts the experiment over, curriculum included
