@@ -18,7 +18,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from sim.crazyflie.dynamics import QUAT
+from sim.crazyflie.dynamics import POS, QUAT
 from sim.crazyflie.hover import POLICY_PERIOD
 from sim.registry import get_task
 
@@ -38,6 +38,10 @@ class EvalResult:
     mean_final_error: float  # m, mean over episodes of the last-2 s mean position error
     max_tilt_last: float  # deg, worst episode
     failures: int  # episodes that left the 1 m ball
+    # m, world (x, y, z): the last-2 s mean of position - target, averaged over the episodes that
+    # stayed. A policy's offset shared by every vehicle shows here; errors that differ between
+    # vehicles (parameters, disturbances) mostly cancel.
+    common_offset: tuple[float, float, float]
     position_error: np.ndarray  # [T, episodes] m, for plots
     success: np.ndarray  # [episodes] bool
     backend: str
@@ -51,7 +55,8 @@ class EvalResult:
         return (
             f"[{self.backend}] success {self.success_rate * 100:.1f}% of {self.episodes} episodes | "
             f"last-2s mean position error {self.mean_final_error * 100:.2f} cm | "
-            f"worst last-2s tilt {self.max_tilt_last:.1f} deg | left the 1 m ball: {self.failures}"
+            f"worst last-2s tilt {self.max_tilt_last:.1f} deg | left the 1 m ball: {self.failures} | "
+            f"common offset (x, y, z) ({', '.join(f'{v * 100:.1f}' for v in self.common_offset)}) cm"
         )
 
     def as_dict(self) -> dict:
@@ -59,6 +64,7 @@ class EvalResult:
             "backend": self.backend, "success_rate": self.success_rate, "episodes": self.episodes,
             "mean_final_error_m": self.mean_final_error, "max_tilt_last_deg": self.max_tilt_last,
             "failures": self.failures,
+            **{f"common_offset_{axis}_m": v for axis, v in zip("xyz", self.common_offset)},
         }
 
 
@@ -80,6 +86,7 @@ def evaluate_hover(
     steps = int(round(EPISODE_SECONDS / POLICY_PERIOD))
     last = int(round(2.0 / POLICY_PERIOD))
     err = torch.zeros(steps, episodes)
+    offset = torch.zeros(steps, episodes, 3)  # position - target, world, m
     tilt = torch.zeros(steps, episodes)
     left = torch.zeros(episodes, dtype=torch.bool)
     for t in range(steps):
@@ -87,6 +94,7 @@ def evaluate_hover(
         if frames_cb is not None:
             frames_cb(env, t)
         e = info["position_error"].cpu()
+        offset[t] = (env.backend.state[:, POS] - env.reference()[0]).cpu()
         q = env.backend.state[:, QUAT].cpu()
         # tilt = angle between body z and world z; cos = R22 = 1 - 2(x^2 + y^2)
         cos_tilt = (1 - 2 * (q[:, 1] ** 2 + q[:, 2] ** 2)).clamp(-1, 1)
@@ -97,12 +105,14 @@ def evaluate_hover(
     tilt_last = tilt[-last:].amax(0)
     ok = ~left & (mean_last < MEAN_ERROR_LAST_2S) & (tilt_last < MAX_TILT_LAST_2S)
     finite_last = mean_last[~left]
+    common = offset[-last:, ~left].mean((0, 1)) if (~left).any() else torch.full((3,), math.nan)
     return EvalResult(
         success_rate=int(ok.sum()) / episodes,  # exact: 95 of 100 must compare >= 0.95
         episodes=episodes,
         mean_final_error=finite_last.mean().item() if len(finite_last) else math.nan,
         max_tilt_last=tilt_last[~left].max().item() if (~left).any() else math.nan,
         failures=int(left.sum()),
+        common_offset=tuple(common.tolist()),
         position_error=err.numpy(),
         success=ok.numpy(),
         backend=backend,

@@ -1,0 +1,28 @@
+"""Hover evaluation: the measures it reports describe the flight they summarise."""
+
+from pathlib import Path
+
+import torch
+from omegaconf import OmegaConf
+
+from policies import checkpoint as ckpt
+from policies.config import to_objects
+from policies.evaluate import evaluate_hover
+
+PRETRAINED = Path(__file__).resolve().parents[1] / "policies/pretrained/quad_hover"
+
+
+def test_common_offset_is_where_the_policy_holds_the_vehicle():
+    """Feeding the shipped policy a position error 4 cm too large in x moves its equilibrium 4 cm
+    to -x for every vehicle: the common offset shows exactly that shift, the other axes stay."""
+    policy, rec = ckpt.load_policy(PRETRAINED)
+    task_cfg, _ = to_objects(OmegaConf.create(rec["config"]))
+    shift = torch.tensor([0.04] + [0.0] * 21)
+    with torch.no_grad():
+        base = evaluate_hover(policy, task_cfg, episodes=50)
+        held = evaluate_hover(lambda obs: policy(obs + shift), task_cfg, episodes=50)
+    assert max(abs(v) for v in base.common_offset) < 0.02, base.common_offset
+    assert abs(held.common_offset[0] - base.common_offset[0] + 0.04) < 0.01, (base.common_offset, held.common_offset)
+    for axis in (1, 2):
+        assert abs(held.common_offset[axis] - base.common_offset[axis]) < 0.01, (base.common_offset, held.common_offset)
+    assert "common offset (x, y, z)" in held.summary() and "common_offset_x_m" in held.as_dict()
