@@ -38,7 +38,7 @@ class RunConfig:
     run_dir: Optional[str] = None  # default runs/<task>/<algo>_seed<seed>_<time>
     resume: Optional[str] = None  # run directory to continue from its last checkpoint
     # The next three default (None) to the task's values (sim/registry.py: quadrotor 200M steps,
-    # every 500k, stop at 0.95; manipulation 50k steps, every 5k, never stop early). Offline
+    # every 250k, stop at 0.95; manipulation 50k steps, every 5k, never stop early). Offline
     # algorithms (diffusion_bc) count their own budget in gradient steps instead.
     max_env_steps: Optional[int] = None  # budget in environment steps (all envs together)
     eval_every_steps: Optional[int] = None  # evaluate (the task's criterion) and checkpoint this often
