@@ -121,19 +121,22 @@ def test_a_pass_stops_training_only_once_new_episodes_confirm_it(tmp_path, monke
 
     import policies.train as train
 
-    real, seeds = train.evaluate, []
+    real, seeds, sizes = train.evaluate, [], []
     replayed, new = [0.97, 0.96, 0.95], [0.90, 0.99 if confirmed else 0.90]
 
     def evaluate(policy, task_cfg, episodes, device, seed):
         res = real(policy, task_cfg, episodes, device=device, seed=seed)
         seeds.append(seed)
+        sizes.append(episodes)
         return dataclasses.replace(res, success_rate=(replayed if seed == 10_000 else new).pop(0))
 
     monkeypatch.setattr(train, "evaluate", evaluate)
     run = tmp_path / "run"
-    code = train_main([*TINY[:-1], "stop_at_success=0.95", f"run_dir={run}", "max_env_steps=4096"])
+    code = train_main([*TINY[:-1], "stop_at_success=0.95", "confirm_episodes=24", f"run_dir={run}",
+                       "max_env_steps=4096"])
     res = json.loads((run / "results.json").read_text())
     assert seeds[0::2] == [10_000, 10_000] and len(seeds) == 4
+    assert sizes == [8, 24, 8, 24], "the confirmation runs confirm_episodes episodes, the evaluation eval_episodes"
     assert len(set(seeds[1::2]) | {10_000}) == 3, "each check must draw episodes not seen before"
     assert [e.get("confirm_success_rate") for e in res["evals"]] == [0.90, 0.99 if confirmed else 0.90]
     assert res["env_steps"] == 2 * 2048
