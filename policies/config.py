@@ -38,7 +38,7 @@ class RunConfig:
     run_dir: Optional[str] = None  # default runs/<task>/<algo>_seed<seed>_<time>
     resume: Optional[str] = None  # run directory to continue from its last checkpoint
     # The next three default (None) to the task's values (sim/registry.py: quadrotor 200M steps,
-    # every 250k, stop at 0.95; manipulation 50k steps, every 5k, never stop early). Offline
+    # every 500k, stop at 0.95; manipulation 50k steps, every 5k, never stop early). Offline
     # algorithms (diffusion_bc) count their own budget in gradient steps instead.
     max_env_steps: Optional[int] = None  # budget in environment steps (all envs together)
     eval_every_steps: Optional[int] = None  # evaluate (the task's criterion) and checkpoint this often
@@ -48,8 +48,7 @@ class RunConfig:
     eval_episodes: int = 100
     # Episodes of the confirmation, new at each check. By the binomial law a policy that truly
     # succeeds 92 % of the time scores >= 95 % on 100 episodes with probability 0.18, on 300 with
-    # 0.03; one at 97 % passes 300 with 0.98. With an evaluation every 250k steps, a 100-episode
-    # confirmation let a quadrotor policy stop that scored 90-92 % on other episodes (BENCHMARKS.md).
+    # 0.03; one at 97 % passes 300 with 0.98.
     confirm_episodes: int = 300
     eval_at_start: bool = False  # also evaluate before the first update (the start of a learning curve)
     checkpoint_every_seconds: float = 30.0  # also checkpoint this often between evaluations
