@@ -124,7 +124,7 @@ def test_a_pass_stops_training_only_once_new_episodes_confirm_it(tmp_path, monke
     real, seeds, sizes = train.evaluate, [], []
     replayed, new = [0.97, 0.96, 0.95], [0.90, 0.99 if confirmed else 0.90]
 
-    def evaluate(policy, task_cfg, episodes, device, seed):
+    def evaluate(policy, task_cfg, episodes, device, seed, backend=None):
         res = real(policy, task_cfg, episodes, device=device, seed=seed)
         seeds.append(seed)
         sizes.append(episodes)
@@ -132,8 +132,8 @@ def test_a_pass_stops_training_only_once_new_episodes_confirm_it(tmp_path, monke
 
     monkeypatch.setattr(train, "evaluate", evaluate)
     run = tmp_path / "run"
-    code = train_main([*TINY[:-1], "stop_at_success=0.95", "confirm_episodes=24", f"run_dir={run}",
-                       "max_env_steps=4096"])
+    code = train_main([*TINY[:-1], "stop_at_success=0.95", "confirm_backends=[torch]", "confirm_episodes=24",
+                       f"run_dir={run}", "max_env_steps=4096"])
     res = json.loads((run / "results.json").read_text())
     assert seeds[0::2] == [10_000, 10_000] and len(seeds) == 4
     assert sizes == [8, 24, 8, 24], "the confirmation runs confirm_episodes episodes, the evaluation eval_episodes"
@@ -168,7 +168,34 @@ def test_kill9_and_resume(tmp_path):
     assert after["iteration"] > saved["iteration"] and after["env_steps"] >= saved["env_steps"] + 1024
 
 
+def test_a_pass_is_confirmed_in_every_simulator_in_turn(tmp_path, monkeypatch):
+    """Scripted success rates: at the first evaluation MuJoCo falls short, so PyBullet is not run and
+    training goes on; at the second, all three confirm and the run stops there."""
+    import dataclasses
+    import json
+
+    import policies.train as train
+
+    real, calls = train.evaluate, []
+    rates = {None: [0.97, 0.96], "torch": [0.98, 0.97], "mujoco": [0.93, 0.96], "pybullet": [0.99]}
+
+    def evaluate(policy, task_cfg, episodes, device, seed, backend=None):
+        calls.append(backend)
+        res = real(policy, task_cfg, 8, device=device, seed=seed)
+        return dataclasses.replace(res, success_rate=rates[backend].pop(0))
+
+    monkeypatch.setattr(train, "evaluate", evaluate)
+    run = tmp_path / "run"
+    assert train_main([*TINY[:-1], "stop_at_success=0.95", f"run_dir={run}", "max_env_steps=8192"]) == 0
+    res = json.loads((run / "results.json").read_text())
+    assert calls == [None, "torch", "mujoco", None, "torch", "mujoco", "pybullet"]
+    assert [e["confirm"] for e in res["evals"]] == [{"torch": 0.98, "mujoco": 0.93},
+                                                     {"torch": 0.97, "mujoco": 0.96, "pybullet": 0.99}]
+    assert res["passed"] and res["env_steps"] == 2 * 2048
+
+
 @pytest.mark.parametrize("args, expected", [
+    (["confirm_backends=[torch,gazebo]"], "confirm_backends: unknown simulator gazebo"),
     (["task=quad_hoover"], "unknown task 'quad_hoover'. Valid tasks: arm_pick_place, arm_push, arm_reach, quad_hover, quad_track"),
     (["seed=abc"], "seed=abc"),
     (["not_a_key=1"], "not_a_key"),
