@@ -90,8 +90,10 @@ def prepare(argv: list[str]) -> tuple[DictConfig, Path, dict | None]:
     if bad:
         raise UserError(f"resume={resume}: cannot change {', '.join(bad)} of an existing run "
                         f"(only {', '.join(sorted(RESUMABLE_OVERRIDES - {'resume'}))} may change)")
-    # Budgets the user gave now replace the saved ones; everything else stays as saved.
-    merged = OmegaConf.merge(saved, {k: cfg[k] for k in RESUMABLE_OVERRIDES & explicit if k != "resume"})
+    # Budgets the user gave now replace the saved ones; everything else stays as saved. A budget key
+    # that a run of an older revision did not have yet (e.g. confirm_backends) takes today's default.
+    newer = {k: cfg[k] for k in RESUMABLE_OVERRIDES - {"resume"} if k not in saved}
+    merged = OmegaConf.merge(saved, newer, {k: cfg[k] for k in RESUMABLE_OVERRIDES & explicit if k != "resume"})
     try:
         state = ckpt.load(run_dir / ckpt.LAST, merged.device)
     except ckpt.CheckpointError as e:

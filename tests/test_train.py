@@ -148,6 +148,23 @@ def test_a_pass_stops_training_only_once_new_episodes_confirm_it(tmp_path, monke
         assert code == 1 and not res["passed"] and res["time_to_success_s"] is None
 
 
+def test_resume_of_a_run_from_before_a_budget_key_existed(tmp_path):
+    """A run directory written before confirm_backends/confirm_episodes existed resumes with today's
+    defaults for them, and its checkpoint is still accepted (budget keys are not hashed)."""
+    from omegaconf import OmegaConf
+
+    from policies.train import prepare
+
+    run = tmp_path / "run"
+    assert train_main([*TINY, f"run_dir={run}", "max_env_steps=1024"]) == 0
+    saved = OmegaConf.load(run / "config.yaml")
+    old = OmegaConf.create({k: v for k, v in saved.items() if k not in ("confirm_backends", "confirm_episodes")})
+    OmegaConf.save(old, run / "config.yaml")
+    cfg, _, state = prepare([f"resume={run}", "max_env_steps=2048"])
+    assert list(cfg.confirm_backends) == ["torch", "mujoco", "pybullet"] and cfg.confirm_episodes == 100
+    assert state is not None and cfg.max_env_steps == 2048
+
+
 def test_kill9_and_resume(tmp_path):
     run = tmp_path / "run"
     proc = subprocess.Popen([sys.executable, "-m", "policies.train", *TINY, f"run_dir={run}",
