@@ -6,7 +6,8 @@ critic of either variant) at the states of the run's replay buffer, for four noi
 - w = 0: the untrained steered policy's deterministic noise (w = b tanh(mu), mu ~ 0);
 - w ~ N(0, I): the base policy's own noise;
 - the trained actor's deterministic noise b tanh(mu(s)), what is evaluated and deployed;
-- the noises stored in the buffer (DSRL-SAC; DSRL-NA stores none of its own).
+- the noises stored in the buffer (DSRL-SAC only: DSRL-NA's critics never learn from its stored
+  noises, and its demonstrations carry a placeholder w = 0).
 
 On arm_pick_place the base scores ~80 % at w = 0 and ~60 % with w ~ N(0, I) (BENCHMARKS.md), so
 a critic that has learned what the noise does should rank w = 0 above a random noise in most

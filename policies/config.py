@@ -23,7 +23,6 @@ from .ppo import PPOConfig
 from .sac import SACConfig
 
 CONFIG_DIR = Path(__file__).parent / "config"
-BACKENDS = ("torch", "mujoco", "pybullet")  # simulators an evaluation can run in
 ALGOS = {"ppo": PPOConfig, "sac": SACConfig, "diffusion_bc": DiffusionBCConfig, "dsrl": DSRLConfig}
 
 
@@ -46,9 +45,10 @@ class RunConfig:
     # stop at the first evaluation with this success rate that new episodes confirm in every
     # simulator of confirm_backends (0: never stop early)
     stop_at_success: Optional[float] = None
-    # Simulators the confirmation runs in, confirm_episodes new episodes each (the hover criterion
-    # asks >= 95 % in all three). By the binomial law a policy at 92 % passes one set of 100 at
-    # >= 95 % with probability 0.18, three with 0.006; one at 97 % passes three with 0.78.
+    # Simulators the confirmation runs in, confirm_episodes new episodes each, a different set in
+    # each (the hover criterion asks >= 95 % in all three). By the binomial law a policy at 92 %
+    # passes one set of 100 at >= 95 % with probability 0.18, three independent ones with 0.006;
+    # one at 97 % passes three with 0.78.
     confirm_backends: Optional[list[str]] = None
     confirm_episodes: int = 100
     max_seconds: float = 1800.0  # wall-clock budget
@@ -104,9 +104,12 @@ def compose_config(overrides: list[str]) -> DictConfig:
     for k, v in get_task(cfg.task.name).run_defaults.items():
         if cfg[k] is None:
             cfg[k] = v
-    bad = [b for b in cfg.confirm_backends if b not in BACKENDS]
-    if bad:
-        raise UserError(f"confirm_backends: unknown simulator {', '.join(bad)}; expected some of {', '.join(BACKENDS)}")
+    sims = get_task(cfg.task.name).backends
+    if not cfg.confirm_backends or any(b not in sims for b in cfg.confirm_backends):
+        raise UserError(f"confirm_backends={list(cfg.confirm_backends)}: expected one or more of {', '.join(sims)} "
+                        f"(the simulators {cfg.task.name} runs in)")
+    if cfg.confirm_episodes < 1:
+        raise UserError(f"confirm_episodes={cfg.confirm_episodes}: expected at least 1")
     return cfg
 
 

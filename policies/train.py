@@ -160,9 +160,9 @@ def run(cfg: DictConfig, run_dir: Path, resume_state: dict | None, t_start: floa
             # check confirm it in every simulator of confirm_backends (config.py), in their order,
             # until one falls short.
             rec["confirm"] = {}
-            for backend in cfg.confirm_backends:
+            for i, backend in enumerate(cfg.confirm_backends):  # new episodes in every simulator too
                 check = evaluate(algo.actor, task_cfg, cfg.confirm_episodes, backend=backend, device=device,
-                                 seed=cfg.seed + 20_000 + len(tr["evals"]))
+                                 seed=cfg.seed + 20_000 + 10 * len(tr["evals"]) + i)
                 rec["confirm"][backend] = check.success_rate
                 if check.success_rate < cfg.stop_at_success:
                     break
@@ -234,9 +234,9 @@ def run(cfg: DictConfig, run_dir: Path, resume_state: dict | None, t_start: floa
 
 
 def main(argv: list[str] | None = None) -> int:
-    # From the command line, the time to success counts from the process start: what a user waits
-    # for after typing the command, the imports included (~2.5 s here: torch, torch.compile,
-    # TensorBoard). Called from Python, from this call.
+    # Without argv (the command line), the time to success counts from the process start: what a
+    # user waits for after typing the command, the imports included (~2.5 s here: torch,
+    # torch.compile, TensorBoard). With argv (a call from Python), from this call.
     t_start = process_start_time() if argv is None else time.time()
     argv = sys.argv[1:] if argv is None else argv
     try:

@@ -9,6 +9,7 @@ from typing import Callable
 from sim.arm import pick_place, push, reach
 from sim.arm.contract import CONTRACT as ARM_CONTRACT
 from sim.crazyflie.contract import CONTRACT as CRAZYFLIE_CONTRACT
+from sim.crazyflie.hover import BACKENDS as QUAD_BACKENDS
 from sim.crazyflie.hover import QuadHoverEnv, QuadTaskConfig
 from sim.crazyflie.track import QuadTrackEnv
 
@@ -21,7 +22,7 @@ from sim.crazyflie.track import QuadTrackEnv
 # criterion's own demand; a torch-only confirmation let a policy stop that scored 90 % in PyBullet):
 # ~1 s in torch and MuJoCo, ~7 s in PyBullet, only when the replayed evaluation passes.
 QUAD_RUN = {"max_env_steps": 200_000_000, "eval_every_steps": 500_000, "stop_at_success": 0.95,
-            "confirm_backends": ["torch", "mujoco", "pybullet"]}
+            "confirm_backends": list(QUAD_BACKENDS)}
 # Manipulation (MuJoCo, ~1-2k env steps/s): 50k steps, evaluate every 5k, never stop early.
 ARM_RUN = {"max_env_steps": 50_000, "eval_every_steps": 5_000, "stop_at_success": 0.0, "confirm_backends": ["mujoco"]}
 
@@ -33,6 +34,7 @@ class TaskSpec:
     criterion: str = "hover"  # policies/evaluate.py: "hover" (quadrotor) or "success" (task success rate)
     run_defaults: dict = field(default_factory=lambda: dict(QUAD_RUN))
     contract: object = CRAZYFLIE_CONTRACT  # the exported policy's observation/action contract
+    backends: tuple[str, ...] = QUAD_BACKENDS  # simulators the task runs in (evaluation, confirmation)
 
     @property
     def config_cls(self) -> type:
@@ -42,9 +44,10 @@ class TaskSpec:
 TASKS: dict[str, TaskSpec] = {
     "quad_hover": TaskSpec(QuadHoverEnv, lambda: QuadTaskConfig(name="quad_hover")),
     "quad_track": TaskSpec(QuadTrackEnv, lambda: QuadTaskConfig(name="quad_track", episode_seconds=10.0)),
-    "arm_reach": TaskSpec(reach.ArmReachEnv, reach.default_config, "success", dict(ARM_RUN), ARM_CONTRACT),
-    "arm_push": TaskSpec(push.ArmPushEnv, push.default_config, "success", dict(ARM_RUN), ARM_CONTRACT),
-    "arm_pick_place": TaskSpec(pick_place.ArmPickPlaceEnv, pick_place.default_config, "success", dict(ARM_RUN), ARM_CONTRACT),
+    "arm_reach": TaskSpec(reach.ArmReachEnv, reach.default_config, "success", dict(ARM_RUN), ARM_CONTRACT, ("mujoco",)),
+    "arm_push": TaskSpec(push.ArmPushEnv, push.default_config, "success", dict(ARM_RUN), ARM_CONTRACT, ("mujoco",)),
+    "arm_pick_place": TaskSpec(pick_place.ArmPickPlaceEnv, pick_place.default_config, "success", dict(ARM_RUN),
+                               ARM_CONTRACT, ("mujoco",)),
 }
 
 

@@ -18,9 +18,8 @@ def test_common_offset_is_where_the_policy_holds_the_vehicle():
     policy, rec = ckpt.load_policy(PRETRAINED)
     task_cfg, _ = to_objects(OmegaConf.create(rec["config"]))
     shift = torch.tensor([0.04] + [0.0] * 21)
-    with torch.no_grad():
-        base = evaluate_hover(policy, task_cfg, episodes=50)
-        held = evaluate_hover(lambda obs: policy(obs + shift), task_cfg, episodes=50)
+    base = evaluate_hover(policy, task_cfg, episodes=50)
+    held = evaluate_hover(lambda obs: policy(obs + shift), task_cfg, episodes=50)
     assert max(abs(v) for v in base.common_offset) < 0.02, base.common_offset
     assert abs(held.common_offset[0] - base.common_offset[0] + 0.04) < 0.01, (base.common_offset, held.common_offset)
     for axis in (1, 2):

@@ -187,17 +187,19 @@ def test_kill9_and_resume(tmp_path):
 
 def test_a_pass_is_confirmed_in_every_simulator_in_turn(tmp_path, monkeypatch):
     """Scripted success rates: at the first evaluation MuJoCo falls short, so PyBullet is not run and
-    training goes on; at the second, all three confirm and the run stops there."""
+    training goes on; at the second, all three confirm and the run stops there. Each simulator
+    confirms on episodes of its own."""
     import dataclasses
     import json
 
     import policies.train as train
 
-    real, calls = train.evaluate, []
+    real, calls, seeds = train.evaluate, [], []
     rates = {None: [0.97, 0.96], "torch": [0.98, 0.97], "mujoco": [0.93, 0.96], "pybullet": [0.99]}
 
     def evaluate(policy, task_cfg, episodes, device, seed, backend=None):
         calls.append(backend)
+        seeds.append(seed)
         res = real(policy, task_cfg, 8, device=device, seed=seed)
         return dataclasses.replace(res, success_rate=rates[backend].pop(0))
 
@@ -206,13 +208,18 @@ def test_a_pass_is_confirmed_in_every_simulator_in_turn(tmp_path, monkeypatch):
     assert train_main([*TINY[:-1], "stop_at_success=0.95", f"run_dir={run}", "max_env_steps=8192"]) == 0
     res = json.loads((run / "results.json").read_text())
     assert calls == [None, "torch", "mujoco", None, "torch", "mujoco", "pybullet"]
+    confirming = [s for s, c in zip(seeds, calls) if c is not None]
+    assert len(set(confirming)) == 5, "every simulator, at every check, must get episodes of its own"
     assert [e["confirm"] for e in res["evals"]] == [{"torch": 0.98, "mujoco": 0.93},
                                                      {"torch": 0.97, "mujoco": 0.96, "pybullet": 0.99}]
     assert res["passed"] and res["env_steps"] == 2 * 2048
 
 
 @pytest.mark.parametrize("args, expected", [
-    (["confirm_backends=[torch,gazebo]"], "confirm_backends: unknown simulator gazebo"),
+    (["confirm_backends=[torch,gazebo]"], "confirm_backends=['torch', 'gazebo']: expected one or more of torch"),
+    (["confirm_backends=[]"], "confirm_backends=[]: expected one or more of"),
+    (["task=arm_push", "confirm_backends=[torch]"], "expected one or more of mujoco (the simulators arm_push runs in)"),
+    (["confirm_episodes=0"], "confirm_episodes=0: expected at least 1"),
     (["task=quad_hoover"], "unknown task 'quad_hoover'. Valid tasks: arm_pick_place, arm_push, arm_reach, quad_hover, quad_track"),
     (["seed=abc"], "seed=abc"),
     (["not_a_key=1"], "not_a_key"),

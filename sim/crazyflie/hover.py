@@ -137,6 +137,9 @@ class QuadTaskConfig:
     reward: RewardConfig = field(default_factory=RewardConfig)
 
 
+BACKENDS = ("torch", "mujoco", "pybullet")  # the simulators a quadrotor task runs in
+
+
 def make_backend(name: str, num_envs: int, params: CrazyflieParams, substeps: int, device):
     """Simulator backend by name: torch (training), mujoco or pybullet (evaluation)."""
     if name == "torch":
@@ -149,7 +152,7 @@ def make_backend(name: str, num_envs: int, params: CrazyflieParams, substeps: in
         from .pybullet_backend import PybulletBackend
 
         return PybulletBackend(num_envs, params, POLICY_PERIOD, device=device)
-    raise ValueError(f"unknown backend '{name}': expected one of torch, mujoco, pybullet")
+    raise ValueError(f"unknown backend '{name}': expected one of {', '.join(BACKENDS)}")
 
 
 class QuadHoverEnv(gym.vector.VectorEnv):
