@@ -17,7 +17,6 @@ import time
 from pathlib import Path
 
 from benchmarks.common import write_section
-
 from sim.crazyflie.hover import BACKENDS
 
 ROOT = Path(__file__).resolve().parents[1]

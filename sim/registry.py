@@ -20,7 +20,7 @@ from sim.crazyflie.track import QuadTrackEnv
 # PPO's success swings between evaluations, and the more often it is sampled the likelier the first
 # pass is a marginal policy (BENCHMARKS.md). A pass is confirmed in all three simulators (the
 # criterion's own demand; a torch-only confirmation let a policy stop that scored 90 % in PyBullet):
-# ~1 s in torch and MuJoCo, ~7 s in PyBullet, only when the replayed evaluation passes.
+# ~1 s in torch and MuJoCo, ~7 s in PyBullet (estimated, BENCHMARKS.md), only when the replayed evaluation passes.
 QUAD_RUN = {"max_env_steps": 200_000_000, "eval_every_steps": 500_000, "stop_at_success": 0.95,
             "confirm_backends": list(QUAD_BACKENDS)}
 # Manipulation (MuJoCo, ~1-2k env steps/s): 50k steps, evaluate every 5k, never stop early.
