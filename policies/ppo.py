@@ -42,8 +42,9 @@ class PPOConfig:
     actor_hidden: list[int] = field(default_factory=lambda: [32, 32])
     critic_hidden: list[int] = field(default_factory=lambda: [64, 64])
     activation: str = "tanh"
-    # Compile the minibatch loss (forward and backward) with torch.compile: ~10-30 % faster
-    # updates on a CPU; the first run on a machine compiles for ~15 s, cached on disk after.
+    # Compile the minibatch loss (forward and backward) and the rollout's network step with
+    # torch.compile: ~10-30 % faster updates on a CPU, the rollout step ~25 % faster (1024 envs); the first run on a
+    # machine compiles for ~15 s, cached on disk after.
     compile: bool = True
 
 
@@ -60,6 +61,7 @@ class PPO:
         # fused: one kernel for every parameter's update instead of a dozen small ops per tensor
         self.opt = torch.optim.Adam([*self.actor.parameters(), *self.critic.parameters()], lr=cfg.lr, fused=True)
         self._loss_fn = compile_if(self._loss, cfg.compile)
+        self._act_fn = compile_if(self._act, cfg.compile)
         self.lr = cfg.lr
         self.gen = torch.Generator(device=device)
         self.gen.manual_seed(seed + 1)
@@ -77,12 +79,12 @@ class PPO:
         episode_returns, episode_lengths = [], []
         for _ in range(T):
             obs, critic_obs = self.obs["policy"], self.obs["critic"]
+            # Eager: inside torch.compile (2.13) the normaliser's float64 sample count was not written
+            # back, so every step's statistics replaced the running ones (PPO then failed to learn).
             self.actor.obs_norm.update(obs)
             self.critic.obs_norm.update(critic_obs)
-            mu, log_std = self.actor.dist_params(obs)
-            u = mu + log_std.exp() * torch.randn(mu.shape, generator=self.gen, device=self.device)
-            logp = squashed_log_prob(u, mu, log_std)
-            value = self.value(critic_obs)
+            eps = torch.randn((N, self.actor.act_dim), generator=self.gen, device=self.device)
+            u, logp, value = self._act_fn(obs, critic_obs, eps)
             self.obs, reward, term, trunc, info = env.step(torch.tanh(u))
             if "episode_return" in info:
                 episode_returns.append(info["episode_return"])
@@ -111,6 +113,13 @@ class PPO:
         out["episode_return"] = torch.cat(episode_returns) if episode_returns else torch.zeros(0)
         out["episode_length"] = torch.cat(episode_lengths) if episode_lengths else torch.zeros(0)
         return out
+
+    def _act(self, obs: torch.Tensor, critic_obs: torch.Tensor, eps: torch.Tensor):
+        """One rollout step of the networks: sample the pre-tanh action u = mu + std * eps
+        (eps ~ N(0, I)); returns (u, log pi(tanh(u)), V(critic_obs))."""
+        mu, log_std = self.actor.dist_params(obs)
+        u = mu + log_std.exp() * eps
+        return u, squashed_log_prob(u, mu, log_std), self.value(critic_obs)
 
     def _loss(self, m: dict[str, torch.Tensor], adv: torch.Tensor, ret_n: torch.Tensor, actor_on: float):
         """Clipped PPO loss of one minibatch: (loss, policy loss, value loss, entropy, ratio, log ratio)."""
