@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 from .forces import body_torque_terms, rotor_thrusts
@@ -50,20 +49,16 @@ class VehicleBatch:
         return vars(self).items()
 
 
-def quat_to_rotmat(q: torch.Tensor | np.ndarray) -> torch.Tensor | np.ndarray:
-    """Unit quaternion (w, x, y, z) [..., 4] -> rotation matrix body->world [..., 3, 3]; a tensor
-    or a NumPy array (the PyBullet backend) in, the same type out."""
-    if isinstance(q, torch.Tensor):  # unbind: compiled, ~25 % faster task steps than q[..., i] views
-        (w, x, y, z), stack = q.unbind(-1), torch.stack
-    else:
-        (w, x, y, z), stack = np.moveaxis(q, -1, 0), np.stack
-    return stack(
+def quat_to_rotmat(q: torch.Tensor) -> torch.Tensor:
+    """Unit quaternion (w, x, y, z) [..., 4] -> rotation matrix body->world [..., 3, 3]."""
+    w, x, y, z = q.unbind(-1)
+    return torch.stack(
         (
             1 - 2 * (y * y + z * z), 2 * (x * y - w * z), 2 * (x * z + w * y),
             2 * (x * y + w * z), 1 - 2 * (x * x + z * z), 2 * (y * z - w * x),
             2 * (x * z - w * y), 2 * (y * z + w * x), 1 - 2 * (x * x + y * y),
         ),
-        -1,
+        dim=-1,
     ).reshape(q.shape[:-1] + (3, 3))
 
 
