@@ -72,7 +72,7 @@ def main() -> None:
         rows.append(("torch", n, compiled, eager, measure(dyn_step, n, args.seconds)))
         print(rows[-1], flush=True)
     for backend in ("mujoco", "pybullet"):
-        for n in (1, 16):
+        for n in (1, 16, 100):  # 100: the hover evaluation's batch
             rows.append((backend, n, task_steps_per_second(n, False, args.seconds, backend), None, None))
             print(rows[-1], flush=True)
 
