@@ -8,8 +8,8 @@ torque (the moments of the thrusts about the hubs' lever arms, the yaw reaction 
 external torque), then calls ``stepSimulation`` (semi-implicit Euler, timestep dt / substeps).
 For a rigid body this is the same as applying each thrust at its hub, with two PyBullet calls
 per body instead of six (PyBullet has no batched call, so these calls set the backend's speed).
-Optional aerodynamic effects follow the models of gym-pybullet-drones (ground effect, rotor drag, downwash) with the
-coefficients of ``params``.
+Optional aerodynamic effects follow the models of gym-pybullet-drones (ground effect, rotor drag,
+downwash) with the coefficients of ``params``.
 """
 
 from __future__ import annotations
@@ -161,7 +161,8 @@ class PybulletBackend:
         for k, i in enumerate(ids):
             b, q_xyzw = self._bodies[i], q[k, [1, 2, 3, 0]].tolist()
             rot = np.reshape(p.getMatrixFromQuaternion(q_xyzw, physicsClientId=self._client), (3, 3))
-            p.resetBasePositionAndOrientation(b, (s[k, POS] + self._origin[i]).tolist(), q_xyzw, physicsClientId=self._client)
+            pos = (s[k, POS] + self._origin[i]).tolist()
+            p.resetBasePositionAndOrientation(b, pos, q_xyzw, physicsClientId=self._client)
             p.resetBaseVelocity(b, s[k, VEL].tolist(), (rot @ s[k, OMEGA]).tolist(), physicsClientId=self._client)
         self._rpm[ids] = s[:, RPM]
         self._set_vehicle(vehicle)
@@ -213,7 +214,8 @@ class PybulletBackend:
             tx, ty, yaw_sum = body_torque_terms(thrusts.T, self.params)
             lift = thrusts
             if self.ground_effect:
-                hub_z = self._pos[:, None, 2] + np.einsum("nj,kj->nk", self._rot[:, 2, :], self._hubs)  # [N, 4] world, m
+                # rotor heights above z = 0, [N, 4] m
+                hub_z = self._pos[:, None, 2] + np.einsum("nj,kj->nk", self._rot[:, 2, :], self._hubs)
                 lift = thrusts * (1.0 + self._ground_effect_gain(hub_z))
                 tx, ty, _ = body_torque_terms(lift.T, self.params)
             torque_b = t_ext + np.stack((tx, ty, self._km * yaw_sum), axis=-1)
