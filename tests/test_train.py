@@ -80,7 +80,7 @@ def _return(actor, cfg, steps=200, n=128) -> float:
 def test_short_training_improves_return():
     """40 PPO iterations of 1024 envs (655k steps) give at least 1.3x the untrained return.
     Measured over seeds 0-2: 1.57x, 3.2x, 3.4x on AMD Zen 5; 3.6x, 3.5x, 3.7x on an Intel Xeon with the
-    compiled rollout step (revision after 4330386). It caught a normaliser that the compiled step
+    compiled rollout step (revision f80443d). It caught a normaliser that the compiled step
     failed to update (0.43x, 0.68x, 0.55x). (512 envs for 40 iterations, the earlier form,
     left seed 0 in a dip below the start on an AMD Zen 5 CPU: returns there swing with rounding.)"""
     torch.set_num_threads(1)

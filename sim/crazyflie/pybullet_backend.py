@@ -45,7 +45,8 @@ LEVI_CIVITA[0, 2, 1] = LEVI_CIVITA[2, 1, 0] = LEVI_CIVITA[1, 0, 2] = -1.0
 def rotmat_xyzw(q: np.ndarray) -> np.ndarray:
     """Unit quaternions (x, y, z, w), PyBullet's order, [N, 4] -> rotation matrices body->world
     [N, 3, 3]: R = (w^2 - v.v) I + 2 v v^T + 2 w [v]x, in a few array operations whatever N
-    (a getMatrixFromQuaternion call per body cost 1.5 us each)."""
+    (a getMatrixFromQuaternion call per body cost 1.5 us each; dynamics.quat_to_rotmat works on
+    tensors, and its element-wise form in NumPy cost 32 us a call for one vehicle)."""
     v, w = q[:, :3], q[:, 3]
     cross = -np.einsum("ijk,nk->nij", LEVI_CIVITA, v)  # [v]x a = v x a
     return ((w * w - (v * v).sum(-1))[:, None, None] * np.eye(3) + 2.0 * v[:, :, None] * v[:, None, :]
@@ -142,6 +143,7 @@ class PybulletBackend:
         c = self._client
         pos, quat = zip(*(p.getBasePositionAndOrientation(b, physicsClientId=c) for b in self._bodies))
         vel, omega_world = zip(*(p.getBaseVelocity(b, physicsClientId=c) for b in self._bodies))
+        self._com_world = pos  # where step() applies the forces, PyBullet's own coordinates
         self._pos, self._quat_xyzw = np.array(pos) - self._origin, np.array(quat)
         self._rot = rotmat_xyzw(self._quat_xyzw)
         self._vel, self._omega_world = np.array(vel), np.array(omega_world)
@@ -157,13 +159,13 @@ class PybulletBackend:
         """Place environments ``idx`` in ``state`` with physical parameters ``vehicle`` (full batch)."""
         ids = torch.arange(self.num_envs)[torch.as_tensor(idx).cpu()].tolist()
         s = state.detach().to("cpu", torch.float64).reshape(len(ids), -1).numpy()
-        q = s[:, QUAT] / np.linalg.norm(s[:, QUAT], axis=-1, keepdims=True)
+        q_xyzw = s[:, QUAT][:, [1, 2, 3, 0]] / np.linalg.norm(s[:, QUAT], axis=-1, keepdims=True)
+        omega_world = np.einsum("nij,nj->ni", rotmat_xyzw(q_xyzw), s[:, OMEGA])
+        pos = s[:, POS] + self._origin[ids]
         for k, i in enumerate(ids):
-            b, q_xyzw = self._bodies[i], q[k, [1, 2, 3, 0]].tolist()
-            rot = np.reshape(p.getMatrixFromQuaternion(q_xyzw, physicsClientId=self._client), (3, 3))
-            pos = (s[k, POS] + self._origin[i]).tolist()
-            p.resetBasePositionAndOrientation(b, pos, q_xyzw, physicsClientId=self._client)
-            p.resetBaseVelocity(b, s[k, VEL].tolist(), (rot @ s[k, OMEGA]).tolist(), physicsClientId=self._client)
+            b = self._bodies[i]
+            p.resetBasePositionAndOrientation(b, pos[k].tolist(), q_xyzw[k].tolist(), physicsClientId=self._client)
+            p.resetBaseVelocity(b, s[k, VEL].tolist(), omega_world[k].tolist(), physicsClientId=self._client)
         self._rpm[ids] = s[:, RPM]
         self._set_vehicle(vehicle)
         self._read()
@@ -225,8 +227,7 @@ class PybulletBackend:
                 force = force + self._drag_force()
             if self.downwash:
                 force = force + self._downwash_force()
-            com = (self._pos + self._origin).tolist()
-            for b, f, pos, tq in zip(self._bodies, force.tolist(), com, torque.tolist()):
+            for b, f, pos, tq in zip(self._bodies, force.tolist(), self._com_world, torque.tolist()):
                 p.applyExternalForce(b, -1, f, pos, p.WORLD_FRAME, physicsClientId=c)  # at the centre of mass
                 # WORLD_FRAME: PyBullet applies a LINK_FRAME torque on a base link in the wrong frame.
                 p.applyExternalTorque(b, -1, tq, p.WORLD_FRAME, physicsClientId=c)
