@@ -43,7 +43,7 @@ def test_env_checker_passes():
 def test_vector_env_spaces_and_contract():
     env = QuadHoverEnv(QuadTaskConfig(), 8)
     obs, _ = env.reset(seed=0)
-    assert obs["policy"].shape == (8, 22) and obs["critic"].shape == (8, 45)
+    assert obs["policy"].shape == (8, 22) and obs["critic"].shape == (8, 49)
     assert env.metadata["autoreset_mode"] == gym.vector.AutoresetMode.SAME_STEP
     # rotation matrix block is orthonormal (noise off)
     env.cfg.noise.enabled = False
