@@ -99,7 +99,10 @@ class RewardConfig:
     # to 0.64 s over the first 1M steps at returns of about -200, and no evaluation episode
     # survived 5 s before 5.5M steps (seed 0, algo.epochs=2, code of revision 928ab50).
     alive: float = 20.0
-    position: float = 10.0  # per m of distance (linear, so precision keeps paying near the target)
+    # Per m of distance (linear, so precision keeps paying near the target). At 10, with the
+    # precision term saturated beyond ~10 cm, policies held every vehicle 10-15 cm above the target
+    # for 2-3M steps (seeds 0 and 1, revision 5326cf1); at 20 seeds 0-3 pass at 2.5M (BENCHMARKS.md).
+    position: float = 20.0
     # Extra cost 1 - exp(-(d / precision_scale)^2): steep between ~1 and ~10 cm, where a linear
     # term alone leaves steady-state offsets of several cm (measured: ~4 cm per axis).
     precision: float = 5.0
@@ -112,7 +115,7 @@ class RewardConfig:
     # precision features (_observe) policies held the position to ~1 cm but kept such oscillations
     # on slow motors with a full period of latency (tilt test failed in ~5 % of 400 episodes, in
     # 25-28 % of those with tau > 0.105 s). Both changes together take the default recipe to a
-    # confirmed pass in 2.5-3.0M steps; either alone needs 4.5M to more than 8M (BENCHMARKS.md).
+    # confirmed pass in 2.5-3.0M steps on 1 thread; either alone needs 4.5M to more than 8M (BENCHMARKS.md).
     angular_velocity: float = 0.5
     action: float = 0.5  # per squared deviation from the nominal hover action
     action_rate: float = 1.0  # per squared change of action between steps
