@@ -114,8 +114,9 @@ class RewardConfig:
     # Per (rad/s)^2. At 0.05 a 10-20 deg attitude oscillation cost ~0.1 per step: with the critic's
     # precision features (_observe) policies held the position to ~1 cm but kept such oscillations
     # on slow motors with a full period of latency (tilt test failed in ~5 % of 400 episodes, in
-    # 25-28 % of those with tau > 0.105 s). Both changes together take the default recipe to a
-    # confirmed pass in 2.5-3.0M steps on 1 thread; either alone needs 4.5M to more than 8M (BENCHMARKS.md).
+    # 25-28 % of those with tau > 0.105 s). Both changes together took the recipe (then with a
+    # position cost of 10) to a confirmed pass in 2.5-3.0M steps on 1 thread; either alone needed
+    # 4.5M to more than 8M (BENCHMARKS.md).
     angular_velocity: float = 0.5
     action: float = 0.5  # per squared deviation from the nominal hover action
     action_rate: float = 1.0  # per squared change of action between steps
