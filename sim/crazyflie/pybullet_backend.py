@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 import os
 import tempfile
+from itertools import chain
 
 import numpy as np
 import pybullet as p
@@ -137,16 +138,21 @@ class PybulletBackend:
         # Exact solution of drpm/dt = (cmd - rpm) / tau over one substep with cmd held.
         self._lag = 1.0 - np.exp(-self.dt / self.substeps / v["motor_tau"])[:, None]
 
-    def _read(self) -> None:
-        """Pull every body's pose and velocity from PyBullet (world frame, positions relative to the
-        environment's origin, quaternions x y z w)."""
-        c = self._client
-        pos, quat = zip(*(p.getBasePositionAndOrientation(b, physicsClientId=c) for b in self._bodies))
-        vel, omega_world = zip(*(p.getBaseVelocity(b, physicsClientId=c) for b in self._bodies))
-        self._com_world = pos  # where step() applies the forces, PyBullet's own coordinates
-        self._pos, self._quat_xyzw = np.array(pos) - self._origin, np.array(quat)
+    def _read(self, velocities: bool = True) -> None:
+        """Pull every body's pose (and, with ``velocities``, its velocity) from PyBullet: world frame,
+        positions relative to the environment's origin, quaternions x y z w. A call per body and
+        quantity (PyBullet has no batched getter); the tuples are flattened into one array at once
+        (np.array over tuples of tuples cost ~20 us per call for 100 bodies)."""
+        c, n = self._client, self.num_envs
+        poses = [p.getBasePositionAndOrientation(b, physicsClientId=c) for b in self._bodies]
+        pose = np.fromiter(chain.from_iterable(chain.from_iterable(poses)), float, 7 * n).reshape(n, 7)
+        self._com_world = [xyz for xyz, _ in poses]  # where step() applies the forces, PyBullet's coordinates
+        self._pos, self._quat_xyzw = pose[:, :3] - self._origin, pose[:, 3:]
         self._rot = rotmat_xyzw(self._quat_xyzw)
-        self._vel, self._omega_world = np.array(vel), np.array(omega_world)
+        if velocities:
+            twists = [p.getBaseVelocity(b, physicsClientId=c) for b in self._bodies]
+            twist = np.fromiter(chain.from_iterable(chain.from_iterable(twists)), float, 6 * n).reshape(n, 6)
+            self._vel, self._omega_world = twist[:, :3], twist[:, 3:]
 
     def _state(self) -> torch.Tensor:
         # PyBullet reports angular velocity in the world frame; ours is body: R^T omega_world.
@@ -209,7 +215,7 @@ class PybulletBackend:
         """
         cmd, f_ext, t_ext = (x.detach().to("cpu", torch.float64).numpy() for x in (rpm_cmd, force_world, torque_body))
         c = self._client
-        for _ in range(self.substeps):
+        for k in range(self.substeps):
             # Semi-implicit Euler: every force is evaluated at the start of the substep.
             thrusts = rotor_thrusts(self._rpm, self._kf, self._thrust_scale)
             # Roll and pitch: moments of the hub forces (ground effect included); yaw: the rotors' reaction.
@@ -233,7 +239,8 @@ class PybulletBackend:
                 p.applyExternalTorque(b, -1, tq, p.WORLD_FRAME, physicsClientId=c)
             p.stepSimulation(physicsClientId=c)
             self._rpm += (cmd - self._rpm) * self._lag
-            self._read()
+            # The forces of a substep need the attitude and position; velocities only rotor drag.
+            self._read(velocities=self.drag or k == self.substeps - 1)
         self.state = self._state()
         return self.state
 
