@@ -108,6 +108,8 @@ def compose_config(overrides: list[str]) -> DictConfig:
     if not cfg.confirm_backends or any(b not in sims for b in cfg.confirm_backends):
         raise UserError(f"confirm_backends={list(cfg.confirm_backends)}: expected one or more of {', '.join(sims)} "
                         f"(the simulators {cfg.task.name} runs in)")
+    if len(set(cfg.confirm_backends)) < len(cfg.confirm_backends):
+        raise UserError(f"confirm_backends={list(cfg.confirm_backends)}: name each simulator once")
     if cfg.confirm_episodes < 1:
         raise UserError(f"confirm_episodes={cfg.confirm_episodes}: expected at least 1")
     return cfg

@@ -12,6 +12,9 @@ from __future__ import annotations
 
 import copy
 import math
+import multiprocessing
+import multiprocessing.connection
+import warnings
 from dataclasses import dataclass
 from typing import Callable
 
@@ -181,3 +184,73 @@ def evaluate(policy: Policy, task_cfg, episodes: int = 100, backend: str | None 
     if spec.criterion == "hover":
         return evaluate_hover(policy, task_cfg, episodes, backend or "torch", seed, device)
     return evaluate_success(policy, task_cfg, episodes, backend or "mujoco", seed, device)
+
+
+def _evaluate_in_child(conn, policy: Policy, task_cfg, episodes: int, backend: str, seed: int, device) -> None:
+    """Body of a forked evaluation process: one CPU thread, the result (or the error) sent back."""
+    torch.set_num_threads(1)
+    try:
+        conn.send(("ok", evaluate(policy, task_cfg, episodes, backend=backend, seed=seed, device=device)))
+    except Exception as e:  # reported in the parent, which raises it
+        conn.send(("error", f"{type(e).__name__}: {e}"))
+    conn.close()
+
+
+def evaluate_backends(policy: Policy, task_cfg, episodes: int, seeds: dict[str, int], device: str | torch.device = "cpu",
+                      stop_below: float | None = None) -> dict:
+    """Evaluate ``policy`` in several simulators, ``episodes`` episodes in each with the seed
+    ``seeds[backend]``: {backend: result} in the order of ``seeds``.
+
+    The torch simulator runs first, in this process (its compiled step is built for this process's
+    thread count: another count compiles it anew, ~4 s). Then, on a CPU where processes can fork,
+    the others (MuJoCo, PyBullet: they step from Python, one core each) run at once, each in a
+    forked child process with one thread; their results are the ones a sequential run gives.
+    Elsewhere (CUDA, no fork) they run one after the other. With ``stop_below``, the first success
+    rate under it ends the series and cancels the evaluations still running: they are then absent
+    from the result.
+    """
+    device = torch.device(device)
+    fork = device.type == "cpu" and "fork" in multiprocessing.get_all_start_methods()
+    done: dict[str, object] = {}
+
+    def failed(res) -> bool:
+        return stop_below is not None and res.success_rate < stop_below
+
+    for backend in [b for b in seeds if b == "torch" or not fork]:
+        done[backend] = evaluate(policy, task_cfg, episodes, backend=backend, seed=seeds[backend], device=device)
+        if failed(done[backend]):
+            return done
+    ctx = multiprocessing.get_context("fork")  # the child inherits the policy; only the result is pickled
+    children: dict = {}  # receiving end of a pipe -> (backend, process)
+    try:
+        for backend in [b for b in seeds if b not in done]:
+            receive, send = ctx.Pipe(duplex=False)
+            proc = ctx.Process(target=_evaluate_in_child, daemon=True,
+                               args=(send, policy, task_cfg, episodes, backend, seeds[backend], device))
+            with warnings.catch_warnings():
+                # Python >= 3.12 warns about forking a process with threads (TensorBoard's writer,
+                # torch's pool). The child touches none of their state: it evaluates, sends and exits.
+                warnings.simplefilter("ignore", DeprecationWarning)
+                proc.start()
+            send.close()
+            children[receive] = (backend, proc)
+        while children:
+            for receive in multiprocessing.connection.wait(list(children)):
+                backend, proc = children.pop(receive)
+                try:
+                    status, value = receive.recv()
+                except EOFError:
+                    status, value = "error", f"the process died (exit code {proc.exitcode})"
+                receive.close()
+                proc.join()
+                if status == "error":
+                    raise RuntimeError(f"evaluation in {backend} failed: {value}")
+                done[backend] = value
+                if failed(value):
+                    return {b: done[b] for b in seeds if b in done}
+        return {b: done[b] for b in seeds if b in done}
+    finally:
+        for receive, (_, proc) in children.items():  # cancelled: stop them
+            proc.terminate()
+            proc.join()
+            receive.close()

@@ -26,7 +26,7 @@ from sim.registry import get_task
 
 from . import checkpoint as ckpt
 from .config import RESUMABLE_OVERRIDES, UserError, compose_config, config_hash, diff_keys, to_objects
-from .evaluate import evaluate
+from .evaluate import evaluate, evaluate_backends
 
 _IMPORTED = time.time()
 
@@ -157,15 +157,11 @@ def run(cfg: DictConfig, run_dir: Path, resume_state: dict | None, t_start: floa
             # Every evaluation replays the same episodes (comparable points on the curve), so the
             # first pass among many noisy ones overstates the policy: quadrotor policies stopped at
             # 95-96 % there scored 91-94 % on other episodes. A pass counts once episodes new at each
-            # check confirm it in every simulator of confirm_backends (config.py), in their order,
-            # until one falls short.
-            rec["confirm"] = {}
-            for i, backend in enumerate(cfg.confirm_backends):  # new episodes in every simulator too
-                check = evaluate(algo.actor, task_cfg, cfg.confirm_episodes, backend=backend, device=device,
-                                 seed=cfg.seed + 20_000 + 10 * len(tr["evals"]) + i)
-                rec["confirm"][backend] = check.success_rate
-                if check.success_rate < cfg.stop_at_success:
-                    break
+            # check confirm it in every simulator of confirm_backends (config.py). They run at once
+            # (policies/evaluate.py); the first one that falls short cancels the others.
+            seeds = {b: cfg.seed + 20_000 + 10 * len(tr["evals"]) + i for i, b in enumerate(cfg.confirm_backends)}
+            checks = evaluate_backends(algo.actor, task_cfg, cfg.confirm_episodes, seeds, device, cfg.stop_at_success)
+            rec["confirm"] = {b: check.success_rate for b, check in checks.items()}
             rec["confirm_success_rate"] = min(rec["confirm"].values())
             reached = rec["confirm_success_rate"] >= cfg.stop_at_success
         tr["eval_seconds"] += time.time() - t_eval

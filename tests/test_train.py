@@ -121,6 +121,7 @@ def test_a_pass_stops_training_only_once_new_episodes_confirm_it(tmp_path, monke
     import dataclasses
     import json
 
+    import policies.evaluate as evaluation
     import policies.train as train
 
     real, seeds, sizes = train.evaluate, [], []
@@ -132,7 +133,8 @@ def test_a_pass_stops_training_only_once_new_episodes_confirm_it(tmp_path, monke
         sizes.append(episodes)
         return dataclasses.replace(res, success_rate=(replayed if seed == 10_000 else new).pop(0))
 
-    monkeypatch.setattr(train, "evaluate", evaluate)
+    monkeypatch.setattr(train, "evaluate", evaluate)  # the evaluations
+    monkeypatch.setattr(evaluation, "evaluate", evaluate)  # the confirmations (evaluate_backends)
     run = tmp_path / "run"
     code = train_main([*TINY[:-1], "stop_at_success=0.95", "confirm_backends=[torch]", "confirm_episodes=24",
                        f"run_dir={run}", "max_env_steps=4096"])
@@ -187,34 +189,47 @@ def test_kill9_and_resume(tmp_path):
     assert after["iteration"] > saved["iteration"] and after["env_steps"] >= saved["env_steps"] + 1024
 
 
-def test_a_pass_is_confirmed_in_every_simulator_in_turn(tmp_path, monkeypatch):
-    """Scripted success rates: at the first evaluation MuJoCo falls short, so PyBullet is not run and
-    training goes on; at the second, all three confirm and the run stops there. Each simulator
-    confirms on episodes of its own."""
+def test_a_pass_is_confirmed_in_every_simulator(tmp_path, monkeypatch):
+    """Scripted success rates: at the first check MuJoCo falls short, which cancels PyBullet's check
+    (scripted to be slow, so still running) and training goes on; at the second, all three confirm
+    and the run stops there. MuJoCo and PyBullet confirm in processes of their own, so the scripted
+    evaluation logs its calls to a file. Each simulator confirms on episodes of its own."""
     import dataclasses
     import json
 
+    import policies.evaluate as evaluation
     import policies.train as train
 
-    real, calls, seeds = train.evaluate, [], []
-    rates = {None: [0.97, 0.96], "torch": [0.98, 0.97], "mujoco": [0.93, 0.96], "pybullet": [0.99]}
+    real, log = train.evaluate, tmp_path / "calls.log"
+    replayed = [0.97, 0.96]  # the evaluations, in turn
+    rates = {"torch": [0.98, 0.97], "mujoco": [0.93, 0.96], "pybullet": [0.99, 0.99]}  # per check (seed=0)
 
     def evaluate(policy, task_cfg, episodes, device, seed, backend=None):
-        calls.append(backend)
-        seeds.append(seed)
+        check = (seed - 20_000) // 10
+        with log.open("a") as f:
+            f.write(f"start {backend} {seed}\n")
+        if backend == "pybullet" and check == 0:
+            time.sleep(5.0)  # still running when MuJoCo's result arrives
         res = real(policy, task_cfg, 8, device=device, seed=seed)
-        return dataclasses.replace(res, success_rate=rates[backend].pop(0))
+        rate = replayed.pop(0) if backend is None else rates[backend][check]
+        with log.open("a") as f:
+            f.write(f"end {backend} {seed}\n")
+        return dataclasses.replace(res, success_rate=rate)
 
-    monkeypatch.setattr(train, "evaluate", evaluate)
+    monkeypatch.setattr(train, "evaluate", evaluate)  # the evaluations
+    monkeypatch.setattr(evaluation, "evaluate", evaluate)  # the confirmations (evaluate_backends)
     run = tmp_path / "run"
     assert train_main([*TINY[:-1], "stop_at_success=0.95", f"run_dir={run}", "max_env_steps=8192"]) == 0
     res = json.loads((run / "results.json").read_text())
-    assert calls == [None, "torch", "mujoco", None, "torch", "mujoco", "pybullet"]
-    confirming = [s for s, c in zip(seeds, calls) if c is not None]
-    assert len(set(confirming)) == 5, "every simulator, at every check, must get episodes of its own"
     assert [e["confirm"] for e in res["evals"]] == [{"torch": 0.98, "mujoco": 0.93},
                                                      {"torch": 0.97, "mujoco": 0.96, "pybullet": 0.99}]
     assert res["passed"] and res["env_steps"] == 2 * 2048
+    calls = [line.split() for line in log.read_text().splitlines()]
+    started = {(b, int(seed)) for what, b, seed in calls if what == "start" and b != "None"}
+    ended = {(b, int(seed)) for what, b, seed in calls if what == "end" and b != "None"}
+    assert sorted(b for b, _ in started) == ["mujoco", "mujoco", "pybullet", "pybullet", "torch", "torch"]
+    assert len({seed for _, seed in started}) == 6, "every simulator, at every check, must get episodes of its own"
+    assert started - ended == {("pybullet", 20_002)}, "the first check's PyBullet run must have been cancelled"
 
 
 @pytest.mark.parametrize("args, expected", [
