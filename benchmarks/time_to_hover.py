@@ -69,7 +69,8 @@ def main() -> None:
     note = ("Time is measured from process start (imports included) to the end of the evaluation that first "
             "passes the hover criterion on the torch backend (100 episodes, randomization and noise on, the same "
             "episodes at every evaluation) and is confirmed on new episodes in every simulator of the run's "
-            "`confirm_backends` (by default 100 in each of torch, MuJoCo and PyBullet); training stops there. The "
+            "`confirm_backends` (by default 100 in each of torch, MuJoCo and PyBullet: torch first, then MuJoCo and "
+            "PyBullet at once in two processes); training stops there. The "
             "`policies.eval` columns evaluate that policy afterwards on 100 other episodes (seed 12345) in each "
             "simulator. Reference (from the issue): the Learning-to-Fly C++ recipe trains 300k steps in ~52 s on "
             "this kind of machine. Target: >= 95 % in <= 30 s.")
