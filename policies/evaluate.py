@@ -14,6 +14,7 @@ import copy
 import math
 import multiprocessing
 import multiprocessing.connection
+import signal
 import warnings
 from dataclasses import dataclass
 from typing import Callable
@@ -187,7 +188,9 @@ def evaluate(policy: Policy, task_cfg, episodes: int = 100, backend: str | None 
 
 
 def _evaluate_in_child(conn, policy: Policy, task_cfg, episodes: int, backend: str, seed: int, device) -> None:
-    """Body of a forked evaluation process: one CPU thread, the result (or the error) sent back."""
+    """Body of a forked evaluation process: one CPU thread, the result (or the error) sent back.
+    Ctrl-C is the parent's to handle: it terminates its children."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     torch.set_num_threads(1)
     try:
         conn.send(("ok", evaluate(policy, task_cfg, episodes, backend=backend, seed=seed, device=device)))
@@ -199,31 +202,53 @@ def _evaluate_in_child(conn, policy: Policy, task_cfg, episodes: int, backend: s
 def evaluate_backends(policy: Policy, task_cfg, episodes: int, seeds: dict[str, int], device: str | torch.device = "cpu",
                       stop_below: float | None = None) -> dict:
     """Evaluate ``policy`` in several simulators, ``episodes`` episodes in each with the seed
-    ``seeds[backend]``: {backend: result} in the order of ``seeds``.
+    ``seeds[backend]``. Returns {backend: result} as a sequential run gives it: torch (if asked)
+    first, then the others in the order of ``seeds``; with ``stop_below``, the series ends at the
+    first simulator whose success rate is under it, and the ones after it are absent.
 
-    The torch simulator runs first, in this process (its compiled step is built for this process's
-    thread count: another count compiles it anew, ~4 s). Then, on a CPU where processes can fork,
-    the others (MuJoCo, PyBullet: they step from Python, one core each) run at once, each in a
-    forked child process with one thread; their results are the ones a sequential run gives.
-    Elsewhere (CUDA, no fork) they run one after the other. With ``stop_below``, the first success
-    rate under it ends the series and cancels the evaluations still running: they are then absent
-    from the result.
+    torch runs in this process (its compiled step is built for this process's thread count:
+    another count compiles it anew, ~4 s). When two or more others remain and the device is a CPU
+    where processes can fork, those (MuJoCo, PyBullet: they step from Python, one core each) run at
+    once, each in a forked child process with one thread; a child whose result can no longer count
+    (one before it fell short) is terminated. Otherwise they run here, one after the other.
     """
     device = torch.device(device)
-    fork = device.type == "cpu" and "fork" in multiprocessing.get_all_start_methods()
-    done: dict[str, object] = {}
+    order = (["torch"] if "torch" in seeds else []) + [b for b in seeds if b != "torch"]
+    others = [b for b in order if b != "torch"]
+    concurrent = len(others) >= 2 and device.type == "cpu" and "fork" in multiprocessing.get_all_start_methods()
 
     def failed(res) -> bool:
         return stop_below is not None and res.success_rate < stop_below
 
-    for backend in [b for b in seeds if b == "torch" or not fork]:
+    def prefix(done: dict) -> dict:
+        """The results a sequential run keeps: up to and including the first one that fails."""
+        out = {}
+        for b in order:
+            if b not in done:
+                break
+            out[b] = done[b]
+            if failed(done[b]):
+                break
+        return out
+
+    done: dict[str, object] = {}
+    for backend in [b for b in order if b == "torch" or not concurrent]:
         done[backend] = evaluate(policy, task_cfg, episodes, backend=backend, seed=seeds[backend], device=device)
         if failed(done[backend]):
-            return done
+            return prefix(done)
+    if not concurrent:
+        return prefix(done)
     ctx = multiprocessing.get_context("fork")  # the child inherits the policy; only the result is pickled
     children: dict = {}  # receiving end of a pipe -> (backend, process)
+
+    def stop(receive) -> None:
+        backend, proc = children.pop(receive)
+        proc.terminate()
+        proc.join()
+        receive.close()
+
     try:
-        for backend in [b for b in seeds if b not in done]:
+        for backend in others:
             receive, send = ctx.Pipe(duplex=False)
             proc = ctx.Process(target=_evaluate_in_child, daemon=True,
                                args=(send, policy, task_cfg, episodes, backend, seeds[backend], device))
@@ -236,21 +261,24 @@ def evaluate_backends(policy: Policy, task_cfg, episodes: int, seeds: dict[str, 
             children[receive] = (backend, proc)
         while children:
             for receive in multiprocessing.connection.wait(list(children)):
-                backend, proc = children.pop(receive)
+                if receive not in children:  # stopped meanwhile: an earlier simulator fell short
+                    continue
+                backend, proc = children[receive]
                 try:
                     status, value = receive.recv()
                 except EOFError:
-                    status, value = "error", f"the process died (exit code {proc.exitcode})"
-                receive.close()
+                    status, value = "died", None
                 proc.join()
-                if status == "error":
-                    raise RuntimeError(f"evaluation in {backend} failed: {value}")
+                receive.close()
+                del children[receive]
+                if status != "ok":
+                    why = value if status == "error" else f"the process died (exit code {proc.exitcode})"
+                    raise RuntimeError(f"evaluation in {backend} failed: {why}")
                 done[backend] = value
-                if failed(value):
-                    return {b: done[b] for b in seeds if b in done}
-        return {b: done[b] for b in seeds if b in done}
+                if failed(value):  # the simulators after it no longer count
+                    for later in [r for r, (b, _) in children.items() if order.index(b) > order.index(backend)]:
+                        stop(later)
+        return prefix(done)
     finally:
-        for receive, (_, proc) in children.items():  # cancelled: stop them
-            proc.terminate()
-            proc.join()
-            receive.close()
+        for receive in list(children):  # an error or Ctrl-C: stop the rest
+            stop(receive)

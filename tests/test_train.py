@@ -209,7 +209,7 @@ def test_a_pass_is_confirmed_in_every_simulator(tmp_path, monkeypatch):
         with log.open("a") as f:
             f.write(f"start {backend} {seed}\n")
         if backend == "pybullet" and check == 0:
-            time.sleep(5.0)  # still running when MuJoCo's result arrives
+            time.sleep(60.0)  # still running when MuJoCo's shortfall cancels it
         res = real(policy, task_cfg, 8, device=device, seed=seed)
         rate = replayed.pop(0) if backend is None else rates[backend][check]
         with log.open("a") as f:
@@ -219,17 +219,18 @@ def test_a_pass_is_confirmed_in_every_simulator(tmp_path, monkeypatch):
     monkeypatch.setattr(train, "evaluate", evaluate)  # the evaluations
     monkeypatch.setattr(evaluation, "evaluate", evaluate)  # the confirmations (evaluate_backends)
     run = tmp_path / "run"
+    t0 = time.time()
     assert train_main([*TINY[:-1], "stop_at_success=0.95", f"run_dir={run}", "max_env_steps=8192"]) == 0
+    assert time.time() - t0 < 45, "the first check's PyBullet run must be cancelled, not waited for"
     res = json.loads((run / "results.json").read_text())
     assert [e["confirm"] for e in res["evals"]] == [{"torch": 0.98, "mujoco": 0.93},
                                                      {"torch": 0.97, "mujoco": 0.96, "pybullet": 0.99}]
     assert res["passed"] and res["env_steps"] == 2 * 2048
     calls = [line.split() for line in log.read_text().splitlines()]
-    started = {(b, int(seed)) for what, b, seed in calls if what == "start" and b != "None"}
-    ended = {(b, int(seed)) for what, b, seed in calls if what == "end" and b != "None"}
-    assert sorted(b for b, _ in started) == ["mujoco", "mujoco", "pybullet", "pybullet", "torch", "torch"]
-    assert len({seed for _, seed in started}) == 6, "every simulator, at every check, must get episodes of its own"
-    assert started - ended == {("pybullet", 20_002)}, "the first check's PyBullet run must have been cancelled"
+    ended = [(b, int(seed)) for what, b, seed in calls if what == "end" and b != "None"]
+    assert sorted(b for b, _ in ended) == ["mujoco", "mujoco", "pybullet", "torch", "torch"]
+    assert ("pybullet", 20_002) not in ended, "the first check's PyBullet run must have been cancelled"
+    assert len({seed for _, seed in ended} | {20_002}) == 6, "every simulator, at every check, gets episodes of its own"
 
 
 @pytest.mark.parametrize("args, expected", [
