@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import platform
 import shutil
+import subprocess
 import warnings
 from typing import Callable
 
@@ -20,10 +23,22 @@ def compile_if(fn: Callable, enabled: bool, dynamic: bool | None = None) -> Call
         return fn
     import torch._inductor.config as inductor
 
-    if inductor.cpp.vec_isa_ok is None:  # unless TORCHINDUCTOR_VEC_ISA_OK says otherwise
-        # Inductor otherwise proves, in every new process, that g++ can build and load a kernel for
-        # each vector instruction set the CPU reports (AVX2, AVX-512, ...): it builds a probe and
-        # loads it in a fresh Python subprocess per set, ~0.85 s of each start here (2 cores). Any g++
-        # of the last decade builds them all, so trust the CPU's list.
+    if inductor.cpp.vec_isa_ok is None and _gxx_builds_every_x86_vector_isa():
+        # Unless TORCHINDUCTOR_VEC_ISA_OK says otherwise, inductor proves in every new process that
+        # the compiler can build and load a kernel for each vector instruction set the CPU reports:
+        # it builds a probe and loads it in a fresh Python subprocess per set, ~0.85 s of each start
+        # here (2 cores). Where the compiler is known to build them all, trust the CPU's list.
         inductor.cpp.vec_isa_ok = True
     return torch.compile(fn, dynamic=dynamic)
+
+
+def _gxx_builds_every_x86_vector_isa() -> bool:
+    """An x86-64 CPU and g++ >= 11 as inductor's compiler (no CXX override): g++ 11 added the AMX
+    flags, the newest set inductor uses (AVX2 and AVX-512 came years before)."""
+    if platform.machine() not in ("x86_64", "AMD64") or os.environ.get("CXX"):
+        return False
+    try:
+        version = subprocess.run(["g++", "-dumpversion"], capture_output=True, text=True, timeout=10).stdout
+        return int(version.split(".")[0]) >= 11
+    except (OSError, ValueError, subprocess.TimeoutExpired):
+        return False
