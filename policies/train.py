@@ -157,8 +157,8 @@ def run(cfg: DictConfig, run_dir: Path, resume_state: dict | None, t_start: floa
             # Every evaluation replays the same episodes (comparable points on the curve), so the
             # first pass among many noisy ones overstates the policy: quadrotor policies stopped at
             # 95-96 % there scored 91-94 % on other episodes. A pass counts once episodes new at each
-            # check confirm it in every simulator of confirm_backends (config.py). They run at once
-            # (policies/evaluate.py); the first one that falls short cancels the others.
+            # check confirm it in every simulator of confirm_backends (config.py): torch, then the
+            # others at once (policies/evaluate.py); one that falls short cancels those after it.
             seeds = {b: cfg.seed + 20_000 + 10 * len(tr["evals"]) + i for i, b in enumerate(cfg.confirm_backends)}
             checks = evaluate_backends(algo.actor, task_cfg, cfg.confirm_episodes, seeds, device, cfg.stop_at_success)
             rec["confirm"] = {b: check.success_rate for b, check in checks.items()}
