@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import platform
 import shutil
@@ -32,6 +33,7 @@ def compile_if(fn: Callable, enabled: bool, dynamic: bool | None = None) -> Call
     return torch.compile(fn, dynamic=dynamic)
 
 
+@functools.cache  # one g++ call per process, not one per compiled function
 def _gxx_builds_every_x86_vector_isa() -> bool:
     """An x86-64 CPU and g++ >= 11 as inductor's compiler (no CXX override): g++ 11 added the AMX
     flags, the newest set inductor uses (AVX2 and AVX-512 came years before)."""
