@@ -231,6 +231,11 @@ def test_a_pass_is_confirmed_in_every_simulator(tmp_path, monkeypatch):
     assert sorted(b for b, _ in ended) == ["mujoco", "mujoco", "pybullet", "torch", "torch"]
     assert ("pybullet", 20_002) not in ended, "the first check's PyBullet run must have been cancelled"
     assert len({seed for _, seed in ended} | {20_002}) == 6, "every simulator, at every check, gets episodes of its own"
+    for check in (0, 1):  # torch confirms here first; MuJoCo and PyBullet start only once it passed
+        torch_end = calls.index(["end", "torch", str(20_000 + 10 * check)])
+        assert all(calls.index(["start", b, str(20_000 + 10 * check + i)]) > torch_end
+                   for i, b in ((1, "mujoco"), (2, "pybullet")) if ["start", b, str(20_000 + 10 * check + i)] in calls)
+        assert ["start", "mujoco", str(20_001 + 10 * check)] in calls
 
 
 @pytest.mark.parametrize("args, expected", [
