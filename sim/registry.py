@@ -21,7 +21,7 @@ from sim.crazyflie.track import QuadTrackEnv
 # evaluations, and the more often it is sampled the likelier the first pass is a marginal policy. A
 # pass is confirmed in all three simulators (the criterion's own demand; a torch-only confirmation let
 # a policy stop that scored 90 % in PyBullet), only when the replayed evaluation passes: ~0.3 s in
-# torch, then MuJoCo (~2.2 s) and PyBullet (~3.0 s) at once, ~3.3 s in all (measured on 2 cores).
+# torch, then MuJoCo (~2.2 s) and PyBullet (~3.0 s) at once, ~3.3 s in all (ad-hoc timing, 2 cores).
 QUAD_RUN = {"max_env_steps": 200_000_000, "eval_every_steps": 500_000, "stop_at_success": 0.95,
             "confirm_backends": list(QUAD_BACKENDS)}
 # Manipulation (MuJoCo, ~1-2k env steps/s): 50k steps, evaluate every 5k, never stop early.
