@@ -68,16 +68,19 @@ class UserError(Exception):
     """A mistake the user can fix; printed as one line, no traceback."""
 
 
-def _register_schemas() -> None:
+def _register_schemas(task: str) -> None:
+    """Typed schemas for Hydra: the run's, every algorithm's and ``task``'s (only the task that is
+    composed: a task's schema imports its modules, sim/registry.py)."""
     cs = ConfigStore.instance()
     cs.store(name="run_schema", node=RunConfig)
-    for name, spec in TASKS.items():
-        cs.store(group="task", name=f"{name}_schema", node=spec.config_cls)
+    cs.store(group="task", name=f"{task}_schema", node=get_task(task).config_cls)
     for name, schema in ALGOS.items():
         cs.store(group="algo", name=f"{name}_schema", node=schema)
 
 
-_register_schemas()
+# The task of a command line that names none: config/config.yaml's default.
+DEFAULT_TASK = next(d.task for d in OmegaConf.load(CONFIG_DIR / "config.yaml").defaults
+                    if isinstance(d, DictConfig) and "task" in d)
 
 
 # Short forms on the command line: base=<run> for algo.base=<run> (dsrl), dataset=<dir> for algo.dataset=<dir>.
@@ -96,6 +99,8 @@ def compose_config(overrides: list[str]) -> DictConfig:
             raise UserError(f"unknown algo '{value}'. Valid algos: {', '.join(sorted(ALGOS))}")
         if "=" not in o:
             raise UserError(f"override '{o}' is not of the form key=value")
+    _register_schemas(next((o.split("=", 1)[1] for o in reversed(overrides) if o.split("=", 1)[0] == "task"),
+                           DEFAULT_TASK))
     try:
         with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
             cfg = compose("config", overrides=overrides)

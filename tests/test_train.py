@@ -256,6 +256,19 @@ def test_bad_overrides_give_one_clear_line(args, expected):
     assert len(lines) == 1 and lines[0].startswith("error:") and expected in lines[0], res.stderr
 
 
+def test_a_quadrotor_run_loads_no_arm_task_and_an_arm_run_gets_its_schema():
+    """Tasks are imported when used (sim/registry.py): composing quad_hover's config leaves the arm
+    tasks and MuJoCo unloaded; composing arm_push's checks its typed fields."""
+    code = ("import sys; from policies.config import compose_config; compose_config([]); "
+            "import policies.train; print(sorted(m for m in sys.modules if m == 'mujoco' or m.startswith('sim.arm')))")
+    res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0 and res.stdout.strip() == "[]", res.stdout + res.stderr
+    from policies.config import UserError, compose_config
+    assert compose_config(["task=arm_push"]).task.name == "arm_push"
+    with pytest.raises(UserError, match="task.episode_steps=long"):
+        compose_config(["task=arm_push", "task.episode_steps=long"])
+
+
 def test_resume_errors_overwrite_nothing(tmp_path):
     run = tmp_path / "run"
     assert train_main([*TINY, f"run_dir={run}", "max_env_steps=1024"]) == 0
