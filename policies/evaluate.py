@@ -89,22 +89,27 @@ def evaluate_hover(
     obs, _ = env.reset(seed=seed)
     steps = int(round(EPISODE_SECONDS / POLICY_PERIOD))
     last = int(round(2.0 / POLICY_PERIOD))
-    err = torch.zeros(steps, episodes)
+    # Per step only copies; the measures are computed once over [T, episodes] after the episodes
+    # (per-step arithmetic on 100 values cost ~25 % of a torch evaluation).
+    err = torch.zeros(steps, episodes)  # m
     offset = torch.zeros(steps, episodes, 3)  # position - target, world, m
-    tilt = torch.zeros(steps, episodes)
-    left = torch.zeros(episodes, dtype=torch.bool)
+    quat = torch.zeros(steps, episodes, 4)
+    terminated = torch.zeros(steps, episodes, dtype=torch.bool)
     for t in range(steps):
         obs, _, term, _, info = env.step(policy(obs["policy"]))
         if frames_cb is not None:
             frames_cb(env, t)
-        e = info["position_error"].cpu()
-        offset[t] = (env.backend.state[:, POS] - env.reference()[0]).cpu()
-        q = env.backend.state[:, QUAT].cpu()
-        # tilt = angle between body z and world z; cos = R22 = 1 - 2(x^2 + y^2)
-        cos_tilt = (1 - 2 * (q[:, 1] ** 2 + q[:, 2] ** 2)).clamp(-1, 1)
-        left |= term.cpu() | (e > MAX_DISTANCE) | ~torch.isfinite(e)
-        err[t] = torch.where(left, torch.full_like(e, float("nan")), e)
-        tilt[t] = torch.rad2deg(torch.acos(cos_tilt))
+        err[t] = info["position_error"]
+        offset[t] = env.backend.state[:, POS] - env.reference()[0]
+        quat[t] = env.backend.state[:, QUAT]
+        terminated[t] = term
+    # An episode has left from the first step it terminated, got farther than 1 m or went non-finite.
+    left_by = (terminated | (err > MAX_DISTANCE) | ~torch.isfinite(err)).cummax(0).values
+    left = left_by[-1]
+    err = torch.where(left_by, torch.full_like(err, float("nan")), err)
+    # tilt = angle between body z and world z; cos = R22 = 1 - 2(x^2 + y^2)
+    cos_tilt = (1 - 2 * (quat[..., 1] ** 2 + quat[..., 2] ** 2)).clamp(-1, 1)
+    tilt = torch.rad2deg(torch.acos(cos_tilt))
     mean_last = err[-last:].mean(0)
     tilt_last = tilt[-last:].amax(0)
     ok = ~left & (mean_last < MEAN_ERROR_LAST_2S) & (tilt_last < MAX_TILT_LAST_2S)

@@ -30,6 +30,22 @@ def test_common_offset_is_where_the_policy_holds_the_vehicle():
     assert "common offset (x, y, z)" in held.summary() and "common_offset_x_m" in held.as_dict()
 
 
+def test_an_episode_that_leaves_the_ball_counts_as_failed_from_then_on():
+    """Full thrust on every rotor climbs out of the 1 m ball within ~1 s: every episode fails, and
+    its position error is finite (within 1 m) up to the step it left and NaN from that step on."""
+    policy, rec = ckpt.load_policy(PRETRAINED)
+    task_cfg, _ = to_objects(OmegaConf.create(rec["config"]))
+    res = evaluate_hover(lambda obs: torch.ones(len(obs), 4), task_cfg, episodes=20)
+    assert res.failures == 20 and res.success_rate == 0.0 and not res.success.any()
+    err = res.position_error  # [T, episodes]
+    for k in range(20):
+        gone = np.isnan(err[:, k])
+        first = int(np.argmax(gone))
+        assert gone[first:].all() and not gone[:first].any() and 0 < first < 150, (k, first)
+        assert err[first - 1, k] <= 1.0
+    assert np.isnan(res.mean_final_error) and np.isnan(res.common_offset).all()
+
+
 def test_simulators_evaluated_at_once_give_the_sequential_results(tmp_path, monkeypatch):
     """MuJoCo and PyBullet evaluate in two forked processes while torch runs here: every episode's
     outcome and error trace equals the one of a run in this process."""
