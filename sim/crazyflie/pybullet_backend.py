@@ -144,13 +144,15 @@ class PybulletBackend:
         quantity (PyBullet has no batched getter); the tuples are flattened into one array at once
         (np.array over tuples of tuples cost ~20 us per call for 100 bodies)."""
         c, n = self._client, self.num_envs
-        poses = [p.getBasePositionAndOrientation(b, physicsClientId=c) for b in self._bodies]
+        # The client id goes by position in the per-body calls here and in step(): PyBullet parses
+        # keywords ~0.14 us slower per call, ~0.2 s of 100 evaluation episodes (1.5M calls).
+        poses = [p.getBasePositionAndOrientation(b, c) for b in self._bodies]
         pose = np.fromiter(chain.from_iterable(chain.from_iterable(poses)), float, 7 * n).reshape(n, 7)
         self._com_world = [xyz for xyz, _ in poses]  # where step() applies the forces, PyBullet's coordinates
         self._pos, self._quat_xyzw = pose[:, :3] - self._origin, pose[:, 3:]
         self._rot = rotmat_xyzw(self._quat_xyzw)
         if velocities:
-            twists = [p.getBaseVelocity(b, physicsClientId=c) for b in self._bodies]
+            twists = [p.getBaseVelocity(b, c) for b in self._bodies]
             twist = np.fromiter(chain.from_iterable(chain.from_iterable(twists)), float, 6 * n).reshape(n, 6)
             self._vel, self._omega_world = twist[:, :3], twist[:, 3:]
 
@@ -214,7 +216,7 @@ class PybulletBackend:
         ``torque_body`` [N, 3] N m (body), all held over the step.
         """
         cmd, f_ext, t_ext = (x.detach().to("cpu", torch.float64).numpy() for x in (rpm_cmd, force_world, torque_body))
-        c = self._client
+        c, world = self._client, p.WORLD_FRAME
         for k in range(self.substeps):
             # Semi-implicit Euler: every force is evaluated at the start of the substep.
             thrusts = rotor_thrusts(self._rpm, self._kf, self._thrust_scale)
@@ -234,9 +236,9 @@ class PybulletBackend:
             if self.downwash:
                 force = force + self._downwash_force()
             for b, f, pos, tq in zip(self._bodies, force.tolist(), self._com_world, torque.tolist()):
-                p.applyExternalForce(b, -1, f, pos, p.WORLD_FRAME, physicsClientId=c)  # at the centre of mass
+                p.applyExternalForce(b, -1, f, pos, world, c)  # at the centre of mass; c: client (see _read)
                 # WORLD_FRAME: PyBullet applies a LINK_FRAME torque on a base link in the wrong frame.
-                p.applyExternalTorque(b, -1, tq, p.WORLD_FRAME, physicsClientId=c)
+                p.applyExternalTorque(b, -1, tq, world, c)
             p.stepSimulation(physicsClientId=c)
             self._rpm += (cmd - self._rpm) * self._lag
             # The forces of a substep need the attitude and position; velocities only rotor drag.
