@@ -10,13 +10,13 @@ from sim.crazyflie.hover import BACKENDS as QUAD_BACKENDS
 
 
 # Quadrotor: the hover criterion decides; PPO passes it after ~2.5M steps (1024 envs, BENCHMARKS.md).
-# An evaluation (100 episodes of 5 s) costs ~0.3 s in torch, a tenth of the training between two.
+# An evaluation (100 episodes of 5 s) costs ~0.25 s in torch, under a tenth of the training between two.
 # Evaluating every 250k steps (with an older recipe that needed 4-7M steps) stopped seeds 0-2 sooner
 # but on policies that scored 90-94 % in policies.eval for two of them: PPO's success swings between
 # evaluations, and the more often it is sampled the likelier the first pass is a marginal policy. A
 # pass is confirmed in all three simulators (the criterion's own demand; a torch-only confirmation let
-# a policy stop that scored 90 % in PyBullet), only when the replayed evaluation passes: ~0.3 s in
-# torch, then MuJoCo (~2.2 s) and PyBullet (~3.0 s) at once, ~3.3 s in all (ad-hoc timing, 2 cores).
+# a policy stop that scored 90 % in PyBullet), only when the replayed evaluation passes: ~0.25 s in
+# torch, then MuJoCo (~2.1 s) and PyBullet (~2.7 s) at once, ~3.0 s in all (ad-hoc timing, 2 cores).
 QUAD_RUN = {"max_env_steps": 200_000_000, "eval_every_steps": 500_000, "stop_at_success": 0.95,
             "confirm_backends": list(QUAD_BACKENDS)}
 # Manipulation (MuJoCo, ~1-2k env steps/s): 50k steps, evaluate every 5k, never stop early.
