@@ -13,14 +13,16 @@ from typing import Callable
 import torch
 
 
-# Checks that inductor writes into the Python wrapper of every compiled graph and runs at each call:
-# the sizes, strides, alignment and scalar values of its inputs, which dynamo's guards have already
-# checked on the way in. Each is a few microseconds, but the simulator step has ~50 inputs and a
-# quad_hover run makes ~10k compiled calls: without them it passed 0.3-0.9 s sooner (seed 0, 2 runs
-# each, ad-hoc A/B of `python -m policies.train task=quad_hover`) with bit-identical parameters. The
-# kernels are the same; an environment variable that sets one keeps the user's choice.
-_RUNTIME_ASSERTS = {"size_asserts": "TORCHINDUCTOR_SIZE_ASSERTS", "scalar_asserts": "TORCHINDUCTOR_SCALAR_ASSERTS",
-                    "alignment_asserts": "TORCHINDUCTOR_ALIGNMENT_ASSERTS"}
+# Checks that inductor writes into the Python wrapper of each compiled graph and runs at every call:
+# the sizes and strides of the graph's inputs (which dynamo's guards have already checked on the way
+# in) and of the outputs of the ATen kernels it falls back to, and their alignment. They check
+# inductor's own layout assumptions, not this project's code: without them a wrong assumption would
+# give wrong numbers instead of an error. Each is a few microseconds, but the simulator step has ~50
+# inputs and a quad_hover run makes ~10k compiled calls: without them it passed 0.3-0.9 s sooner
+# (seed 0, 2 runs each, ad-hoc A/B of `python -m policies.train task=quad_hover`) with bit-identical
+# parameters. Only for the functions compiled here; an environment variable that sets one keeps
+# the user's choice.
+_LAYOUT_ASSERTS = {"size_asserts": "TORCHINDUCTOR_SIZE_ASSERTS", "alignment_asserts": "TORCHINDUCTOR_ALIGNMENT_ASSERTS"}
 
 
 def compile_if(fn: Callable, enabled: bool, dynamic: bool | None = None) -> Callable:
@@ -40,10 +42,8 @@ def compile_if(fn: Callable, enabled: bool, dynamic: bool | None = None) -> Call
         # it builds a probe and loads it in a fresh Python subprocess per set, ~0.85 s of each start
         # here (2 cores). Where the compiler is known to build them all, trust the CPU's list.
         inductor.cpp.vec_isa_ok = True
-    for name, env in _RUNTIME_ASSERTS.items():
-        if env not in os.environ:
-            setattr(inductor, name, False)
-    return torch.compile(fn, dynamic=dynamic)
+    options = {name: False for name, env in _LAYOUT_ASSERTS.items() if env not in os.environ}
+    return torch.compile(fn, dynamic=dynamic, options=options)
 
 
 @functools.cache  # one g++ call per process, not one per compiled function

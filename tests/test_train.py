@@ -242,6 +242,7 @@ def test_a_pass_is_confirmed_in_every_simulator(tmp_path, monkeypatch):
     (["confirm_backends=[torch,gazebo]"], "confirm_backends=['torch', 'gazebo']: expected one or more of torch"),
     (["confirm_backends=[]"], "confirm_backends=[]: expected one or more of"),
     (["task=arm_push", "confirm_backends=[torch]"], "expected one or more of mujoco (the simulators arm_push runs in)"),
+    (["task=arm_push", "task.episode_steps=long"], "task.episode_steps=long"),  # the composed task's schema
     (["confirm_episodes=0"], "confirm_episodes=0: expected at least 1"),
     (["task=quad_hoover"], "unknown task 'quad_hoover'. Valid tasks: arm_pick_place, arm_push, arm_reach, quad_hover, quad_track"),
     (["seed=abc"], "seed=abc"),
@@ -256,17 +257,17 @@ def test_bad_overrides_give_one_clear_line(args, expected):
     assert len(lines) == 1 and lines[0].startswith("error:") and expected in lines[0], res.stderr
 
 
-def test_a_quadrotor_run_loads_no_arm_task_and_an_arm_run_gets_its_schema():
+def test_a_quadrotor_run_loads_no_arm_task_and_every_task_resolves():
     """Tasks are imported when used (sim/registry.py): composing quad_hover's config leaves the arm
-    tasks and MuJoCo unloaded; composing arm_push's checks its typed fields."""
+    tasks and MuJoCo unloaded. Every registered task's environment, config and contract resolve."""
     code = ("import sys; from policies.config import compose_config; compose_config([]); "
             "import policies.train; print(sorted(m for m in sys.modules if m == 'mujoco' or m.startswith('sim.arm')))")
     res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert res.returncode == 0 and res.stdout.strip() == "[]", res.stdout + res.stderr
-    from policies.config import UserError, compose_config
-    assert compose_config(["task=arm_push"]).task.name == "arm_push"
-    with pytest.raises(UserError, match="task.episode_steps=long"):
-        compose_config(["task=arm_push", "task.episode_steps=long"])
+    from sim.registry import TASKS
+    for name, spec in TASKS.items():
+        assert isinstance(spec.env_cls, type) and spec.config_cls is type(spec.default_config()), name
+        assert spec.default_config().name == name and spec.contract.obs_size > 0, name
 
 
 def test_resume_errors_overwrite_nothing(tmp_path):
