@@ -68,14 +68,20 @@ class UserError(Exception):
     """A mistake the user can fix; printed as one line, no traceback."""
 
 
-def _register_schemas(task: str) -> None:
-    """Typed schemas for Hydra: the run's, every algorithm's and ``task``'s (only the task that is
-    composed: a task's schema imports its modules, sim/registry.py)."""
+def _register_schemas() -> None:
+    """Typed schemas for Hydra: the run's and every algorithm's. A task's comes when it is composed
+    (:func:`_register_task_schema`): it imports the task's modules (sim/registry.py)."""
     cs = ConfigStore.instance()
     cs.store(name="run_schema", node=RunConfig)
-    cs.store(group="task", name=f"{task}_schema", node=get_task(task).config_cls)
     for name, schema in ALGOS.items():
         cs.store(group="algo", name=f"{name}_schema", node=schema)
+
+
+_register_schemas()
+
+
+def _register_task_schema(task: str) -> None:
+    ConfigStore.instance().store(group="task", name=f"{task}_schema", node=get_task(task).config_cls)
 
 
 # The task of a command line that names none: config/config.yaml's default.
@@ -99,8 +105,8 @@ def compose_config(overrides: list[str]) -> DictConfig:
             raise UserError(f"unknown algo '{value}'. Valid algos: {', '.join(sorted(ALGOS))}")
         if "=" not in o:
             raise UserError(f"override '{o}' is not of the form key=value")
-    _register_schemas(next((o.split("=", 1)[1] for o in reversed(overrides) if o.split("=", 1)[0] == "task"),
-                           DEFAULT_TASK))
+    _register_task_schema(next((o.split("=", 1)[1] for o in reversed(overrides) if o.split("=", 1)[0] == "task"),
+                               DEFAULT_TASK))
     try:
         with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
             cfg = compose("config", overrides=overrides)
