@@ -1,14 +1,25 @@
 """How much room does a diffusion base policy leave for steering its initial noise (DSRL)?
 
-    python -m benchmarks.steerability <diffusion_bc run dir> [--draws 8] [--episodes 100]
+    python -m benchmarks.steerability <diffusion_bc run dir> [--draws 8] [--episodes 100] [--greedy 4 16]
 
-Runs the frozen base on the same ``--episodes`` initial states and physics (one evaluation seed)
-once per noise draw, w ~ N(0, I) with its own generator each time, and once with w = 0. The
-fraction of initial states that succeed with at least one of the first k draws (it grows with k)
-is a best-of-k oracle: what choosing the best noise per state would have given. It is not a
-strict bound on steering, because the observation noise differs between draws too (episodes end
-at different times, and the environment's generator that samples new episodes also draws the
-noise). Writes a section of BENCHMARKS.md.
+Every measure runs the frozen base on the same ``--episodes`` initial states and physics (one
+evaluation seed, one episode per parallel env):
+
+- w ~ N(0, I), once per draw (its own generator each time), and w = 0.
+- Best of k draws: the fraction of initial states that succeed with at least one of the first k
+  draws. This is not a measure of steering by itself: the observation noise differs between
+  draws too (the environment's generator draws it, and episodes end at different times).
+- The luck control: w = 0 in every run, with only the observation-noise stream changed (the
+  environment's generator reseeded after the initial states are drawn). Its best of k is what
+  chance alone gives; where it is close to the draws' best of k, those say little about steering.
+- Greedy steering with a perfect model (``--greedy K``): at every query, simulate K candidate noises
+  (w = 0 and K - 1 draws) for one executed chunk from a saved simulator state, and execute the one
+  with the best outcome (a success, else the most shaped progress: the task's dense reward terms
+  other than success). What choosing the noise one decision at a time could reach when the
+  short-term effect of each noise were known; a far-sighted steering can do better, a learned one
+  sees only the policy observation.
+
+Writes a section of BENCHMARKS.md.
 """
 
 from __future__ import annotations
@@ -23,7 +34,59 @@ from omegaconf import OmegaConf
 from benchmarks.common import write_section
 from policies import checkpoint as ckpt
 from policies.config import to_objects
-from policies.evaluate import evaluate_success
+from sim.registry import get_task
+
+
+def episodes(base, task_cfg, n: int, seed: int, noise, stream: int | None = None, greedy: int = 0,
+             greedy_gen: torch.Generator | None = None) -> np.ndarray:
+    """Success [n] of one episode per env. ``noise(n)`` gives the noises of one query; ``stream``
+    reseeds the environment's generator after the reset (same initial states, other observation
+    noise); ``greedy`` > 1 picks each query's noise among that many by simulating their chunks."""
+    env = get_task(task_cfg.name).env_cls(task_cfg, n, device="cpu", seed=seed, backend="mujoco")
+    obs, _ = env.reset(seed=seed)
+    if stream is not None:
+        env.gen.manual_seed(stream)
+    finished, success = np.zeros(n, bool), np.zeros(n, bool)
+    t = 0
+    with torch.no_grad():
+        while t < env.max_steps and not finished.all():
+            if greedy > 1:
+                w = torch.randn(greedy, n, base.latent_dim, generator=greedy_gen)
+                w[0] = 0.0
+                chunks = torch.stack([base(obs["policy"], w[k]) for k in range(greedy)])  # [K, n, H, A]
+                chunk = chunks[torch.as_tensor(_best_candidates(env, chunks)), torch.arange(n)]
+            else:
+                chunk = base(obs["policy"], noise(n))
+            for j in range(chunk.shape[1]):
+                obs, _, term, trunc, info = env.step(chunk[:, j])
+                success |= info["success"].numpy() & ~finished
+                finished |= (term | trunc).numpy()
+                t += 1
+    return success
+
+
+def _best_candidates(env, chunks: torch.Tensor) -> np.ndarray:
+    """Index [n] of the candidate chunk with the best one-chunk outcome per env (success first,
+    then the sum of the shaped terms); the environment is left in the state it started in."""
+    saved, (k_cands, n) = env.state_dict(), chunks.shape[:2]
+    score = np.zeros((k_cands, n))
+    for k in range(k_cands):
+        env.load_state_dict(saved)
+        ended = np.zeros(n, bool)
+        for j in range(chunks.shape[2]):
+            _, _, term, trunc, info = env.step(chunks[k, :, j])
+            done = (term | trunc).numpy()
+            terms = env.reward_terms(env.success())  # of the next episode where one ended: masked below
+            progress = sum(v for name, v in terms.items() if name != "success")
+            score[k] += np.where(ended, 0.0, 1e3 * info["success"].numpy() + np.where(done, 0.0, progress))
+            ended |= done
+    env.load_state_dict(saved)
+    return score.argmax(0)
+
+
+def best_of_k(s: np.ndarray) -> list[float]:
+    """[draws, episodes] successes -> fraction of episodes with a success among the first k draws."""
+    return [float(s[: k + 1].any(0).mean()) for k in range(len(s))]
 
 
 def main() -> None:
@@ -31,6 +94,7 @@ def main() -> None:
     ap.add_argument("run", help="run directory of an algo=diffusion_bc run")
     ap.add_argument("--draws", type=int, default=8)
     ap.add_argument("--episodes", type=int, default=100)
+    ap.add_argument("--greedy", type=int, nargs="*", default=[4, 16], help="candidate noises per query")
     ap.add_argument("--seed", type=int, default=12345, help="evaluation seed: fixes the initial states")
     ap.add_argument("--no-write", action="store_true")
     a = ap.parse_args()
@@ -38,35 +102,50 @@ def main() -> None:
     base, rec = ckpt.load_policy(Path(a.run))
     task_cfg, _ = to_objects(OmegaConf.create(rec["config"]))
 
-    def run(noise) -> np.ndarray:
-        with torch.no_grad():
-            return evaluate_success(lambda obs: base(obs, noise(len(obs))), task_cfg, a.episodes, seed=a.seed).success
+    def zeros(n: int) -> torch.Tensor:
+        return torch.zeros(n, base.latent_dim)
 
-    zero = run(lambda n: torch.zeros(n, base.latent_dim))
-    draws = []
+    def run(noise, **kw) -> np.ndarray:
+        return episodes(base, task_cfg, a.episodes, a.seed, noise, **kw)
+
+    zero = run(zeros)
+    draws, luck = [], []
     for k in range(a.draws):
         gen = torch.Generator().manual_seed(1000 + k)
         draws.append(run(lambda n, g=gen: torch.randn(n, base.latent_dim, generator=g)))
-        print(f"draw {k}: {draws[-1].mean() * 100:.0f}%", flush=True)
-    s = np.array(draws)  # [draws, episodes]
-    any_k = [s[: k + 1].any(0).mean() for k in range(a.draws)]
-    hist = np.bincount(s.sum(0), minlength=a.draws + 1)
-    table = ("| measure | success |\n|---|---:|\n"
-             f"| base, w ~ N(0, I): mean over {a.draws} draws (min-max) | {s.mean() * 100:.0f}% "
-             f"({s.mean(1).min() * 100:.0f}-{s.mean(1).max() * 100:.0f}%) |\n"
-             f"| base, w = 0 | {zero.mean() * 100:.0f}% |\n"
-             + "".join(f"| some draw among the first {k + 1} succeeds | {v * 100:.0f}% |\n"
-                       for k, v in enumerate(any_k) if k + 1 in (1, 2, 4, 8, 16, 32) or k + 1 == a.draws))
+        luck.append(run(zeros, stream=2000 + k))
+        print(f"draw {k}: {draws[-1].mean() * 100:.0f}%, w = 0 with noise stream {k}: {luck[-1].mean() * 100:.0f}%",
+              flush=True)
+    greedy = {}
+    for k in a.greedy:
+        greedy[k] = run(zeros, greedy=k, greedy_gen=torch.Generator().manual_seed(3000)).mean()
+        print(f"greedy among {k}: {greedy[k] * 100:.0f}%", flush=True)
+    s, z = np.array(draws), np.array(luck)
+    shown = [k for k in range(a.draws) if k + 1 in (1, 2, 4, 8, 16, 32) or k + 1 == a.draws]
+    pct = lambda v: f"{v * 100:.0f}%"  # noqa: E731
+    table = ("| measure | w ~ N(0, I) draws | w = 0, other observation noise (luck control) |\n|---|---:|---:|\n"
+             f"| mean over {a.draws} runs (min-max) | {pct(s.mean())} ({pct(s.mean(1).min())}-{pct(s.mean(1).max())}) "
+             f"| {pct(z.mean())} ({pct(z.mean(1).min())}-{pct(z.mean(1).max())}) |\n"
+             + "".join(f"| some run among the first {k + 1} succeeds | {pct(best_of_k(s)[k])} | {pct(best_of_k(z)[k])} |\n"
+                       for k in shown))
+    greedy_rows = "".join(f"| greedy steering among {k} noises per query (perfect one-chunk model) | {pct(v)} |\n"
+                          for k, v in greedy.items())
     body = (f"Base: `{a.run}` ({task_cfg.name}), {a.episodes} initial states (evaluation seed {a.seed}).\n\n"
-            f"{table}\nInitial states by the number of successful draws (0..{a.draws}): "
-            f"{', '.join(map(str, hist))}.\n\nThe 'some draw' rows are a best-of-k oracle: the success of the "
-            "best of k noise draws per initial state. They indicate how much a steering policy could gain, not "
-            "a guaranteed level: initial states and physics are the same in every draw, the observation noise "
-            "is not, and the steering policy does not see the randomized mass and friction.")
+            f"| measure | success |\n|---|---:|\n| base, w = 0 | {pct(zero.mean())} |\n{greedy_rows}\n{table}\n"
+            f"Initial states by the number of successful runs (0..{a.draws}): draws "
+            f"{', '.join(map(str, np.bincount(s.sum(0), minlength=a.draws + 1)))}; luck control "
+            f"{', '.join(map(str, np.bincount(z.sum(0), minlength=a.draws + 1)))}.\n\n"
+            "The 'some run' rows are best-of-k oracles over whole episodes. The luck control keeps w = 0 and "
+            "changes only the observation noise: where its best of k is close to the draws', the draws' "
+            "best of k measures how sensitive the outcome is to any perturbation, not how much choosing the "
+            "noise can gain. The greedy rows choose the noise at every query by simulating each candidate's "
+            "chunk from the true simulator state (a success first, else the most shaped progress): a "
+            "measure of what the base's noise can steer one decision at a time, not a learned policy.")
     print(body)
     if not a.no_write:
         write_section(f"Diffusion base: room for steering ({task_cfg.name})",
-                      f"python -m benchmarks.steerability {a.run} --draws {a.draws} --episodes {a.episodes}", body)
+                      f"python -m benchmarks.steerability {a.run} --draws {a.draws} --episodes {a.episodes} "
+                      f"--greedy {' '.join(map(str, a.greedy))}", body)
 
 
 if __name__ == "__main__":

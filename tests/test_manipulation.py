@@ -298,3 +298,24 @@ def test_dsrl_na_loads_demonstrations(base_run, demos):
     assert np.array_equal(first, d.action[: algo.exec_horizon])
     with pytest.raises(UserError, match="DSRL-NA only"):
         _dsrl(base_run, "sac", [f"algo.demos={demos}"])
+
+
+def test_greedy_steering_oracle_restores_the_simulator_and_prefers_progress():
+    """benchmarks.steerability's perfect-model oracle: trying candidate chunks leaves every env where
+    it was (bit-exact), and the scripted expert's chunk beats holding still."""
+    from benchmarks.steerability import _best_candidates
+
+    cfg = get_task("arm_push").default_config()
+    env = get_task("arm_push").env_cls(cfg, 6, seed=3)
+    env.reset(seed=3)
+    for _ in range(3):  # leave the initial state, where every env is at rest
+        env.step(env.expert_action())
+    expert = env.expert_action().unsqueeze(1).expand(-1, 4, -1)  # (advances the expert's phases)
+    before = env.state_dict()
+    chunks = torch.stack((torch.zeros_like(expert), expert))  # [K=2, N, H, A]: hold still, the expert
+    best = _best_candidates(env, chunks)
+    after = env.state_dict()
+    for key in ("mj", "t", "goal", "expert_phase"):
+        np.testing.assert_array_equal(after[key], before[key])
+    assert torch.equal(after["gen"], before["gen"])
+    assert (best == 1).mean() >= 5 / 6, best
