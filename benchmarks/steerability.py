@@ -41,9 +41,10 @@ from sim.registry import get_task
 
 def episodes(base, task_cfg, n: int, seed: int, noise, stream: int | None = None, greedy: int = 0,
              greedy_gen: torch.Generator | None = None) -> np.ndarray:
-    """Success [n] of one episode per env. ``noise(n)`` gives the noises of one query; ``stream``
-    reseeds the environment's generator after the reset (same initial states, other observation
-    noise); ``greedy`` > 1 picks each query's noise among that many by simulating their chunks."""
+    """Success [n] of one episode per env. ``noise(obs)`` gives one query's noises [n, latent] from
+    the observation dict (``policy``, ``critic``); ``stream`` reseeds the environment's generator
+    after the reset (same initial states, other observation noise); ``greedy`` > 1 picks each
+    query's noise among that many by simulating their chunks."""
     env = get_task(task_cfg.name).env_cls(task_cfg, n, device="cpu", seed=seed, backend="mujoco")
     obs, _ = env.reset(seed=seed)
     if stream is not None:
@@ -58,7 +59,7 @@ def episodes(base, task_cfg, n: int, seed: int, noise, stream: int | None = None
                 chunks = torch.stack([base(obs["policy"], w[k]) for k in range(greedy)])  # [K, n, H, A]
                 chunk = chunks[torch.as_tensor(_best_candidates(env, chunks)), torch.arange(n)]
             else:
-                chunk = base(obs["policy"], noise(n))
+                chunk = base(obs["policy"], noise(obs))
             for j in range(chunk.shape[1]):
                 obs, _, term, trunc, info = env.step(chunk[:, j])
                 success |= info["success"].numpy() & ~finished
@@ -105,8 +106,8 @@ def main() -> None:
     base, rec = ckpt.load_policy(Path(a.run))
     task_cfg, _ = to_objects(OmegaConf.create(rec["config"]))
 
-    def zeros(n: int) -> torch.Tensor:
-        return torch.zeros(n, base.latent_dim)
+    def zeros(obs: dict) -> torch.Tensor:
+        return torch.zeros(len(obs["policy"]), base.latent_dim)
 
     def run(noise, **kw) -> np.ndarray:
         return episodes(base, task_cfg, a.episodes, a.seed, noise, **kw)
@@ -115,7 +116,7 @@ def main() -> None:
     draws, luck = [], []
     for k in range(a.draws):
         gen = torch.Generator().manual_seed(1000 + k)
-        draws.append(run(lambda n, g=gen: torch.randn(n, base.latent_dim, generator=g)))
+        draws.append(run(lambda obs, g=gen: torch.randn(len(obs["policy"]), base.latent_dim, generator=g)))
         luck.append(run(zeros, stream=2000 + k))
         print(f"draw {k}: {draws[-1].mean() * 100:.0f}%, w = 0 with noise stream {k}: {luck[-1].mean() * 100:.0f}%",
               flush=True)
