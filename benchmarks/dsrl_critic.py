@@ -71,7 +71,7 @@ def critic_ranking(run: Path, states: int, select: int = 0, n_episodes: int = 10
             return cands[values.argmax(0), torch.arange(m)]
 
         def succ(noise) -> float:
-            return float(episodes(algo.base, task_cfg, n_episodes, 12345, noise).mean())  # the evaluation's seed
+            return float(episodes(algo.base, task_cfg, n_episodes, 12345, noise).mean())  # policies.eval's seed
 
         row.update(success_actor=succ(lambda obs: algo.actor.noise(obs["policy"])),
                    success_zero=succ(lambda obs: torch.zeros(len(obs["policy"]), d)), success_select=succ(chosen))
@@ -105,7 +105,8 @@ def main() -> None:
             "twin noise critics (DSRL-SAC: Q(s, w); DSRL-NA: Q^W). For reference, a 16-dimensional w ~ N(0, I) has "
             "a norm of about 4; the noise bound b = 1.5 allows up to 6.")
     if a.select > 0:
-        note += (f" Success columns: {a.episodes} episodes from the evaluation's initial states (seed 12345) with "
+        note += (f" Success columns: {a.episodes} episodes from `policies.eval`'s initial states (seed 12345; "
+                 f"training evaluations use seed + 10000, other states) with "
                  f"the run's last actor, with w = 0, and with the noise the critic values most among w = 0 and "
                  f"{a.select - 1} draws of b tanh(u), u ~ N(0, I), chosen at every query.")
     if not a.no_write:

@@ -13,13 +13,13 @@ evaluation seed, one episode per parallel env):
 - The luck control: w = 0 in every run, with only the observation-noise stream changed (the
   environment's generator reseeded after the initial states are drawn). Its best of k is what
   chance alone gives; where it is close to the draws' best of k, those say little about steering.
-- Greedy steering with a perfect model (``--greedy K``): at every query, simulate K candidate noises
-  (w = 0 and K - 1 draws) for one executed chunk from a saved simulator state, and execute the one
-  with the best outcome (a success, else the most shaped progress: the task's dense reward terms
-  other than success). What choosing the noise one decision at a time could reach when the
-  short-term effect of each noise were known; a far-sighted steering can do better, a learned one
-  sees only the policy observation. Which candidates are drawn changes the outcome a lot, so it
-  runs ``--greedy-runs`` times with other candidate draws.
+- Greedy steering with a perfect one-chunk model (``--greedy K``): at every query, simulate K
+  candidate noises (w = 0 and K - 1 draws) for one executed chunk from a saved simulator state, and
+  execute the one with the best outcome (a success first, a failure last, else the most shaped
+  progress: the task's dense reward terms other than success). A myopic heuristic with the true
+  short-term effect of each noise, not an optimum: a far-sighted steering can do better, a
+  learned one sees only the policy observation. Needs ``obs_source=state``. Which candidates are
+  drawn changes the outcome a lot, so it runs ``--greedy-runs`` times with other candidate draws.
 
 Writes a section of BENCHMARKS.md.
 """
@@ -69,8 +69,12 @@ def episodes(base, task_cfg, n: int, seed: int, noise, stream: int | None = None
 
 
 def _best_candidates(env, chunks: torch.Tensor) -> np.ndarray:
-    """Index [n] of the candidate chunk with the best one-chunk outcome per env (success first,
-    then the sum of the shaped terms); the environment is left in the state it started in."""
+    """Index [n] of the candidate chunk with the best one-chunk outcome per env: a success first,
+    a failure (e.g. the cube off the table) last, else the most shaped progress (the sum of the
+    task's dense reward terms other than success). The environment is left in the state it
+    started in (ArmEnv.state_dict: simulator, episode counters, generators)."""
+    if env.perception is not None:
+        raise ValueError("the greedy oracle needs obs_source=state: the perception pipeline's state is not saved")
     saved, (k_cands, n) = env.state_dict(), chunks.shape[:2]
     score = np.zeros((k_cands, n))
     for k in range(k_cands):
@@ -78,10 +82,11 @@ def _best_candidates(env, chunks: torch.Tensor) -> np.ndarray:
         ended = np.zeros(n, bool)
         for j in range(chunks.shape[2]):
             _, _, term, trunc, info = env.step(chunks[k, :, j])
-            done = (term | trunc).numpy()
+            success, done = info["success"].numpy(), (term | trunc).numpy()
             terms = env.reward_terms(env.success())  # of the next episode where one ended: masked below
             progress = sum(v for name, v in terms.items() if name != "success")
-            score[k] += np.where(ended, 0.0, 1e3 * info["success"].numpy() + np.where(done, 0.0, progress))
+            outcome = np.where(success, 1e3, np.where(term.numpy(), -1e3, np.where(done, 0.0, progress)))
+            score[k] += np.where(ended, 0.0, outcome)
             ended |= done
     env.load_state_dict(saved)
     return score.argmax(0)
@@ -134,7 +139,7 @@ def main() -> None:
              f"| {pct(z.mean())} ({pct(z.mean(1).min())}-{pct(z.mean(1).max())}) |\n"
              + "".join(f"| some run among the first {k + 1} succeeds | {pct(best_of_k(s)[k])} "
                        f"| {pct(best_of_k(z)[k])} |\n" for k in shown))
-    greedy_rows = "".join(f"| greedy steering among {k} noises per query (perfect one-chunk model): mean of "
+    greedy_rows = "".join(f"| greedy steering among {k} noises per query (true one-chunk outcomes): mean of "
                           f"{len(v)} runs (min-max) | {pct(np.mean(v))} ({pct(min(v))}-{pct(max(v))}) |\n"
                           for k, v in greedy.items())
     body = (f"Base: `{a.run}` ({task_cfg.name}), {a.episodes} initial states (evaluation seed {a.seed}).\n\n"
@@ -146,8 +151,9 @@ def main() -> None:
             "changes only the observation noise: where its best of k is close to the draws', the draws' "
             "best of k measures how sensitive the outcome is to any perturbation, not how much choosing the "
             "noise can gain. The greedy rows choose the noise at every query by simulating each candidate's "
-            "chunk from the true simulator state (a success first, else the most shaped progress): a "
-            "measure of what the base's noise can steer one decision at a time, not a learned policy.")
+            "chunk from the true simulator state (a success first, a failure last, else the most shaped "
+            "progress): a myopic measure of what the base's noise can steer one decision at a time, not an "
+            "optimum and not a learned policy.")
     print(body)
     if not a.no_write:
         write_section(f"Diffusion base: room for steering ({task_cfg.name})",
