@@ -15,7 +15,7 @@ states. With ``--select K`` (K > 0) it also runs ``--episodes`` episodes (the ev
 states) three ways: the trained actor's noise, w = 0, and at every query the candidate the critic
 values most among w = 0 and K - 1 draws of b tanh(u), u ~ N(0, I) (the untrained actor's noises).
 A critic that ranks noises makes the last beat w = 0, whatever the actor learned from it; compare
-with the greedy choice by a perfect model in ``benchmarks.steerability``. Prints one table row per
+with the greedy choice by true one-chunk outcomes in ``benchmarks.steerability``. Prints one table row per
 run and, unless --no-write, replaces the BENCHMARKS.md section.
 """
 
