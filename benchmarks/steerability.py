@@ -38,6 +38,8 @@ from policies import checkpoint as ckpt
 from policies.config import to_objects
 from sim.registry import get_task
 
+SUCCESS = 1e3  # a one-chunk score that outranks any shaped progress of a chunk
+
 
 def episodes(base, task_cfg, n: int, seed: int, noise, stream: int | None = None, greedy: int = 0,
              greedy_gen: torch.Generator | None = None) -> np.ndarray:
@@ -57,7 +59,7 @@ def episodes(base, task_cfg, n: int, seed: int, noise, stream: int | None = None
                 w = torch.randn(greedy, n, base.latent_dim, generator=greedy_gen)
                 w[0] = 0.0
                 chunks = torch.stack([base(obs["policy"], w[k]) for k in range(greedy)])  # [K, n, H, A]
-                chunk = chunks[torch.as_tensor(_best_candidates(env, chunks)), torch.arange(n)]
+                chunk = chunks[torch.as_tensor(candidate_scores(env, chunks).argmax(0)), torch.arange(n)]
             else:
                 chunk = base(obs["policy"], noise(obs))
             for j in range(chunk.shape[1]):
@@ -68,11 +70,12 @@ def episodes(base, task_cfg, n: int, seed: int, noise, stream: int | None = None
     return success
 
 
-def _best_candidates(env, chunks: torch.Tensor) -> np.ndarray:
-    """Index [n] of the candidate chunk with the best one-chunk outcome per env: a success first,
-    a failure (e.g. the cube off the table) last, else the most shaped progress (the sum of the
-    task's dense reward terms other than success). The environment is left in the state it
-    started in (ArmEnv.state_dict: simulator, episode counters, generators)."""
+def candidate_scores(env, chunks: torch.Tensor) -> np.ndarray:
+    """One-chunk outcome [K, n] of each candidate chunk [K, n, H, A] per env, simulated from the
+    current state: SUCCESS for a success, -SUCCESS for a failure (e.g. the cube off the table),
+    else the shaped progress (the sum of the task's dense reward terms other than success). The
+    environment is left in the state it started in (ArmEnv.state_dict: simulator, episode
+    counters, generators)."""
     if env.perception is not None:
         raise ValueError("the greedy oracle needs obs_source=state: the perception pipeline's state is not saved")
     saved, (k_cands, n) = env.state_dict(), chunks.shape[:2]
@@ -85,11 +88,11 @@ def _best_candidates(env, chunks: torch.Tensor) -> np.ndarray:
             success, done = info["success"].numpy(), (term | trunc).numpy()
             terms = env.reward_terms(env.success())  # of the next episode where one ended: masked below
             progress = sum(v for name, v in terms.items() if name != "success")
-            outcome = np.where(success, 1e3, np.where(term.numpy(), -1e3, np.where(done, 0.0, progress)))
+            outcome = np.where(success, SUCCESS, np.where(term.numpy(), -SUCCESS, np.where(done, 0.0, progress)))
             score[k] += np.where(ended, 0.0, outcome)
             ended |= done
     env.load_state_dict(saved)
-    return score.argmax(0)
+    return score
 
 
 def best_of_k(s: np.ndarray) -> list[float]:

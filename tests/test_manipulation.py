@@ -304,7 +304,7 @@ def test_greedy_steering_oracle_restores_the_simulator_and_prefers_progress():
     """benchmarks.steerability's perfect-model oracle: trying candidate chunks (one of which ends an
     episode mid-chunk) leaves every env where it was, so the next steps match those of an env that
     never tried them, bit for bit; and the scripted expert's chunk beats holding still."""
-    from benchmarks.steerability import _best_candidates
+    from benchmarks.steerability import candidate_scores
 
     def env_after_three_expert_steps(episode_steps: int):
         cfg = get_task("arm_push").default_config()
@@ -317,15 +317,34 @@ def test_greedy_steering_oracle_restores_the_simulator_and_prefers_progress():
 
     env = env_after_three_expert_steps(100)
     expert = env.expert_action().unsqueeze(1).expand(-1, 4, -1)  # (advances the expert's phases)
-    best = _best_candidates(env, torch.stack((torch.zeros_like(expert), expert)))  # [K=2, N, H, A]
+    best = candidate_scores(env, torch.stack((torch.zeros_like(expert), expert))).argmax(0)  # [K=2, N, H, A]
     assert (best == 1).mean() >= 5 / 6, best
 
     short = env_after_three_expert_steps(5)  # a 4-step chunk from step 3 crosses the episode's end
     twin = env_after_three_expert_steps(5)
-    _best_candidates(short, torch.stack((torch.zeros_like(expert), expert)))
+    candidate_scores(short, torch.stack((torch.zeros_like(expert), expert)))
     for j in range(4):
         a = expert[:, j]
         (o1, r1, te1, tr1, _), (o2, r2, te2, tr2, _) = short.step(a), twin.step(a)
         for key in ("policy", "critic"):
             assert torch.equal(o1[key], o2[key]), (j, key)
         assert torch.equal(r1, r2) and torch.equal(te1, te2) and torch.equal(tr1, tr2)
+
+
+def test_noise_chooser_learns_a_ranking_within_each_state():
+    """benchmarks.noise_chooser's fit: when the best noise depends on the observation (score =
+    -|w - obs[:, :d]|^2), the fitted chooser's pick on held-out states beats w = 0 and a random pick."""
+    from benchmarks.noise_chooser import SUCCESS, fit, soft_ranking
+
+    gen = torch.Generator().manual_seed(0)
+    n, k, d = 2000, 8, 2
+    obs = torch.randn(n, 5, generator=gen)
+    w = torch.randn(n, k, d, generator=gen)
+    w[:, 0] = 0.0
+    score = -((w - obs[:, None, :d]) ** 2).sum(-1)
+    score[0, 3], score[1, 4] = SUCCESS, -SUCCESS
+    target = soft_ranking(score)
+    assert torch.allclose(target.sum(1), torch.ones(n))
+    assert target[0].argmax() == 3 and target[1].argmin() == 4
+    _, m = fit(obs, w, score, steps=1500, seed=0)
+    assert m["rank"] < 1.0 and m["rank"] < m["rank_zero"] - 1.5, m
