@@ -1,23 +1,25 @@
-"""Can the base's noise be chosen from the policy observation? A supervised test of what a DSRL
-critic has to learn, with the true one-chunk outcomes as labels instead of TD targets:
+"""Can the base's noise be chosen from an observation? A supervised test of part of what a DSRL
+critic has to learn, with true one-chunk outcomes as labels instead of TD targets:
 
     python -m benchmarks.noise_chooser runs/bench_manipulation/arm_push/base [--envs 1000]
 
 1. Collect: ``--envs`` episodes from other initial states than the evaluation's (seed + 1),
-   steered by benchmarks.steerability's greedy choice; at every query of a running episode, the
-   policy observation, K candidate noises (w = 0 and K - 1 draws of N(0, I)) and their true
+   steered by benchmarks.steerability's greedy choice; at every query of a running episode, both
+   observations (``policy``: what the deployed actor sees; ``critic``: the privileged state a
+   DSRL critic sees), K candidate noises (w = 0 and K - 1 draws of N(0, I)) and their true
    one-chunk scores (``candidate_scores``).
-2. Fit a chooser f(obs, w) (MLP 256 x 2) with a listwise loss: within each state, cross-entropy to
-   a softmax of the candidates' standardised scores (a success on top, a failure at the bottom).
-   Only the ranking within a state is learned, not the state's value, which a Q-critic must also
-   learn; a tenth of the states is held out to measure the ranking.
+2. Fit a chooser f(obs, w) (MLP 256 x 2) per observation with a listwise loss: within each
+   state, cross-entropy to a softmax of the candidates' standardised progress (a success on top,
+   a failure at the bottom). Only the ranking within a state is learned, not the state's value,
+   which a Q-critic must also learn. A tenth of the episodes is held out to measure the ranking.
 3. Steer: at every query, execute the candidate with the highest f among w = 0 and K - 1 fresh
-   draws, on the evaluation's initial states, ``--runs`` times with other draws.
+   draws (steerability's greedy candidate draws), on the evaluation's initial states.
 
-If the chooser closes most of the gap between w = 0 and the greedy choice, the noise's effect is
-learnable from the observation with this much data and a DSRL critic's failure to rank noises is
-a failure of TD learning; if not, the greedy choice's gain rests on what only the simulator
-knows. Writes a section of BENCHMARKS.md.
+The fit states are those of greedy steering, not those the chooser visits itself. If a chooser
+closes most of the gap between w = 0 and the greedy choice, the noise's one-chunk effect can be
+read from that observation with this much data; if not, the greedy choice's gain rests on more
+than the observation tells (or on more data or capacity than used here). Writes a section of
+BENCHMARKS.md.
 """
 
 from __future__ import annotations
@@ -31,47 +33,33 @@ import torch
 from omegaconf import OmegaConf
 
 from benchmarks.common import write_section
-from benchmarks.steerability import SUCCESS, candidate_scores, episodes
+from benchmarks.steerability import GREEDY_SEED, SUCCESS, draw_candidates, episodes
 from policies import checkpoint as ckpt
 from policies.config import to_objects
 from policies.networks import mlp
-from sim.registry import get_task
+
+PROGRESS_STD_FLOOR = 1e-3  # reward units: below this spread, a state's candidates count as equal
 
 
-@torch.no_grad()
-def collect(base, task_cfg, n: int, seed: int, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Observations [N, D], candidate noises [N, K, latent] and their scores [N, K] at every query
-    of ``n`` greedily steered episodes (only of episodes still running)."""
-    env = get_task(task_cfg.name).env_cls(task_cfg, n, device="cpu", seed=seed, backend="mujoco")
-    obs, _ = env.reset(seed=seed)
-    gen = torch.Generator().manual_seed(seed)
-    finished = np.zeros(n, bool)
-    obs_l, w_l, s_l = [], [], []
-    t = 0
-    while t < env.max_steps and not finished.all():
-        w = torch.randn(k, n, base.latent_dim, generator=gen)
-        w[0] = 0.0
-        chunks = torch.stack([base(obs["policy"], w[i]) for i in range(k)])  # [K, n, H, A]
-        score = candidate_scores(env, chunks)
-        alive = torch.as_tensor(~finished)
-        obs_l.append(obs["policy"][alive])
-        w_l.append(w[:, alive].transpose(0, 1))
-        s_l.append(torch.as_tensor(score[:, ~finished].T, dtype=torch.float32))
-        chunk = chunks[torch.as_tensor(score.argmax(0)), torch.arange(n)]
-        for j in range(chunk.shape[1]):
-            obs, _, term, trunc, _ = env.step(chunk[:, j])
-            finished |= (term | trunc).numpy()
-            t += 1
-    return torch.cat(obs_l), torch.cat(w_l), torch.cat(s_l)
+def collect(base, task_cfg, n: int, seed: int, k: int) -> dict[str, torch.Tensor]:
+    """``policy`` [N, D], ``critic`` [N, C], ``w`` [N, K, latent], ``score`` [N, K] and ``env`` [N]
+    (episode index) at every query of ``n`` greedily steered episodes that are still running."""
+    record: list[dict] = []
+    episodes(base, task_cfg, n, seed, None, greedy=k, greedy_gen=torch.Generator().manual_seed(seed), record=record)
+    return {key: torch.cat([r[key] for r in record]) for key in record[0]}
 
 
 def soft_ranking(score: torch.Tensor, temperature: float = 0.5) -> torch.Tensor:
-    """[N, K] scores -> [N, K] target distribution within each state: the softmax of the shaped
-    progress standardised over the state's candidates (clipped to +-3), a success at +3 and a
-    failure at -3."""
-    progress = torch.where(score.abs() >= SUCCESS, torch.zeros_like(score), score)
-    z = (progress - progress.mean(1, keepdim=True)) / (progress.std(1, keepdim=True) + 1e-6)
-    z = torch.where(score >= SUCCESS, 3.0, torch.where(score <= -SUCCESS, -3.0, z.clamp(-3.0, 3.0)))
+    """[N, K] one-chunk scores -> [N, K] target distribution within each state: the softmax of the
+    progress standardised over the state's candidates that neither succeed nor fail (clipped to
+    +-3; a spread below PROGRESS_STD_FLOOR counts as none), a success at +3, a failure at -3."""
+    success, failure = score > SUCCESS / 2, score < -SUCCESS / 2
+    live = ~(success | failure)
+    count = live.sum(1, keepdim=True).clamp(min=1)
+    mean = torch.where(live, score, 0.0).sum(1, keepdim=True) / count
+    var = torch.where(live, (score - mean) ** 2, 0.0).sum(1, keepdim=True) / count
+    z = ((score - mean) / var.sqrt().clamp(min=PROGRESS_STD_FLOOR)).clamp(-3.0, 3.0)
+    z = torch.where(success, 3.0, torch.where(failure, -3.0, z))
     return torch.softmax(z / temperature, 1)
 
 
@@ -95,13 +83,23 @@ def rank_of_pick(score: torch.Tensor, pick: torch.Tensor) -> float:
     return (score > score.gather(1, pick[:, None])).sum(1).float().mean().item()
 
 
-def fit(obs: torch.Tensor, w: torch.Tensor, score: torch.Tensor, steps: int, seed: int) -> tuple[Chooser, dict]:
-    """Fit a Chooser on 90 % of the states; ranking measures on the other 10 %."""
+def rank_of_random_pick(score: torch.Tensor) -> float:
+    """rank_of_pick's expectation for a uniformly random pick (ties counted as the measure does)."""
+    return (score[:, None, :] > score[:, :, None]).sum(-1).float().mean().item()
+
+
+def fit(obs: torch.Tensor, w: torch.Tensor, score: torch.Tensor, episode: torch.Tensor, steps: int,
+        seed: int) -> tuple[Chooser, dict[str, float]]:
+    """Fit a Chooser with ``steps`` Adam steps of 256 states from 90 % of the episodes; ranks
+    (in candidates, see rank_of_pick) of its pick, of w = 0 and of a random pick on the states of
+    the other 10 %, and of its pick on the fit states."""
     gen = torch.Generator().manual_seed(seed)
-    torch.manual_seed(seed)
-    perm = torch.randperm(len(obs), generator=gen)
-    held, train = perm[: len(obs) // 10], perm[len(obs) // 10:]
-    f = Chooser(obs[train], w.shape[-1])
+    held_eps = torch.randperm(int(episode.max()) + 1, generator=gen)[: (int(episode.max()) + 1) // 10]
+    held = torch.isin(episode, held_eps)
+    train = torch.nonzero(~held).squeeze(1)
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        f = Chooser(obs[train], w.shape[-1])
     opt = torch.optim.Adam(f.parameters(), lr=1e-3)
     target = soft_ranking(score)
     for _ in range(steps):
@@ -110,10 +108,14 @@ def fit(obs: torch.Tensor, w: torch.Tensor, score: torch.Tensor, steps: int, see
         opt.zero_grad()
         loss.backward()
         opt.step()
+    f.eval()
     with torch.no_grad():
         pick = f(obs[held], w[held]).argmax(1)
-    return f.eval(), {"held_out": len(held), "rank": rank_of_pick(score[held], pick),
-                      "rank_zero": rank_of_pick(score[held], torch.zeros(len(held), dtype=torch.long))}
+        fit_pick = f(obs[train], w[train]).argmax(1)
+    zero = torch.zeros(int(held.sum()), dtype=torch.long)
+    return f, {"held_out": float(held.sum()), "rank": rank_of_pick(score[held], pick),
+               "rank_zero": rank_of_pick(score[held], zero), "rank_random": rank_of_random_pick(score[held]),
+               "rank_fit": rank_of_pick(score[train], fit_pick)}
 
 
 def main() -> None:
@@ -131,47 +133,42 @@ def main() -> None:
     base, rec = ckpt.load_policy(Path(a.run))
     task_cfg, _ = to_objects(OmegaConf.create(rec["config"]))
     k, t0 = a.candidates, time.time()
-    obs, w, score = collect(base, task_cfg, a.envs, a.seed + 1, k)
+    data = collect(base, task_cfg, a.envs, a.seed + 1, k)
     t_collect = time.time() - t0
-    f, m = fit(obs, w, score, a.fit_steps, a.seed)
-    print(f"{len(obs)} states x {k} candidates ({t_collect:.0f} s); held-out rank of the pick {m['rank']:.2f}, "
-          f"of w = 0 {m['rank_zero']:.2f}", flush=True)
-
-    def zeros(o: dict) -> torch.Tensor:
-        return torch.zeros(len(o["policy"]), base.latent_dim)
-
-    zero = episodes(base, task_cfg, a.episodes, a.seed, zeros).mean()
-    chosen = []
-    for r in range(a.runs):
-        gen = torch.Generator().manual_seed(3000 + r)  # the candidate draws of steerability's greedy runs
-
-        def choose(o: dict, g: torch.Generator = gen) -> torch.Tensor:
-            cand = torch.randn(k, len(o["policy"]), base.latent_dim, generator=g)
-            cand[0] = 0.0
-            pick = f(o["policy"], cand.transpose(0, 1)).argmax(1)
-            return cand[pick, torch.arange(len(pick))]
-
-        with torch.no_grad():
-            chosen.append(episodes(base, task_cfg, a.episodes, a.seed, choose).mean())
-        print(f"learned choice, run {r}: {chosen[-1] * 100:.0f}%", flush=True)
+    zero = episodes(base, task_cfg, a.episodes, a.seed,
+                    lambda o: torch.zeros(len(o["policy"]), base.latent_dim)).mean()
     pct = lambda v: f"{v * 100:.0f}%"  # noqa: E731
+    rows = ""
+    for key in ("policy", "critic"):
+        f, m = fit(data[key], data["w"], data["score"], data["env"], a.fit_steps, a.seed)
+        chosen = []
+        for r in range(a.runs):
+            def choose(o: dict, g: torch.Generator = torch.Generator().manual_seed(GREEDY_SEED + r)) -> torch.Tensor:
+                cand = draw_candidates(k, len(o[key]), base.latent_dim, g)
+                return cand[f(o[key], cand.transpose(0, 1)).argmax(1), torch.arange(len(o[key]))]
+            chosen.append(episodes(base, task_cfg, a.episodes, a.seed, choose).mean())
+        print(f"{key}: {m}, success {[round(c * 100) for c in chosen]} %", flush=True)
+        rows += (f"| `{key}` | {m['rank']:.2f} | {m['rank_fit']:.2f} | {m['rank_zero']:.2f} | {m['rank_random']:.2f} "
+                 f"| {pct(np.mean(chosen))} ({pct(min(chosen))}-{pct(max(chosen))}) |\n")
+    held = int(m["held_out"])
     body = (f"Base: `{a.run}` ({task_cfg.name}). Fit data: {a.envs} greedily steered episodes from other initial "
-            f"states (seed {a.seed + 1}): {len(obs)} states x {k} candidate noises with their true one-chunk "
-            f"scores ({t_collect:.0f} s to simulate); {a.fit_steps} Adam steps of 256 states.\n\n"
-            f"| measure | value |\n|---|---:|\n"
-            f"| held-out states ({m['held_out']}): candidates truly better than the chooser's pick, mean of {k - 1} "
-            f"| {m['rank']:.2f} |\n"
-            f"| same for w = 0 (a random pick: {(k - 1) / 2:.1f}; the greedy choice: 0) | {m['rank_zero']:.2f} |\n"
-            f"| success, w = 0 ({a.episodes} episodes, evaluation seed {a.seed}) | {pct(zero)} |\n"
-            f"| success, the chooser's pick among {k} at every query: mean of {a.runs} runs (min-max) "
-            f"| {pct(np.mean(chosen))} ({pct(min(chosen))}-{pct(max(chosen))}) |\n\n"
-            "The greedy choice by true one-chunk outcomes, on the same initial states and candidate draws, is in "
-            f"the section \"Diffusion base: room for steering ({task_cfg.name})\".")
+            f"states (seed {a.seed + 1}): {len(data['w'])} states x {k} candidate noises with their true "
+            f"one-chunk scores ({t_collect:.0f} s to simulate); {a.fit_steps} Adam steps of 256 states per "
+            f"chooser; {held} states of a tenth of the episodes held out. Success at w = 0: {pct(zero)} "
+            f"({a.episodes} episodes, evaluation seed {a.seed}).\n\n"
+            f"| chooser's observation | held-out rank of its pick | its rank on the fit states | held-out rank of w = 0 "
+            f"| held-out rank of a random pick | success of its pick among {k}: mean of {a.runs} runs (min-max) |\n"
+            f"|---|---:|---:|---:|---:|---:|\n{rows}\n"
+            f"Rank: how many of the other {k - 1} candidates have a strictly better true one-chunk score (0: the "
+            "greedy choice's pick). The runs use the greedy runs' candidate draws (seeds "
+            f"{GREEDY_SEED}, {GREEDY_SEED + 1}, ...): with the same --episodes and --seed, the section "
+            f"\"Diffusion base: room for steering ({task_cfg.name})\" gives the greedy choice on the same "
+            "initial states and candidates.")
     print(body)
     if not a.no_write:
         write_section(f"Diffusion base: a learned noise choice ({task_cfg.name})",
                       f"python -m benchmarks.noise_chooser {a.run} --envs {a.envs} --candidates {k} "
-                      f"--fit-steps {a.fit_steps} --runs {a.runs} --episodes {a.episodes}", body)
+                      f"--fit-steps {a.fit_steps} --runs {a.runs} --episodes {a.episodes} --seed {a.seed}", body)
 
 
 if __name__ == "__main__":

@@ -39,14 +39,24 @@ from policies.config import to_objects
 from sim.registry import get_task
 
 SUCCESS = 1e3  # a one-chunk score that outranks any shaped progress of a chunk
+GREEDY_SEED = 3000  # greedy run r draws its candidates from a generator seeded GREEDY_SEED + r
+
+
+def draw_candidates(k: int, n: int, latent_dim: int, gen: torch.Generator) -> torch.Tensor:
+    """[k, n, latent] candidate noises per query: w = 0 first, then k - 1 draws of N(0, I)."""
+    w = torch.randn(k, n, latent_dim, generator=gen)
+    w[0] = 0.0
+    return w
 
 
 def episodes(base, task_cfg, n: int, seed: int, noise, stream: int | None = None, greedy: int = 0,
-             greedy_gen: torch.Generator | None = None) -> np.ndarray:
+             greedy_gen: torch.Generator | None = None, record: list[dict] | None = None) -> np.ndarray:
     """Success [n] of one episode per env. ``noise(obs)`` gives one query's noises [n, latent] from
     the observation dict (``policy``, ``critic``); ``stream`` reseeds the environment's generator
     after the reset (same initial states, other observation noise); ``greedy`` > 1 picks each
-    query's noise among that many by simulating their chunks."""
+    query's noise among that many by simulating their chunks, and appends to ``record`` (if given)
+    at every query, for the episodes still running: their observations, candidates [N, K, latent],
+    scores [N, K] and env indices."""
     env = get_task(task_cfg.name).env_cls(task_cfg, n, device="cpu", seed=seed, backend="mujoco")
     obs, _ = env.reset(seed=seed)
     if stream is not None:
@@ -56,10 +66,15 @@ def episodes(base, task_cfg, n: int, seed: int, noise, stream: int | None = None
     with torch.no_grad():
         while t < env.max_steps and not finished.all():
             if greedy > 1:
-                w = torch.randn(greedy, n, base.latent_dim, generator=greedy_gen)
-                w[0] = 0.0
+                w = draw_candidates(greedy, n, base.latent_dim, greedy_gen)
                 chunks = torch.stack([base(obs["policy"], w[k]) for k in range(greedy)])  # [K, n, H, A]
-                chunk = chunks[torch.as_tensor(candidate_scores(env, chunks).argmax(0)), torch.arange(n)]
+                score = candidate_scores(env, chunks)
+                if record is not None:
+                    alive = torch.as_tensor(~finished)
+                    record.append({"policy": obs["policy"][alive], "critic": obs["critic"][alive],
+                                   "w": w[:, alive].transpose(0, 1), "env": torch.nonzero(alive).squeeze(1),
+                                   "score": torch.as_tensor(score[:, ~finished].T, dtype=torch.float32)})
+                chunk = chunks[torch.as_tensor(score.argmax(0)), torch.arange(n)]
             else:
                 chunk = base(obs["policy"], noise(obs))
             for j in range(chunk.shape[1]):
@@ -72,8 +87,10 @@ def episodes(base, task_cfg, n: int, seed: int, noise, stream: int | None = None
 
 def candidate_scores(env, chunks: torch.Tensor) -> np.ndarray:
     """One-chunk outcome [K, n] of each candidate chunk [K, n, H, A] per env, simulated from the
-    current state: SUCCESS for a success, -SUCCESS for a failure (e.g. the cube off the table),
-    else the shaped progress (the sum of the task's dense reward terms other than success). The
+    current state: the sum over the chunk's steps of the shaped progress (the task's dense reward
+    terms other than success, each in [0, weight]), where the step that ends an episode adds
+    SUCCESS for a success, -SUCCESS for a failure (e.g. the cube off the table) and 0 for a
+    time-out instead, and later steps add nothing. A chunk's progress is far below SUCCESS / 2. The
     environment is left in the state it started in (ArmEnv.state_dict: simulator, episode
     counters, generators)."""
     if env.perception is not None:
@@ -131,7 +148,7 @@ def main() -> None:
     greedy: dict[int, list[float]] = {}
     for k in a.greedy:
         for r in range(a.greedy_runs):
-            gen = torch.Generator().manual_seed(3000 + r)
+            gen = torch.Generator().manual_seed(GREEDY_SEED + r)
             greedy.setdefault(k, []).append(run(zeros, greedy=k, greedy_gen=gen).mean())
             print(f"greedy among {k}, run {r}: {greedy[k][-1] * 100:.0f}%", flush=True)
     s, z = np.array(draws), np.array(luck)

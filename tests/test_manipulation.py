@@ -317,7 +317,7 @@ def test_greedy_steering_oracle_restores_the_simulator_and_prefers_progress():
 
     env = env_after_three_expert_steps(100)
     expert = env.expert_action().unsqueeze(1).expand(-1, 4, -1)  # (advances the expert's phases)
-    best = candidate_scores(env, torch.stack((torch.zeros_like(expert), expert))).argmax(0)  # [K=2, N, H, A]
+    best = candidate_scores(env, torch.stack((torch.zeros_like(expert), expert))).argmax(0)  # chunks [K=2, N, H, A] -> [N]
     assert (best == 1).mean() >= 5 / 6, best
 
     short = env_after_three_expert_steps(5)  # a 4-step chunk from step 3 crosses the episode's end
@@ -332,9 +332,12 @@ def test_greedy_steering_oracle_restores_the_simulator_and_prefers_progress():
 
 
 def test_noise_chooser_learns_a_ranking_within_each_state():
-    """benchmarks.noise_chooser's fit: when the best noise depends on the observation (score =
-    -|w - obs[:, :d]|^2), the fitted chooser's pick on held-out states beats w = 0 and a random pick."""
-    from benchmarks.noise_chooser import SUCCESS, fit, soft_ranking
+    """benchmarks.noise_chooser: the target ranks a success (also after some progress) first and a
+    failure (also after some progress) last, and is uniform where candidates do not differ; when
+    the best noise depends on the observation (score = -|w - obs[:, :d]|^2), the fitted chooser's
+    pick on held-out episodes beats w = 0 and a random pick."""
+    from benchmarks.noise_chooser import fit, soft_ranking
+    from benchmarks.steerability import SUCCESS
 
     gen = torch.Generator().manual_seed(0)
     n, k, d = 2000, 8, 2
@@ -342,9 +345,10 @@ def test_noise_chooser_learns_a_ranking_within_each_state():
     w = torch.randn(n, k, d, generator=gen)
     w[:, 0] = 0.0
     score = -((w - obs[:, None, :d]) ** 2).sum(-1)
-    score[0, 3], score[1, 4] = SUCCESS, -SUCCESS
-    target = soft_ranking(score)
-    assert torch.allclose(target.sum(1), torch.ones(n))
-    assert target[0].argmax() == 3 and target[1].argmin() == 4
-    _, m = fit(obs, w, score, steps=1500, seed=0)
-    assert m["rank"] < 1.0 and m["rank"] < m["rank_zero"] - 1.5, m
+    target = soft_ranking(torch.cat((score[:2], torch.full((1, k), 0.25))))
+    target_terminal = soft_ranking(torch.tensor([[0.1, 0.2, SUCCESS + 0.3, 0.0, 0.4, -SUCCESS + 0.6, 0.2, 0.1]]))
+    assert torch.allclose(target.sum(1), torch.ones(3))
+    assert target[0].argmax() == score[0].argmax() and torch.allclose(target[2], torch.full((k,), 1 / k))
+    assert target_terminal[0].argmax() == 2 and target_terminal[0].argmin() == 5
+    _, m = fit(obs, w, score, torch.arange(n) // 20, steps=1500, seed=0)  # 100 "episodes" of 20 states
+    assert m["rank"] < 0.5 and m["rank_zero"] > 1.5 and m["rank_random"] > 3.0, m
