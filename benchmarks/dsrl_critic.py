@@ -28,7 +28,7 @@ import torch
 from omegaconf import OmegaConf
 
 from benchmarks.common import write_section
-from benchmarks.steerability import episodes
+from benchmarks.steerability import draw_candidates, episodes
 from policies import checkpoint as ckpt
 from policies.config import to_objects
 from policies.train import make_algo
@@ -65,8 +65,7 @@ def critic_ranking(run: Path, states: int, select: int = 0, n_episodes: int = 10
 
         def chosen(obs: dict) -> torch.Tensor:
             m = len(obs["critic"])
-            cands = bound * torch.tanh(torch.randn(select, m, d, generator=cand_gen))
-            cands[0] = 0.0
+            cands = bound * torch.tanh(draw_candidates(select, m, d, cand_gen))  # w = 0 first
             values = torch.stack([qw(torch.cat((obs["critic"], c), -1)).min(-1).values for c in cands])
             return cands[values.argmax(0), torch.arange(m)]
 

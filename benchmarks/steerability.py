@@ -36,6 +36,7 @@ from omegaconf import OmegaConf
 from benchmarks.common import write_section
 from policies import checkpoint as ckpt
 from policies.config import to_objects
+from policies.evaluate import success_episodes
 from sim.registry import get_task
 
 SUCCESS = 1e3  # a one-chunk score that outranks any shaped progress of a chunk
@@ -61,28 +62,22 @@ def episodes(base, task_cfg, n: int, seed: int, noise, stream: int | None = None
     obs, _ = env.reset(seed=seed)
     if stream is not None:
         env.gen.manual_seed(stream)
-    finished, success = np.zeros(n, bool), np.zeros(n, bool)
-    t = 0
+
+    def act(obs: dict, finished: torch.Tensor) -> torch.Tensor:
+        if greedy <= 1:
+            return base(obs["policy"], noise(obs))
+        w = draw_candidates(greedy, n, base.latent_dim, greedy_gen)
+        chunks = torch.stack([base(obs["policy"], w[k]) for k in range(greedy)])  # [K, n, H, A]
+        score = candidate_scores(env, chunks)
+        if record is not None:
+            alive = ~finished
+            record.append({"policy": obs["policy"][alive], "critic": obs["critic"][alive],
+                           "w": w[:, alive].transpose(0, 1), "env": torch.nonzero(alive).squeeze(1),
+                           "score": torch.as_tensor(score[:, alive.numpy()].T, dtype=torch.float32)})
+        return chunks[torch.as_tensor(score.argmax(0)), torch.arange(n)]
+
     with torch.no_grad():
-        while t < env.max_steps and not finished.all():
-            if greedy > 1:
-                w = draw_candidates(greedy, n, base.latent_dim, greedy_gen)
-                chunks = torch.stack([base(obs["policy"], w[k]) for k in range(greedy)])  # [K, n, H, A]
-                score = candidate_scores(env, chunks)
-                if record is not None:
-                    alive = torch.as_tensor(~finished)
-                    record.append({"policy": obs["policy"][alive], "critic": obs["critic"][alive],
-                                   "w": w[:, alive].transpose(0, 1), "env": torch.nonzero(alive).squeeze(1),
-                                   "score": torch.as_tensor(score[:, ~finished].T, dtype=torch.float32)})
-                chunk = chunks[torch.as_tensor(score.argmax(0)), torch.arange(n)]
-            else:
-                chunk = base(obs["policy"], noise(obs))
-            for j in range(chunk.shape[1]):
-                obs, _, term, trunc, info = env.step(chunk[:, j])
-                success |= info["success"].numpy() & ~finished
-                finished |= (term | trunc).numpy()
-                t += 1
-    return success
+        return success_episodes(env, obs, act)[0].numpy()
 
 
 def candidate_scores(env, chunks: torch.Tensor) -> np.ndarray:

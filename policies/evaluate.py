@@ -153,6 +153,33 @@ class SuccessResult:
 
 
 @torch.no_grad()
+def success_episodes(env, obs: dict[str, torch.Tensor],
+                     act: Callable[[dict[str, torch.Tensor], torch.Tensor], torch.Tensor]
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Run the first episode of each of a reset manipulation env's N envs (``obs``: its observation
+    dict) to its end or the step limit. ``act(obs, finished)`` gives an action [N, A] or a chunk
+    [N, H, A], whose H actions run before it is asked again (all envs together); ``finished`` [N]
+    marks the envs whose first episode has ended. Returns success [N] (the task's success held at
+    some step of the episode) and the step [N] of the first success (0 if none)."""
+    n = env.num_envs
+    finished = torch.zeros(n, dtype=torch.bool)
+    success = torch.zeros(n, dtype=torch.bool)
+    steps = torch.zeros(n)
+    queue: list[torch.Tensor] = []
+    for t in range(env.max_steps):
+        if not queue:
+            out = act(obs, finished)
+            queue = list(out.unbind(1)) if out.dim() == 3 else [out]
+        obs, _, term, trunc, info = env.step(queue.pop(0))
+        first = info["success"].cpu() & ~finished & ~success
+        steps[first] = t + 1
+        success |= first
+        finished |= (term | trunc).cpu()
+        if finished.all():
+            break
+    return success, steps
+
+
 def evaluate_success(policy: Policy, task_cfg, episodes: int = 100, backend: str = "mujoco", seed: int = 12345,
                      device: str | torch.device = "cpu") -> SuccessResult:
     """Run one episode in each of ``episodes`` parallel envs; an episode succeeds if the task's
@@ -160,23 +187,9 @@ def evaluate_success(policy: Policy, task_cfg, episodes: int = 100, backend: str
     [N, H, A] executes its H actions before it is queried again (all envs query together)."""
     env = get_task(task_cfg.name).env_cls(task_cfg, episodes, device=device, seed=seed, backend=backend)
     obs, _ = env.reset(seed=seed)
-    finished = torch.zeros(episodes, dtype=torch.bool)
-    success = torch.zeros(episodes, dtype=torch.bool)
-    steps = torch.zeros(episodes)
-    queue: list[torch.Tensor] = []
     with torch.random.fork_rng():  # a stochastic policy (w ~ N(0, I)) draws reproducibly, training RNG untouched
         torch.manual_seed(seed)
-        for t in range(env.max_steps):
-            if not queue:
-                out = policy(obs["policy"])
-                queue = list(out.unbind(1)) if out.dim() == 3 else [out]
-            obs, _, term, trunc, info = env.step(queue.pop(0))
-            first = info["success"].cpu() & ~finished & ~success
-            steps[first] = t + 1
-            success |= first
-            finished |= (term | trunc).cpu()
-            if finished.all():
-                break
+        success, steps = success_episodes(env, obs, lambda o, _: policy(o["policy"]))
     ok_steps = steps[success]
     return SuccessResult(success_rate=int(success.sum()) / episodes, episodes=episodes,
                          mean_success_steps=ok_steps.mean().item() if len(ok_steps) else math.nan,
