@@ -1,7 +1,7 @@
 """How much room does a diffusion base policy leave for steering its initial noise (DSRL)?
 
     python -m benchmarks.steerability <diffusion_bc run dir> [--draws 8] [--episodes 100] [--greedy 4 16]
-        [--greedy-runs 3]
+        [--expert-match 4 16 64] [--greedy-runs 3]
 
 Every measure runs the frozen base on the same ``--episodes`` initial states and physics (one
 evaluation seed, one episode per parallel env):
@@ -20,6 +20,11 @@ evaluation seed, one episode per parallel env):
   short-term effect of each noise, not an optimum: a far-sighted steering can do better, a
   learned one sees only the policy observation. Needs ``obs_source=state``. Which candidates are
   drawn changes the outcome a lot, so it runs ``--greedy-runs`` times with other candidate draws.
+- Expert matching (``--expert-match K``): at every query, among the same kind of K candidates,
+  execute the chunk closest (summed squared action difference) to what the task's scripted
+  expert would do next from the true state (its own next chunk, simulated and undone). Can the
+  base's noise reproduce the behaviour the demonstrations came from? Same candidate draws as the
+  greedy runs.
 
 Writes a section of BENCHMARKS.md.
 """
@@ -51,13 +56,15 @@ def draw_candidates(k: int, n: int, latent_dim: int, gen: torch.Generator) -> to
 
 
 def episodes(base, task_cfg, n: int, seed: int, noise, stream: int | None = None, greedy: int = 0,
-             greedy_gen: torch.Generator | None = None, record: list[dict] | None = None) -> np.ndarray:
+             greedy_gen: torch.Generator | None = None, record: list[dict] | None = None,
+             match_expert: bool = False) -> np.ndarray:
     """Success [n] of one episode per env. ``noise(obs)`` gives one query's noises [n, latent] from
     the observation dict (``policy``, ``critic``); ``stream`` reseeds the environment's generator
     after the reset (same initial states, other observation noise); ``greedy`` > 1 picks each
     query's noise among that many by simulating their chunks, and appends to ``record`` (if given)
     at every query, for the episodes still running: their observations, candidates [N, K, latent],
-    scores [N, K] and env indices."""
+    scores [N, K] and env indices; with ``match_expert`` it picks the chunk closest to the scripted
+    expert's own next chunk instead."""
     env = get_task(task_cfg.name).env_cls(task_cfg, n, device="cpu", seed=seed, backend="mujoco")
     obs, _ = env.reset(seed=seed)
     if stream is not None:
@@ -68,6 +75,9 @@ def episodes(base, task_cfg, n: int, seed: int, noise, stream: int | None = None
             return base(obs["policy"], noise(obs))
         w = draw_candidates(greedy, n, base.latent_dim, greedy_gen)
         chunks = torch.stack([base(obs["policy"], w[k]) for k in range(greedy)])  # [K, n, H, A]
+        if match_expert:
+            distance = (chunks - expert_chunk(env, chunks.shape[2])).square().sum((2, 3))  # [K, n]
+            return chunks[distance.argmin(0), torch.arange(n)]
         score = candidate_scores(env, chunks)
         if record is not None:
             alive = ~finished
@@ -107,6 +117,20 @@ def candidate_scores(env, chunks: torch.Tensor) -> np.ndarray:
     return score
 
 
+def expert_chunk(env, h: int) -> torch.Tensor:
+    """The scripted expert's next ``h`` actions [n, h, A] from the current true state, simulated and
+    undone. Its phase machine is first advanced on the current state and keeps that advance (the
+    base never reads it): the expert then plans from where the episode really is."""
+    env.expert()
+    saved = env.state_dict()
+    actions = []
+    for _ in range(h):
+        actions.append(env.expert_action())
+        env.step(actions[-1])
+    env.load_state_dict(saved)
+    return torch.stack(actions, 1)
+
+
 def best_of_k(s: np.ndarray) -> list[float]:
     """[draws, episodes] successes -> fraction of episodes with a success among the first k draws."""
     return [float(s[: k + 1].any(0).mean()) for k in range(len(s))]
@@ -118,7 +142,10 @@ def main() -> None:
     ap.add_argument("--draws", type=int, default=8)
     ap.add_argument("--episodes", type=int, default=100)
     ap.add_argument("--greedy", type=int, nargs="*", default=[4, 16], help="candidate noises per query")
-    ap.add_argument("--greedy-runs", type=int, default=3, help="greedy runs per candidate count (other draws)")
+    ap.add_argument("--expert-match", type=int, nargs="*", default=[4, 16, 64],
+                    help="candidate noises per query for the choice closest to the scripted expert")
+    ap.add_argument("--greedy-runs", type=int, default=3,
+                    help="greedy and expert-matching runs per candidate count (other draws)")
     ap.add_argument("--seed", type=int, default=12345, help="evaluation seed: fixes the initial states")
     ap.add_argument("--no-write", action="store_true")
     a = ap.parse_args()
@@ -146,6 +173,12 @@ def main() -> None:
             gen = torch.Generator().manual_seed(GREEDY_SEED + r)
             greedy.setdefault(k, []).append(run(zeros, greedy=k, greedy_gen=gen).mean())
             print(f"greedy among {k}, run {r}: {greedy[k][-1] * 100:.0f}%", flush=True)
+    matched: dict[int, list[float]] = {}
+    for k in a.expert_match:
+        for r in range(a.greedy_runs):
+            gen = torch.Generator().manual_seed(GREEDY_SEED + r)
+            matched.setdefault(k, []).append(run(zeros, greedy=k, greedy_gen=gen, match_expert=True).mean())
+            print(f"closest to the expert among {k}, run {r}: {matched[k][-1] * 100:.0f}%", flush=True)
     s, z = np.array(draws), np.array(luck)
     shown = [k for k in range(a.draws) if k + 1 in (1, 2, 4, 8, 16, 32) or k + 1 == a.draws]
     pct = lambda v: f"{v * 100:.0f}%"  # noqa: E731
@@ -157,6 +190,9 @@ def main() -> None:
     greedy_rows = "".join(f"| greedy steering among {k} noises per query (true one-chunk outcomes): mean of "
                           f"{len(v)} runs (min-max) | {pct(np.mean(v))} ({pct(min(v))}-{pct(max(v))}) |\n"
                           for k, v in greedy.items())
+    greedy_rows += "".join(f"| chunk closest to the scripted expert's next chunk among {k} noises per query: mean "
+                           f"of {len(v)} runs (min-max) | {pct(np.mean(v))} ({pct(min(v))}-{pct(max(v))}) |\n"
+                           for k, v in matched.items())
     body = (f"Base: `{a.run}` ({task_cfg.name}), {a.episodes} initial states (evaluation seed {a.seed}).\n\n"
             f"| measure | success |\n|---|---:|\n| base, w = 0 | {pct(zero.mean())} |\n{greedy_rows}\n{table}\n"
             f"Initial states by the number of successful runs (0..{a.draws}): draws "
@@ -168,12 +204,15 @@ def main() -> None:
             "noise can gain. The greedy rows choose the noise at every query by simulating each candidate's "
             "chunk from the true simulator state (a success first, a failure last, else the most shaped "
             "progress): a myopic measure of what the base's noise can steer one decision at a time, not an "
-            "optimum and not a learned policy.")
+            "optimum and not a learned policy. The expert rows choose, among candidates drawn the same way, "
+            "the chunk closest to the scripted expert's own next chunk from the true state (summed squared "
+            "action difference): whether the base's noise can reproduce the behaviour of the demonstrator.")
     print(body)
     if not a.no_write:
         write_section(f"Diffusion base: room for steering ({task_cfg.name})",
                       f"python -m benchmarks.steerability {a.run} --draws {a.draws} --episodes {a.episodes} "
-                      f"--greedy {' '.join(map(str, a.greedy))} --greedy-runs {a.greedy_runs}", body)
+                      f"--greedy {' '.join(map(str, a.greedy))} --expert-match {' '.join(map(str, a.expert_match))} "
+                      f"--greedy-runs {a.greedy_runs}", body)
 
 
 if __name__ == "__main__":

@@ -331,6 +331,32 @@ def test_greedy_steering_oracle_restores_the_simulator_and_prefers_progress():
         assert torch.equal(r1, r2) and torch.equal(te1, te2) and torch.equal(tr1, tr2)
 
 
+def test_expert_chunk_is_the_experts_next_chunk_and_leaves_the_env_in_place():
+    """benchmarks.steerability's expert matching compares the base's chunks with the scripted
+    expert's own next chunk: the actions an identical env's expert takes over the next steps, and
+    simulating them leaves the env where it was (the next steps match the twin's bit for bit)."""
+    from benchmarks.steerability import expert_chunk
+
+    def env_after_three_expert_steps():
+        env = get_task("arm_push").env_cls(get_task("arm_push").default_config(), 6, seed=3)
+        env.reset(seed=3)
+        for _ in range(3):
+            env.step(env.expert_action())
+        return env
+
+    env, twin = env_after_three_expert_steps(), env_after_three_expert_steps()
+    chunk = expert_chunk(env, 4)
+    assert chunk.shape == (6, 4, 4) and chunk[:, :, :3].abs().sum() > 0
+    twin.expert()  # expert_chunk advances the expert's phases on the current state first
+    for j in range(4):
+        a = twin.expert_action()
+        assert torch.equal(chunk[:, j], a), j
+        (o1, r1, te1, tr1, _), (o2, r2, te2, tr2, _) = env.step(chunk[:, j]), twin.step(a)
+        for key in ("policy", "critic"):
+            assert torch.equal(o1[key], o2[key]), (j, key)
+        assert torch.equal(r1, r2) and torch.equal(te1, te2) and torch.equal(tr1, tr2)
+
+
 def test_noise_chooser_learns_a_ranking_within_each_state():
     """benchmarks.noise_chooser: the target ranks a success (also after some progress) first and a
     failure (also after some progress) last, and is uniform where candidates do not differ; when
