@@ -1,7 +1,7 @@
 """How much room does a diffusion base policy leave for steering its initial noise (DSRL)?
 
     python -m benchmarks.steerability <diffusion_bc run dir> [--draws 8] [--episodes 100] [--greedy 4 16]
-        [--expert-match 4 16 64] [--greedy-runs 3]
+        [--expert-match 4 16 64] [--expert-fit 100] [--fit-bounds 1.5 2 2.5 3] [--greedy-runs 3]
 
 Every measure runs the frozen base on the same ``--episodes`` initial states and physics (one
 evaluation seed, one episode per parallel env):
@@ -24,7 +24,10 @@ evaluation seed, one episode per parallel env):
   execute the chunk closest (summed squared action difference) to what the task's scripted
   expert would do next from the true state (its own next chunk, simulated and undone). Can the
   base's noise reproduce the behaviour the demonstrations came from? Same candidate draws as the
-  greedy runs.
+  greedy runs. With ``--expert-fit S``, the noise is then optimised continuously towards the
+  expert's chunk (S Adam steps through the DDIM sampler, w = b tanh(u) bounded like a DSRL
+  actor's), starting from the closest candidate: what a steering actor with the expert as its
+  target could reach at best, one query at a time.
 
 Writes a section of BENCHMARKS.md.
 """
@@ -45,6 +48,7 @@ from policies.evaluate import success_episodes
 from sim.registry import get_task
 
 SUCCESS = 1e3  # a one-chunk score that outranks any shaped progress of a chunk
+FIT_CANDIDATES = 16  # the fitted noise starts from the closest of this many candidates
 GREEDY_SEED = 3000  # greedy run r draws its candidates from a generator seeded GREEDY_SEED + r
 
 
@@ -57,14 +61,17 @@ def draw_candidates(k: int, n: int, latent_dim: int, gen: torch.Generator) -> to
 
 def episodes(base, task_cfg, n: int, seed: int, noise, stream: int | None = None, greedy: int = 0,
              greedy_gen: torch.Generator | None = None, record: list[dict] | None = None,
-             match_expert: bool = False) -> np.ndarray:
+             match_expert: bool = False, fit_steps: int = 0, bound: float = 1.5,
+             distances: list[float] | None = None) -> np.ndarray:
     """Success [n] of one episode per env. ``noise(obs)`` gives one query's noises [n, latent] from
     the observation dict (``policy``, ``critic``); ``stream`` reseeds the environment's generator
     after the reset (same initial states, other observation noise); ``greedy`` > 1 picks each
     query's noise among that many by simulating their chunks, and appends to ``record`` (if given)
     at every query, for the episodes still running: their observations, candidates [N, K, latent],
     scores [N, K] and env indices; with ``match_expert`` it picks the chunk closest to the scripted
-    expert's own next chunk instead."""
+    expert's own next chunk instead, then (``fit_steps`` > 0) fits that noise to it (:func:`fit_noise`,
+    within [-bound, bound]) and appends the mean squared distance per action of the executed chunks
+    of the running episodes to ``distances`` (if given)."""
     env = get_task(task_cfg.name).env_cls(task_cfg, n, device="cpu", seed=seed, backend="mujoco")
     obs, _ = env.reset(seed=seed)
     if stream is not None:
@@ -76,8 +83,15 @@ def episodes(base, task_cfg, n: int, seed: int, noise, stream: int | None = None
         w = draw_candidates(greedy, n, base.latent_dim, greedy_gen)
         chunks = torch.stack([base(obs["policy"], w[k]) for k in range(greedy)])  # [K, n, H, A]
         if match_expert:
-            distance = (chunks - expert_chunk(env, chunks.shape[2])).square().sum((2, 3))  # [K, n]
-            return chunks[distance.argmin(0), torch.arange(n)]
+            target = expert_chunk(env, chunks.shape[2])
+            best = (chunks - target).square().sum((2, 3)).argmin(0)  # [n] among the K candidates
+            chunk = chunks[best, torch.arange(n)]
+            if fit_steps > 0:
+                chunk = base(obs["policy"], fit_noise(base, obs["policy"], target, w[best, torch.arange(n)], fit_steps,
+                                                      bound))
+            if distances is not None:
+                distances.append((chunk - target)[~finished].square().mean().item())
+            return chunk
         score = candidate_scores(env, chunks)
         if record is not None:
             alive = ~finished
@@ -131,6 +145,26 @@ def expert_chunk(env, h: int) -> torch.Tensor:
     return torch.stack(actions, 1)
 
 
+def fit_noise(base, obs: torch.Tensor, target: torch.Tensor, w0: torch.Tensor, steps: int, bound: float,
+              lr: float = 0.1) -> torch.Tensor:
+    """Noise w [n, latent] in [-bound, bound] whose executed chunk base(obs, w) is closest (squared
+    error) to ``target`` [n, H, A]: ``steps`` Adam steps on u, w = bound tanh(u), from w0 clipped
+    into the bound. Keeps, per env, the better of the start and the result."""
+    def error(w: torch.Tensor) -> torch.Tensor:
+        return (base(obs, w) - target).square().sum((1, 2))
+
+    w_start = w0.clamp(-0.99 * bound, 0.99 * bound)
+    u = torch.atanh(w_start / bound).requires_grad_(True)
+    opt = torch.optim.Adam([u], lr=lr)
+    with torch.enable_grad():
+        for _ in range(steps):
+            opt.zero_grad()
+            error(bound * torch.tanh(u)).sum().backward(inputs=[u])  # each env's u sees only its own error
+            opt.step()
+    w = (bound * torch.tanh(u)).detach()
+    return torch.where((error(w) < error(w_start))[:, None], w, w_start)
+
+
 def best_of_k(s: np.ndarray) -> list[float]:
     """[draws, episodes] successes -> fraction of episodes with a success among the first k draws."""
     return [float(s[: k + 1].any(0).mean()) for k in range(len(s))]
@@ -144,6 +178,10 @@ def main() -> None:
     ap.add_argument("--greedy", type=int, nargs="*", default=[4, 16], help="candidate noises per query")
     ap.add_argument("--expert-match", type=int, nargs="*", default=[4, 16, 64],
                     help="candidate noises per query for the choice closest to the scripted expert")
+    ap.add_argument("--expert-fit", type=int, default=100,
+                    help="Adam steps fitting the noise to the expert's chunk (from the closest of 16 candidates)")
+    ap.add_argument("--fit-bounds", type=float, nargs="*", default=[1.5, 2.0, 2.5, 3.0],
+                    help="noise bounds b of the fitted noise (DSRL's default is 1.5)")
     ap.add_argument("--greedy-runs", type=int, default=3,
                     help="greedy and expert-matching runs per candidate count (other draws)")
     ap.add_argument("--seed", type=int, default=12345, help="evaluation seed: fixes the initial states")
@@ -173,12 +211,18 @@ def main() -> None:
             gen = torch.Generator().manual_seed(GREEDY_SEED + r)
             greedy.setdefault(k, []).append(run(zeros, greedy=k, greedy_gen=gen).mean())
             print(f"greedy among {k}, run {r}: {greedy[k][-1] * 100:.0f}%", flush=True)
-    matched: dict[int, list[float]] = {}
-    for k in a.expert_match:
+    base.requires_grad_(False)  # frozen: fit_noise differentiates through it with respect to w only
+    matched: dict[tuple[int, float], tuple[list[float], list[float]]] = {}  # (K, b) -> successes, distances
+    for k, bound in [(k, 0.0) for k in a.expert_match] + [(FIT_CANDIDATES, b) for b in a.fit_bounds]:
+        steps = a.expert_fit if bound else 0
         for r in range(a.greedy_runs):
-            gen = torch.Generator().manual_seed(GREEDY_SEED + r)
-            matched.setdefault(k, []).append(run(zeros, greedy=k, greedy_gen=gen, match_expert=True).mean())
-            print(f"closest to the expert among {k}, run {r}: {matched[k][-1] * 100:.0f}%", flush=True)
+            gen, dist = torch.Generator().manual_seed(GREEDY_SEED + r), []
+            ok = run(zeros, greedy=k, greedy_gen=gen, match_expert=True, fit_steps=steps, bound=bound, distances=dist)
+            rates, dists = matched.setdefault((k, bound), ([], []))
+            rates.append(ok.mean())
+            dists.append(float(np.mean(dist)))
+            print(f"closest to the expert among {k}" + (f", fitted in [-{bound}, {bound}]" if bound else "")
+                  + f", run {r}: {rates[-1] * 100:.0f}%, squared distance per action {dists[-1]:.3f}", flush=True)
     s, z = np.array(draws), np.array(luck)
     shown = [k for k in range(a.draws) if k + 1 in (1, 2, 4, 8, 16, 32) or k + 1 == a.draws]
     pct = lambda v: f"{v * 100:.0f}%"  # noqa: E731
@@ -188,13 +232,17 @@ def main() -> None:
              + "".join(f"| some run among the first {k + 1} succeeds | {pct(best_of_k(s)[k])} "
                        f"| {pct(best_of_k(z)[k])} |\n" for k in shown))
     greedy_rows = "".join(f"| greedy steering among {k} noises per query (true one-chunk outcomes): mean of "
-                          f"{len(v)} runs (min-max) | {pct(np.mean(v))} ({pct(min(v))}-{pct(max(v))}) |\n"
+                          f"{len(v)} runs (min-max) | {pct(np.mean(v))} ({pct(min(v))}-{pct(max(v))}) | |\n"
                           for k, v in greedy.items())
-    greedy_rows += "".join(f"| chunk closest to the scripted expert's next chunk among {k} noises per query: mean "
-                           f"of {len(v)} runs (min-max) | {pct(np.mean(v))} ({pct(min(v))}-{pct(max(v))}) |\n"
-                           for k, v in matched.items())
+    for (k, bound), (v, dist) in matched.items():
+        how = (f"the noise fitted to the scripted expert's next chunk in {a.expert_fit} Adam steps from the closest "
+               f"of {k}, w in [-{bound:g}, {bound:g}]" if bound else
+               f"chunk closest to the scripted expert's next chunk among {k} noises per query")
+        greedy_rows += (f"| {how}: mean of {len(v)} runs (min-max) | {pct(np.mean(v))} ({pct(min(v))}-{pct(max(v))}) "
+                        f"| {np.mean(dist):.3f} |\n")
     body = (f"Base: `{a.run}` ({task_cfg.name}), {a.episodes} initial states (evaluation seed {a.seed}).\n\n"
-            f"| measure | success |\n|---|---:|\n| base, w = 0 | {pct(zero.mean())} |\n{greedy_rows}\n{table}\n"
+            f"| measure | success | squared distance per action to the expert's |\n|---|---:|---:|\n"
+            f"| base, w = 0 | {pct(zero.mean())} | |\n{greedy_rows}\n{table}\n"
             f"Initial states by the number of successful runs (0..{a.draws}): draws "
             f"{', '.join(map(str, np.bincount(s.sum(0), minlength=a.draws + 1)))}; luck control "
             f"{', '.join(map(str, np.bincount(z.sum(0), minlength=a.draws + 1)))}.\n\n"
@@ -206,12 +254,17 @@ def main() -> None:
             "progress): a myopic measure of what the base's noise can steer one decision at a time, not an "
             "optimum and not a learned policy. The expert rows choose, among candidates drawn the same way, "
             "the chunk closest to the scripted expert's own next chunk from the true state (summed squared "
-            "action difference): whether the base's noise can reproduce the behaviour of the demonstrator.")
+            "action difference): whether the base's noise can reproduce the behaviour of the demonstrator. "
+            "The fitted rows then optimise that noise towards the expert's chunk through the DDIM sampler, "
+            "bounded to [-b, b] as a DSRL actor's noise is (b tanh(u)): what a steering with the expert as "
+            "its target reaches for each bound. Distance: mean over queries and running episodes of the "
+            "executed chunk's squared difference to the expert's, per action component.")
     print(body)
     if not a.no_write:
         write_section(f"Diffusion base: room for steering ({task_cfg.name})",
                       f"python -m benchmarks.steerability {a.run} --draws {a.draws} --episodes {a.episodes} "
                       f"--greedy {' '.join(map(str, a.greedy))} --expert-match {' '.join(map(str, a.expert_match))} "
+                      f"--expert-fit {a.expert_fit} --fit-bounds {' '.join(f'{b:g}' for b in a.fit_bounds)} "
                       f"--greedy-runs {a.greedy_runs}", body)
 
 

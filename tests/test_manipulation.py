@@ -357,6 +357,32 @@ def test_expert_chunk_is_the_experts_next_chunk_and_leaves_the_env_in_place():
         assert torch.equal(r1, r2) and torch.equal(te1, te2) and torch.equal(tr1, tr2)
 
 
+def test_fit_noise_reaches_a_chunk_the_base_can_make_within_the_bound(base_run, demos):
+    """benchmarks.steerability's continuous expert matching: from w = 0, Adam on w = b tanh(u) through
+    the DDIM sampler finds the noise of a chunk the base makes from another noise inside the bound,
+    stays inside the bound, and never returns a noise worse than its start."""
+    from benchmarks.steerability import fit_noise
+
+    base, _ = ckpt.load_policy(base_run)
+    base.requires_grad_(False)
+    gen = torch.Generator().manual_seed(0)
+    d = ds.load(demos, task="arm_push")
+    obs = torch.as_tensor(d.obs[:: len(d.obs) // 8][:8])  # states the base was trained on
+    w_true = (0.8 * torch.randn(8, base.latent_dim, generator=gen)).clamp(-1.2, 1.2)
+    target = base(obs, w_true)
+    start = torch.zeros_like(w_true)
+
+    def error(w):
+        return (base(obs, w) - target).square().sum((1, 2))
+
+    w = fit_noise(base, obs, target, start, steps=200, bound=1.5)
+    assert w.abs().max() <= 1.5
+    assert (error(w) <= error(start)).all()
+    assert error(w).mean() < 0.05 * error(start).mean(), (error(w), error(start))
+    far = fit_noise(base, obs, target + 5.0, start, steps=0, bound=1.5)  # no step: the start itself
+    assert torch.equal(far, start)
+
+
 def test_noise_chooser_learns_a_ranking_within_each_state():
     """benchmarks.noise_chooser: the target ranks a success (also after some progress) first and a
     failure (also after some progress) last, and is uniform where candidates do not differ; when
