@@ -212,16 +212,17 @@ def main() -> None:
             greedy.setdefault(k, []).append(run(zeros, greedy=k, greedy_gen=gen).mean())
             print(f"greedy among {k}, run {r}: {greedy[k][-1] * 100:.0f}%", flush=True)
     base.requires_grad_(False)  # frozen: fit_noise differentiates through it with respect to w only
-    matched: dict[tuple[int, float], tuple[list[float], list[float]]] = {}  # (K, b) -> successes, distances
-    for k, bound in [(k, 0.0) for k in a.expert_match] + [(FIT_CANDIDATES, b) for b in a.fit_bounds]:
-        steps = a.expert_fit if bound else 0
+    # (K candidates, bound b of the fitted noise or None: no fit) -> successes, distances per run
+    matched: dict[tuple[int, float | None], tuple[list[float], list[float]]] = {}
+    for k, bound in [(k, None) for k in a.expert_match] + [(FIT_CANDIDATES, b) for b in a.fit_bounds]:
+        fit = {} if bound is None else {"fit_steps": a.expert_fit, "bound": bound}
         for r in range(a.greedy_runs):
             gen, dist = torch.Generator().manual_seed(GREEDY_SEED + r), []
-            ok = run(zeros, greedy=k, greedy_gen=gen, match_expert=True, fit_steps=steps, bound=bound, distances=dist)
+            ok = run(zeros, greedy=k, greedy_gen=gen, match_expert=True, distances=dist, **fit)
             rates, dists = matched.setdefault((k, bound), ([], []))
             rates.append(ok.mean())
             dists.append(float(np.mean(dist)))
-            print(f"closest to the expert among {k}" + (f", fitted in [-{bound}, {bound}]" if bound else "")
+            print(f"closest to the expert among {k}" + (f", fitted in [-{bound}, {bound}]" if bound is not None else "")
                   + f", run {r}: {rates[-1] * 100:.0f}%, squared distance per action {dists[-1]:.3f}", flush=True)
     s, z = np.array(draws), np.array(luck)
     shown = [k for k in range(a.draws) if k + 1 in (1, 2, 4, 8, 16, 32) or k + 1 == a.draws]
@@ -236,7 +237,7 @@ def main() -> None:
                           for k, v in greedy.items())
     for (k, bound), (v, dist) in matched.items():
         how = (f"the noise fitted to the scripted expert's next chunk in {a.expert_fit} Adam steps from the closest "
-               f"of {k}, w in [-{bound:g}, {bound:g}]" if bound else
+               f"of {k}, w in [-{bound:g}, {bound:g}]" if bound is not None else
                f"chunk closest to the scripted expert's next chunk among {k} noises per query")
         greedy_rows += (f"| {how}: mean of {len(v)} runs (min-max) | {pct(np.mean(v))} ({pct(min(v))}-{pct(max(v))}) "
                         f"| {np.mean(dist):.3f} |\n")
