@@ -17,6 +17,23 @@ values most among w = 0 and K - 1 draws of b tanh(u), u ~ N(0, I) (the untrained
 A critic that ranks noises makes the last beat w = 0, whatever the actor learned from it; compare
 with the greedy choice by true one-chunk outcomes in ``benchmarks.steerability``. Prints one table row per
 run and, unless --no-write, replaces the BENCHMARKS.md section.
+
+With ``--advantage N`` it measures instead whether the critic sees what one decision's noise is
+worth (section "DSRL critic: does it see a decision's advantage?"). N episodes from the
+evaluation's initial states run the trained actor's deterministic noise; at every query of a
+running episode, two alternatives to the actor's noise w_pi:
+
+- w_fit: the noise fitted to the scripted expert's next chunk within the run's bound
+  (``benchmarks.steerability.fit_noise``, 100 Adam steps from w_pi), steering toward the
+  demonstrator;
+- w_rand: b tanh(u), u ~ N(0, I), a noise the untrained actor could draw.
+
+Each alternative's true advantage A = G(alternative's chunk, then the actor) - G(actor's chunk,
+then the actor) is one Monte Carlo rollout each to the episode's end from the same simulator state
+and generators (common random numbers), G the return with the run's rewards and discount per
+decision. The critic's estimate is Q(s, w_alt) - Q(s, w_pi) of the noise critic (and, for DSRL-NA,
+of Q^A on the executed chunks too). A critic the actor can climb has estimates that correlate
+with A and agree with its sign.
 """
 
 from __future__ import annotations
@@ -28,11 +45,22 @@ import torch
 from omegaconf import OmegaConf
 
 from benchmarks.common import write_section
-from benchmarks.steerability import draw_candidates, episodes
+from benchmarks.steerability import draw_candidates, episodes, expert_chunk, fit_noise
 from policies import checkpoint as ckpt
 from policies.config import to_objects
 from policies.train import make_algo
 from sim.registry import get_task
+
+
+def load_run(run: Path, seed: int = 0):
+    """(task config, algo config, the DSRL algorithm at the run's last checkpoint, its env steps)."""
+    cfg = OmegaConf.load(run / "config.yaml")
+    task_cfg, algo_cfg = to_objects(cfg)
+    env = get_task(task_cfg.name).env_cls(task_cfg, algo_cfg.num_envs, device="cpu", seed=seed)
+    algo = make_algo("dsrl", algo_cfg, env, torch.device("cpu"), seed)
+    state = ckpt.load(run / ckpt.LAST)
+    algo.load_state_dict(state["algo"])
+    return task_cfg, algo_cfg, algo, state["trainer"]["env_steps"]
 
 
 @torch.no_grad()
@@ -40,12 +68,7 @@ def critic_ranking(run: Path, states: int, select: int = 0, n_episodes: int = 10
     """Mean noise-critic value (min over the twin critics) for each noise above, the fraction
     of buffer states where Q(s, 0) > Q(s, w ~ N(0, I)), and with ``select`` > 0 the success rates
     of the actor's noise, of w = 0 and of the critic's choice among ``select`` candidates."""
-    cfg = OmegaConf.load(run / "config.yaml")
-    task_cfg, algo_cfg = to_objects(cfg)
-    env = get_task(task_cfg.name).env_cls(task_cfg, algo_cfg.num_envs, device="cpu", seed=seed)
-    algo = make_algo("dsrl", algo_cfg, env, torch.device("cpu"), seed)
-    state = ckpt.load(run / ckpt.LAST)
-    algo.load_state_dict(state["algo"])
+    task_cfg, algo_cfg, algo, steps = load_run(run, seed)
     qw = algo.q if algo_cfg.variant == "sac" else algo.qw
     gen = torch.Generator().manual_seed(seed)
     b = algo.buffer.sample(states, gen)
@@ -56,7 +79,7 @@ def critic_ranking(run: Path, states: int, select: int = 0, n_episodes: int = 10
 
     q0, q_rand = q(torch.zeros(n, d)), q(torch.randn(n, d, generator=gen))
     w_pi = algo.actor.noise(b["obs"])
-    row = {"run": str(run), "variant": algo_cfg.variant, "steps": state["trainer"]["env_steps"], "q0": q0.mean().item(),
+    row = {"run": str(run), "variant": algo_cfg.variant, "steps": steps, "q0": q0.mean().item(),
            "q_rand": q_rand.mean().item(), "q_pi": q(w_pi).mean().item(),
            "q_buffer": q(b["w"]).mean().item() if algo_cfg.variant == "sac" else None,
            "prefer0": (q0 > q_rand).float().mean().item(), "w_pi_norm": w_pi.norm(dim=-1).mean().item()}
@@ -77,15 +100,93 @@ def critic_ranking(run: Path, states: int, select: int = 0, n_episodes: int = 10
     return row
 
 
+def rollout_return(env, algo, obs: dict, first: torch.Tensor, done: torch.Tensor, gamma: float) -> torch.Tensor:
+    """Discounted return [n] (per decision) of executing the chunk ``first`` [n, H, A], then the
+    actor's deterministic noise, to each env's episode end (``done`` marks envs not to count).
+    The environment is left in the state it started in."""
+    saved, ended = env.state_dict(), done.clone()
+    ret, disc, chunk = torch.zeros(env.num_envs), 1.0, first
+    while not ended.all():
+        for j in range(chunk.shape[1]):
+            obs, r, term, trunc, _ = env.step(chunk[:, j])
+            ret += disc * torch.where(ended, torch.zeros_like(r), r)
+            ended |= term | trunc
+        disc *= gamma
+        chunk = algo.base(obs["policy"], algo.actor.noise(obs["policy"]))
+    env.load_state_dict(saved)
+    return ret
+
+
+@torch.no_grad()
+def decision_advantage(run: Path, n_episodes: int, seed: int = 0, fit_steps: int = 100) -> dict:
+    """True (Monte Carlo) and estimated advantages over the actor's noise of w_fit and w_rand at every
+    query of ``n_episodes`` episodes run by the actor (see the module docstring)."""
+    task_cfg, algo_cfg, algo, steps = load_run(run, seed)
+    base, bound, d, na = algo.base, algo_cfg.noise_bound, algo.latent_dim, algo_cfg.variant == "na"
+    qw = algo.q if not na else algo.qw
+    env = get_task(task_cfg.name).env_cls(task_cfg, n_episodes, device="cpu", seed=12345, backend="mujoco")
+    obs, _ = env.reset(seed=12345)
+    gen, finished = torch.Generator().manual_seed(seed + 2), torch.zeros(n_episodes, dtype=torch.bool)
+    rec: dict[str, list[torch.Tensor]] = {k: [] for k in ("true_fit", "true_rand", "est_fit", "est_rand",
+                                                           "est_a_fit", "est_a_rand", "dist_pi", "dist_fit")}
+    while not finished.all():
+        target = expert_chunk(env, algo.exec_horizon)
+        w_pi = algo.actor.noise(obs["policy"])
+        w_fit = fit_noise(base, obs["policy"], target, w_pi, fit_steps, bound)
+        w_rand = bound * torch.tanh(torch.randn(n_episodes, d, generator=gen))
+        chunks = {k: base(obs["policy"], w) for k, w in (("pi", w_pi), ("fit", w_fit), ("rand", w_rand))}
+        g = {k: rollout_return(env, algo, obs, c, finished, algo_cfg.gamma) for k, c in chunks.items()}
+        alive = ~finished
+
+        def noise_q(w: torch.Tensor) -> torch.Tensor:
+            return qw(torch.cat((obs["critic"], w), -1)).min(-1).values
+
+        def action_q(c: torch.Tensor) -> torch.Tensor:
+            return algo.q(torch.cat((obs["critic"], c.reshape(n_episodes, -1)), -1)).min(-1).values
+
+        for alt, w in (("fit", w_fit), ("rand", w_rand)):
+            rec[f"true_{alt}"].append((g[alt] - g["pi"])[alive])
+            rec[f"est_{alt}"].append((noise_q(w) - noise_q(w_pi))[alive])
+            if na:
+                rec[f"est_a_{alt}"].append((action_q(chunks[alt]) - action_q(chunks["pi"]))[alive])
+        for k in ("pi", "fit"):
+            rec[f"dist_{k}"].append((chunks[k] - target).square().mean((1, 2))[alive])
+        for j in range(algo.exec_horizon):  # the actor's own chunk: on-policy states
+            obs, _, term, trunc, _ = env.step(chunks["pi"][:, j])
+            finished |= term | trunc
+    r = {k: torch.cat(v) for k, v in rec.items() if v}
+
+    def stats(true: torch.Tensor, est: torch.Tensor) -> dict:
+        nz = true != 0
+        return {"corr": torch.corrcoef(torch.stack((true, est)))[0, 1].item(),
+                "sign": ((true > 0) == (est > 0))[nz].float().mean().item() if nz.any() else float("nan")}
+
+    out = {"run": str(run), "variant": algo_cfg.variant, "steps": steps, "bound": bound, "queries": len(r["true_fit"]),
+           "dist_pi": r["dist_pi"].mean().item(), "dist_fit": r["dist_fit"].mean().item()}
+    for alt in ("fit", "rand"):
+        t = r[f"true_{alt}"]
+        out[alt] = {"true": t.mean().item(), "true_se": (t.std() / len(t) ** 0.5).item(),
+                    "true_pos": (t > 0).float().mean().item(), "true_neg": (t < 0).float().mean().item(),
+                    "est": r[f"est_{alt}"].mean().item(), **stats(t, r[f"est_{alt}"])}
+        if na:
+            out[alt].update(est_a=r[f"est_a_{alt}"].mean().item(),
+                            **{f"{k}_a": v for k, v in stats(t, r[f"est_a_{alt}"]).items()})
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("runs", nargs="+", help="run directories of algo=dsrl runs")
     ap.add_argument("--states", type=int, default=4096)
     ap.add_argument("--select", type=int, default=16, help="candidates for the critic's choice (0: skip)")
     ap.add_argument("--episodes", type=int, default=100)
+    ap.add_argument("--advantage", type=int, default=0, metavar="N",
+                    help="measure the critic against one decision's true advantage over N episodes instead")
     ap.add_argument("--no-write", action="store_true")
     a = ap.parse_args()
     torch.set_num_threads(1)
+    if a.advantage > 0:
+        return advantage_main(a)
     sel = (f" success: actor's w | success: w = 0 | success: the critic's choice among {a.select} |"
            if a.select > 0 else "")
     table = ("| run | variant | env steps | Q(s, 0) | Q(s, w ~ N(0, I)) | Q(s, actor's w) | Q(s, buffer w) | "
@@ -112,6 +213,43 @@ def main() -> None:
         write_section("DSRL critic: does it rank the noises?",
                       f"python -m benchmarks.dsrl_critic {' '.join(a.runs)} --select {a.select} "
                       f"--episodes {a.episodes}",
+                      table + "\n" + note, threads=1)
+
+
+def advantage_main(a: argparse.Namespace) -> None:
+    table = ("| run | variant | env steps | b | queries | alternative | true advantage (SE) | true > 0 / < 0 | "
+             "critic's estimate | correlation | sign agreement |\n|---|---|---:|---:|---:|---|---:|---:|---:|---:|---:|\n")
+    dists = []
+    for run in a.runs:
+        r = decision_advantage(Path(run), a.advantage)
+        head = f"| `{run}` | {r['variant']} | {r['steps']:,} | {r['bound']:g} | {r['queries']} |"
+        for alt, name in (("fit", "w_fit"), ("rand", "w_rand")):
+            x = r[alt]
+            rows = [("noise critic", x["est"], x["corr"], x["sign"])]
+            if "est_a" in x:
+                rows.append(("Q^A", x["est_a"], x["corr_a"], x["sign_a"]))
+            for critic, est, corr, sign in rows:
+                table += (f"{head} {name}, {critic} | {x['true']:+.3f} ({x['true_se']:.3f}) | "
+                          f"{x['true_pos'] * 100:.0f}% / {x['true_neg'] * 100:.0f}% | {est:+.3f} | {corr:+.2f} | "
+                          f"{sign * 100:.0f}% |\n")
+                print(table.splitlines()[-1], flush=True)
+        dists.append(f"`{run}` {r['dist_pi']:.3f} / {r['dist_fit']:.3f}")
+    note = (f"{a.advantage} episodes per run from `policies.eval`'s initial states (seed 12345), run by the actor's "
+            "deterministic noise w_pi. At every query of a running episode: w_fit, the noise fitted to the scripted "
+            "expert's next chunk (100 Adam steps from w_pi, within the run's bound b); w_rand = b tanh(u), u ~ N(0, I). "
+            "True advantage: G(alternative's chunk, then the actor) - G(actor's chunk, then the actor), one rollout "
+            "each to the episode's end from the same simulator state and generators, G the discounted return per "
+            "decision with the run's reward and gamma; mean over queries, its standard error, and the share of "
+            "queries where it is positive / negative (zero: both rollouts end alike). Critic's estimate: "
+            "Q(s, alternative) - Q(s, w_pi), min of the twin critics; noise critic: Q(s, w) (DSRL-SAC) or Q^W "
+            "(DSRL-NA); Q^A: DSRL-NA's critic over the executed chunks. Correlation: Pearson's, over queries, of "
+            "the estimate with the true advantage; sign agreement: over queries with a non-zero true advantage. "
+            "Squared distance per action component of the actor's / w_fit's chunk to the expert's: "
+            + "; ".join(dists) + ".")
+    print(note)
+    if not a.no_write:
+        write_section("DSRL critic: does it see a decision's advantage?",
+                      f"python -m benchmarks.dsrl_critic {' '.join(a.runs)} --advantage {a.advantage}",
                       table + "\n" + note, threads=1)
 
 

@@ -383,6 +383,35 @@ def test_fit_noise_reaches_a_chunk_the_base_can_make_within_the_bound(base_run, 
     assert torch.equal(far, start)
 
 
+def test_rollout_return_pays_the_first_chunk_and_leaves_the_simulator_as_it_was(base_run):
+    """benchmarks.dsrl_critic's Monte Carlo return: with gamma = 0 it is the first chunk's summed
+    reward (as stepping that chunk gives), envs marked done count 0, and the environment ends in
+    the state it started in (so every alternative is rolled out from the same state)."""
+    from benchmarks.dsrl_critic import rollout_return
+
+    algo = _dsrl(base_run, "sac", ["task.reward_type=dense"])
+    env = algo.env
+    for _ in range(3):
+        algo.collect()
+    obs, n = algo.obs, env.num_envs
+    first = algo.base(obs["policy"], torch.randn(n, algo.latent_dim, generator=torch.Generator().manual_seed(1)))
+    done = torch.zeros(n, dtype=torch.bool)
+    done[0] = True
+    before = env.state_dict()
+    g0 = rollout_return(env, algo, obs, first, done, gamma=0.0)
+    g_half = rollout_return(env, algo, obs, first, done, gamma=0.5)
+    after = env.state_dict()
+    assert np.array_equal(before["mj"], after["mj"]) and np.array_equal(before["t"], after["t"])
+    reward, ended = torch.zeros(n), torch.zeros(n, dtype=torch.bool)
+    for j in range(first.shape[1]):
+        _, r, term, trunc, _ = env.step(first[:, j])
+        reward += torch.where(ended, torch.zeros_like(r), r)
+        ended |= term | trunc
+    assert g0[0] == 0 and g_half[0] == 0
+    torch.testing.assert_close(g0[1:], reward[1:].float())
+    assert (g_half[1:] != g0[1:]).all(), "later decisions must add their discounted reward"
+
+
 def test_noise_chooser_learns_a_ranking_within_each_state():
     """benchmarks.noise_chooser: the target ranks a success (also after some progress) first and a
     failure (also after some progress) last, and is uniform where candidates do not differ; when
