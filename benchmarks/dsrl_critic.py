@@ -100,7 +100,7 @@ def critic_ranking(run: Path, states: int, select: int = 0, n_episodes: int = 10
     return row
 
 
-def rollout_return(env, algo, obs: dict, first: torch.Tensor, done: torch.Tensor, gamma: float) -> torch.Tensor:
+def rollout_return(env, algo, first: torch.Tensor, done: torch.Tensor, gamma: float) -> torch.Tensor:
     """Discounted return [n] (per decision) of executing the chunk ``first`` [n, H, A], then the
     actor's deterministic noise, to each env's episode end (``done`` marks envs not to count).
     The environment is left in the state it started in."""
@@ -135,7 +135,7 @@ def decision_advantage(run: Path, n_episodes: int, seed: int = 0, fit_steps: int
         w_fit = fit_noise(base, obs["policy"], target, w_pi, fit_steps, bound)
         w_rand = bound * torch.tanh(torch.randn(n_episodes, d, generator=gen))
         chunks = {k: base(obs["policy"], w) for k, w in (("pi", w_pi), ("fit", w_fit), ("rand", w_rand))}
-        g = {k: rollout_return(env, algo, obs, c, finished, algo_cfg.gamma) for k, c in chunks.items()}
+        g = {k: rollout_return(env, algo, c, finished, algo_cfg.gamma) for k, c in chunks.items()}
         alive = ~finished
 
         def noise_q(w: torch.Tensor) -> torch.Tensor:

@@ -398,8 +398,8 @@ def test_rollout_return_pays_the_first_chunk_and_leaves_the_simulator_as_it_was(
     done = torch.zeros(n, dtype=torch.bool)
     done[0] = True
     before = env.state_dict()
-    g0 = rollout_return(env, algo, obs, first, done, gamma=0.0)
-    g_half = rollout_return(env, algo, obs, first, done, gamma=0.5)
+    g0 = rollout_return(env, algo, first, done, gamma=0.0)
+    g_half = rollout_return(env, algo, first, done, gamma=0.5)
     after = env.state_dict()
     assert np.array_equal(before["mj"], after["mj"]) and np.array_equal(before["t"], after["t"])
     reward, ended = torch.zeros(n), torch.zeros(n, dtype=torch.bool)
