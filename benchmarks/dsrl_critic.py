@@ -111,6 +111,8 @@ def rollout_return(env, algo, first: torch.Tensor, done: torch.Tensor, gamma: fl
             obs, r, term, trunc, _ = env.step(chunk[:, j])
             ret += disc * torch.where(ended, torch.zeros_like(r), r)
             ended |= term | trunc
+        if ended.all():
+            break
         disc *= gamma
         chunk = algo.base(obs["policy"], algo.actor.noise(obs["policy"]))
     env.load_state_dict(saved)
@@ -144,11 +146,13 @@ def decision_advantage(run: Path, n_episodes: int, seed: int = 0, fit_steps: int
         def action_q(c: torch.Tensor) -> torch.Tensor:
             return algo.q(torch.cat((obs["critic"], c.reshape(n_episodes, -1)), -1)).min(-1).values
 
+        q_pi = noise_q(w_pi)
+        qa_pi = action_q(chunks["pi"]) if na else None
         for alt, w in (("fit", w_fit), ("rand", w_rand)):
             rec[f"true_{alt}"].append((g[alt] - g["pi"])[alive])
-            rec[f"est_{alt}"].append((noise_q(w) - noise_q(w_pi))[alive])
+            rec[f"est_{alt}"].append((noise_q(w) - q_pi)[alive])
             if na:
-                rec[f"est_a_{alt}"].append((action_q(chunks[alt]) - action_q(chunks["pi"]))[alive])
+                rec[f"est_a_{alt}"].append((action_q(chunks[alt]) - qa_pi)[alive])
         for k in ("pi", "fit"):
             rec[f"dist_{k}"].append((chunks[k] - target).square().mean((1, 2))[alive])
         for j in range(algo.exec_horizon):  # the actor's own chunk: on-policy states
@@ -239,7 +243,8 @@ def advantage_main(a: argparse.Namespace) -> None:
             "expert's next chunk (100 Adam steps from w_pi, within the run's bound b); w_rand = b tanh(u), u ~ N(0, I). "
             "True advantage: G(alternative's chunk, then the actor) - G(actor's chunk, then the actor), one rollout "
             "each to the episode's end from the same simulator state and generators, G the discounted return per "
-            "decision with the run's reward and gamma; mean over queries, its standard error, and the share of "
+            "decision with the run's reward and gamma; mean over queries, its standard error (queries taken as "
+            "independent, which those of one episode are not: it is a lower bound), and the share of "
             "queries where it is positive / negative (zero: both rollouts end alike). Critic's estimate: "
             "Q(s, alternative) - Q(s, w_pi), min of the twin critics; noise critic: Q(s, w) (DSRL-SAC) or Q^W "
             "(DSRL-NA); Q^A: DSRL-NA's critic over the executed chunks. Correlation: Pearson's, over queries, of "
