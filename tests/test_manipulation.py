@@ -300,6 +300,27 @@ def test_dsrl_na_loads_demonstrations(base_run, demos):
         _dsrl(base_run, "sac", [f"algo.demos={demos}"])
 
 
+def test_dsrl_na_draws_a_fixed_share_of_each_batch_from_the_demonstrations(base_run, demos):
+    """algo.demo_fraction: the demonstrations sit in a buffer of their own and fill that share of
+    every batch however large the replay buffer grows; a share outside [0, 1], or one without
+    demonstrations, is refused."""
+    from policies.config import UserError
+
+    algo = _dsrl(base_run, "na", [f"algo.demos={demos}", "algo.demo_fraction=0.25"])
+    assert algo.buffer.size == 0 and algo.demo_buffer.size == algo.demo_transitions > 0
+    demo_chunks = algo.demo_buffer.data["chunk"]
+    for _ in range(3):
+        algo.collect()
+    batch = algo._sample_batch()
+    from_demos = (batch["chunk"][:, None] == demo_chunks[None]).all(-1).any(-1)
+    assert len(from_demos) == 128 and from_demos.sum().item() == 32 and from_demos[-32:].all()
+    algo.update()  # the mixed batch trains
+    with pytest.raises(UserError, match="demo_fraction"):
+        _dsrl(base_run, "na", [f"algo.demos={demos}", "algo.demo_fraction=1.5"])
+    with pytest.raises(UserError, match="demo_fraction"):
+        _dsrl(base_run, "na", ["algo.demo_fraction=0.5"])
+
+
 def test_greedy_steering_oracle_restores_the_simulator_and_prefers_progress():
     """benchmarks.steerability's perfect-model oracle: trying candidate chunks (one of which ends an
     episode mid-chunk) leaves every env where it was, so the next steps match those of an env that
