@@ -248,7 +248,7 @@ class DSRL:
         n = len(batch["obs"])
         if self.cfg.demo_fraction is not None:  # a buffer of their own, re-made from the dataset on resume
             self.demo_buffer = ReplayBuffer(n, {k: v.shape[1:] for k, v in self.buffer.data.items()}, self.device)
-        (self.demo_buffer or self.buffer).add(**batch, w=torch.zeros(n, self.latent_dim, device=self.device))
+        (self.buffer if self.demo_buffer is None else self.demo_buffer).add(**batch, w=torch.zeros(n, self.latent_dim, device=self.device))
         self.demo_transitions = n
 
     def _log_prior(self, w: torch.Tensor) -> torch.Tensor:
@@ -322,11 +322,9 @@ class DSRL:
     def _sample_batch(self) -> dict[str, torch.Tensor]:
         """A batch of decisions: with a demonstration buffer, round(demo_fraction * batch_size) of
         them from it and the rest from the replay buffer; else uniform over the replay buffer."""
-        n_demo = 0 if self.demo_buffer is None else round(self.cfg.demo_fraction * self.cfg.batch_size)
-        if n_demo == 0:
+        if self.demo_buffer is None:
             return self.buffer.sample(self.cfg.batch_size, self.gen)
-        if n_demo == self.cfg.batch_size:
-            return self.demo_buffer.sample(n_demo, self.gen)
+        n_demo = round(self.cfg.demo_fraction * self.cfg.batch_size)
         own, demo = self.buffer.sample(self.cfg.batch_size - n_demo, self.gen), self.demo_buffer.sample(n_demo, self.gen)
         return {k: torch.cat((own[k], demo[k])) for k in own}
 
