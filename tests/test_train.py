@@ -52,6 +52,26 @@ def test_vector_env_spaces_and_contract():
     assert torch.allclose(r @ r.transpose(1, 2), torch.eye(3).expand(8, 3, 3), atol=1e-5)
 
 
+@pytest.mark.parametrize("task", ["quad_hover", "quad_track"])
+def test_a_step_that_resets_some_envs_observes_their_new_episodes(task):
+    """The step observes only the reset environments anew; every row must still be what a
+    full observation of the new state gives (noise off, so the observation is a function of it)."""
+    from sim.registry import get_task
+
+    spec = get_task(task)
+    cfg = spec.config_cls()
+    cfg.noise.enabled = False
+    env = spec.env_cls(cfg, 16, seed=0)
+    env.reset(seed=0)
+    env.t[[2, 9]] = env.max_steps - 1  # these two end by time limit in the next step
+    obs, _, _, trunc, info = env.step(torch.full((16, 4), env.hover_action))
+    assert trunc.nonzero().squeeze(-1).tolist() == [2, 9] and env.t[[2, 9]].tolist() == [0, 0]
+    full = env._observe(None)  # eager, every row
+    for k in obs:
+        assert torch.allclose(obs[k], full[k], atol=1e-5), k
+        assert not torch.allclose(info["final_obs"][k][[2, 9]], obs[k][[2, 9]])  # the old episodes' last
+
+
 def test_nonfinite_state_is_reset_and_counted():
     env = QuadHoverEnv(QuadTaskConfig(), 4)
     env.reset(seed=0)

@@ -221,9 +221,11 @@ class QuadHoverEnv(gym.vector.VectorEnv):
         self._observe_fn = compile_if(self._observe, on, dynamic=True)
 
     # ----------------------------------------------------------------- reference
-    def reference(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """Reference position (world, m) and velocity (world, m/s) per env: a fixed point."""
-        return self.target, torch.zeros_like(self.target)
+    def reference(self, rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Reference position (world, m) and velocity (world, m/s) per env (of ``rows`` only, if
+        given): a fixed point."""
+        target = self.target if rows is None else self.target[rows]
+        return target, torch.zeros_like(target)
 
     # ----------------------------------------------------------------- observation
     def _observation_noise(self) -> torch.Tensor | None:
@@ -232,12 +234,17 @@ class QuadHoverEnv(gym.vector.VectorEnv):
             return None
         return self.obs_noise_std * self._randn((self.num_envs, len(self.obs_noise_std)))
 
-    def _observe(self, noise: torch.Tensor | None) -> dict[str, torch.Tensor]:
-        s = self.backend.state
-        ref_pos, ref_vel = self.reference()
+    def _observe(self, noise: torch.Tensor | None, rows: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+        """Policy and critic observations of every environment, or of ``rows`` only (``noise``
+        then holds those rows' draws): a step that resets a few environments observes just them."""
+        def pick(x: torch.Tensor) -> torch.Tensor:
+            return x if rows is None else x[rows]
+
+        s = pick(self.backend.state)
+        ref_pos, ref_vel = self.reference(rows)
         rot = quat_to_rotmat(s[:, QUAT]).reshape(-1, 9)
         e_pos, e_vel, omega = s[:, POS] - ref_pos, s[:, VEL] - ref_vel, s[:, OMEGA]
-        clean = torch.cat((e_pos, rot, e_vel, omega, self.prev_action), dim=-1)
+        clean = torch.cat((e_pos, rot, e_vel, omega, pick(self.prev_action)), dim=-1)
 
         policy = clean
         if noise is not None:  # noise covers the first components; the previous action is exact
@@ -250,17 +257,17 @@ class QuadHoverEnv(gym.vector.VectorEnv):
             (
                 clean,
                 s[:, RPM] / p.rpm_max,
-                self.force / p.weight,
-                self.torque / 1e-5,
-                (v.mass / p.mass)[:, None],
-                v.inertia / self.nominal_inertia,
-                (v.kf / p.kf)[:, None],
-                (v.km / p.km)[:, None],
-                (v.motor_tau / 0.1)[:, None],
-                v.thrust_scale[:, None],
-                (self.latency / max_lat)[:, None],
-                (self.t.float() / self.max_steps)[:, None],
-                self.reference()[1],
+                pick(self.force) / p.weight,
+                pick(self.torque) / 1e-5,
+                (pick(v.mass) / p.mass)[:, None],
+                pick(v.inertia) / self.nominal_inertia,
+                (pick(v.kf) / p.kf)[:, None],
+                (pick(v.km) / p.km)[:, None],
+                (pick(v.motor_tau) / 0.1)[:, None],
+                pick(v.thrust_scale)[:, None],
+                (pick(self.latency) / max_lat)[:, None],
+                (pick(self.t).float() / self.max_steps)[:, None],
+                ref_vel,
                 # The position error again at the precision term's scale (critic only). Through the
                 # running normaliser alone (std ~0.2 m) the critic's value peaked up to 13 cm away from
                 # the target, and the actor held every vehicle at such a common offset for millions of
@@ -355,8 +362,9 @@ class QuadHoverEnv(gym.vector.VectorEnv):
         if seed is not None:  # a seeded reset starts the experiment over, curriculum included
             self.gen.manual_seed(seed)
             self.total_steps = 0
-        self._reset_envs(torch.arange(self.num_envs, device=self.device))
-        return self._observe_fn(self._observation_noise()), {}
+        every = torch.arange(self.num_envs, device=self.device)
+        self._reset_envs(every)
+        return self._observe_fn(self._observation_noise(), every), {}  # the rows form: one compiled graph
 
     def _reset_envs(self, idx: torch.Tensor) -> None:
         self.t[idx] = 0
@@ -415,7 +423,8 @@ class QuadHoverEnv(gym.vector.VectorEnv):
             self._reset_envs(idx)
             # The new episodes' first observation. Its noise is this step's draw, which final_obs
             # also carries: one draw per env and step (final_obs only bootstraps values).
-            obs = self._observe_fn(noise)
+            first = self._observe_fn(None if noise is None else noise[idx], idx)
+            obs = {k: v.index_put((idx,), first[k]) for k, v in obs.items()}
         info["position_error"] = position_error
         return obs, reward, failed, truncated, info
 

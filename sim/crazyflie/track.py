@@ -37,7 +37,7 @@ class QuadTrackEnv(QuadHoverEnv):
         self.omega_ref = phase_rate(cfg.track_size, cfg.track_speed)
         super().__init__(cfg, *args, **kwargs)
 
-    def reference(self) -> tuple[torch.Tensor, torch.Tensor]:
-        phase = self.phase + self.omega_ref * POLICY_PERIOD * self.t.float()
-        off, doff = lemniscate(phase, self.cfg.track_size)
-        return self.target + off, doff * self.omega_ref
+    def reference(self, rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        phase, t, target = (self.phase, self.t, self.target) if rows is None else (self.phase[rows], self.t[rows], self.target[rows])
+        off, doff = lemniscate(phase + self.omega_ref * POLICY_PERIOD * t.float(), self.cfg.track_size)
+        return target + off, doff * self.omega_ref
