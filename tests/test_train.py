@@ -53,7 +53,8 @@ def test_vector_env_spaces_and_contract():
 
 
 @pytest.mark.parametrize("task", ["quad_hover", "quad_track"])
-def test_a_step_that_resets_some_envs_observes_their_new_episodes(task):
+@pytest.mark.parametrize("ending", [[2, 9], [5]], ids=["two", "one"])
+def test_a_step_that_resets_some_envs_observes_their_new_episodes(task, ending):
     """The step observes only the reset environments anew; every row must still be what a
     full observation of the new state gives (noise off, so the observation is a function of it)."""
     from sim.registry import get_task
@@ -63,13 +64,17 @@ def test_a_step_that_resets_some_envs_observes_their_new_episodes(task):
     cfg.noise.enabled = False
     env = spec.env_cls(cfg, 16, seed=0)
     env.reset(seed=0)
-    env.t[[2, 9]] = env.max_steps - 1  # these two end by time limit in the next step
+    env.t[ending] = env.max_steps - 1  # these end by time limit in the next step
     obs, _, _, trunc, info = env.step(torch.full((16, 4), env.hover_action))
-    assert trunc.nonzero().squeeze(-1).tolist() == [2, 9] and env.t[[2, 9]].tolist() == [0, 0]
+    assert trunc.nonzero().squeeze(-1).tolist() == ending and env.t[ending].eq(0).all()
     full = env._observe(None)  # eager, every row
     for k in obs:
         assert torch.allclose(obs[k], full[k], atol=1e-5), k
-        assert not torch.allclose(info["final_obs"][k][[2, 9]], obs[k][[2, 9]])  # the old episodes' last
+        assert not torch.allclose(info["final_obs"][k][ending], obs[k][ending])  # the old episodes' last
+    one = spec.env_cls(cfg, 1, seed=0)  # a batch of one environment keeps one row throughout
+    assert one.reset(seed=0)[0]["policy"].shape == (1, 22)
+    one.t[0] = one.max_steps - 1
+    assert one.step(torch.full((1, 4), one.hover_action))[0]["critic"].shape == (1, 49)
 
 
 def test_nonfinite_state_is_reset_and_counted():

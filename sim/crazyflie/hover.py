@@ -279,6 +279,16 @@ class QuadHoverEnv(gym.vector.VectorEnv):
         )
         return {"policy": policy, "critic": critic}
 
+    def _observe_rows(self, noise: torch.Tensor | None, rows: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Observations of environments ``rows`` (after a reset). A single row is observed as two:
+        dynamo specialises a batch of one into a graph of its own, whose scalar exp rounds some
+        critic features differently in the last bit from the vectorised kernel that observes
+        every other count (and the whole batch in the transition)."""
+        k = len(rows)
+        rows = rows.repeat(2) if k == 1 else rows
+        obs = self._observe_fn(None if noise is None else noise[rows], rows)
+        return {name: v[:k] for name, v in obs.items()}
+
     # ----------------------------------------------------------------- reward
     def curriculum(self) -> float:
         r = self.cfg.reward
@@ -364,7 +374,7 @@ class QuadHoverEnv(gym.vector.VectorEnv):
             self.total_steps = 0
         every = torch.arange(self.num_envs, device=self.device)
         self._reset_envs(every)
-        return self._observe_fn(self._observation_noise(), every), {}  # the rows form: one compiled graph
+        return self._observe_rows(self._observation_noise(), every), {}
 
     def _reset_envs(self, idx: torch.Tensor) -> None:
         self.t[idx] = 0
@@ -423,7 +433,7 @@ class QuadHoverEnv(gym.vector.VectorEnv):
             self._reset_envs(idx)
             # The new episodes' first observation. Its noise is this step's draw, which final_obs
             # also carries: one draw per env and step (final_obs only bootstraps values).
-            first = self._observe_fn(None if noise is None else noise[idx], idx)
+            first = self._observe_rows(noise, idx)
             obs = {k: v.index_put((idx,), first[k]) for k, v in obs.items()}
         info["position_error"] = position_error
         return obs, reward, failed, truncated, info
