@@ -38,6 +38,8 @@ class QuadTrackEnv(QuadHoverEnv):
         super().__init__(cfg, *args, **kwargs)
 
     def reference(self, rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        phase, t, target = (self.phase, self.t, self.target) if rows is None else (self.phase[rows], self.t[rows], self.target[rows])
+        phase, t, target = self.phase, self.t, self.target
+        if rows is not None:
+            phase, t, target = phase[rows], t[rows], target[rows]
         off, doff = lemniscate(phase + self.omega_ref * POLICY_PERIOD * t.float(), self.cfg.track_size)
         return target + off, doff * self.omega_ref
