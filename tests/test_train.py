@@ -15,6 +15,7 @@ from policies.ppo import PPO, PPOConfig
 from policies.train import main as train_main
 from sim.crazyflie.dynamics import POS
 from sim.crazyflie.hover import QuadHoverEnv, QuadTaskConfig
+from sim.registry import get_task
 from sim.single import SingleEnv
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -55,26 +56,42 @@ def test_vector_env_spaces_and_contract():
 @pytest.mark.parametrize("task", ["quad_hover", "quad_track"])
 @pytest.mark.parametrize("ending", [[2, 9], [5]], ids=["two", "one"])
 def test_a_step_that_resets_some_envs_observes_their_new_episodes(task, ending):
-    """The step observes only the reset environments anew; every row must still be what a
-    full observation of the new state gives (noise off, so the observation is a function of it)."""
-    from sim.registry import get_task
-
+    """The step observes only the reset environments anew; every row must still be what a full
+    observation of the new state gives with the step's noise, and final_obs the old episodes' last."""
     spec = get_task(task)
-    cfg = spec.config_cls()
-    cfg.noise.enabled = False
-    env = spec.env_cls(cfg, 16, seed=0)
+    env = spec.env_cls(spec.default_config(), 16, seed=0)
     env.reset(seed=0)
-    env.t[ending] = env.max_steps - 1  # these end by time limit in the next step
-    obs, _, _, trunc, info = env.step(torch.full((16, 4), env.hover_action))
-    assert trunc.nonzero().squeeze(-1).tolist() == ending and env.t[ending].eq(0).all()
-    full = env._observe(None)  # eager, every row
+    for _ in range(20):  # the tracking reference moves on
+        env.step(torch.full((16, 4), env.hover_action))
+    noise = env._observation_noise()
+    env._observation_noise = lambda: noise  # the step's draw, known
+    # These end in the next step: by time limit (or, for the tracking task, whose reference jumps
+    # with the time, by leaving the 1 m ball).
+    env.t[ending] = env.max_steps - 1
+    obs, _, term, trunc, info = env.step(torch.full((16, 4), env.hover_action))
+    assert (term | trunc).nonzero().squeeze(-1).tolist() == ending and env.t[ending].eq(0).all()
+    full = env._observe(noise)  # eager, every row
     for k in obs:
         assert torch.allclose(obs[k], full[k], atol=1e-5), k
-        assert not torch.allclose(info["final_obs"][k][ending], obs[k][ending])  # the old episodes' last
-    one = spec.env_cls(cfg, 1, seed=0)  # a batch of one environment keeps one row throughout
+    t_feature = 41  # critic: time in the episode / episode length
+    assert info["final_obs"]["critic"][ending, t_feature].eq(1).all() and obs["critic"][ending, t_feature].eq(0).all()
+    one = spec.env_cls(spec.default_config(), 1, seed=0)  # a batch of one environment keeps one row
     assert one.reset(seed=0)[0]["policy"].shape == (1, 22)
     one.t[0] = one.max_steps - 1
-    assert one.step(torch.full((1, 4), one.hover_action))[0]["critic"].shape == (1, 49)
+    obs, _, _, trunc, _ = one.step(torch.full((1, 4), one.hover_action))
+    assert trunc.item() and obs["critic"].shape == (1, 49)
+
+
+def test_one_reset_row_is_observed_bit_for_bit_like_the_batch():
+    """A single reset row goes through the same compiled kernel as the batch: a graph for a batch of
+    one (dynamo specialises that size) rounded exp(-(d / 5 cm)^2) differently in the last bit."""
+    env = QuadHoverEnv(QuadTaskConfig(), 64, seed=0)
+    env.reset(seed=0)
+    env.backend.state[:, POS.start] += torch.linspace(-0.5, 0.5, 64)  # errors from 0 to ~0.5 m
+    batch = env._observe_rows(None, torch.arange(64))  # as reset() observes
+    for i in range(64):
+        one = env._observe_rows(None, torch.tensor([i]))
+        assert all(torch.equal(one[k][0], batch[k][i]) for k in batch), i
 
 
 def test_nonfinite_state_is_reset_and_counted():

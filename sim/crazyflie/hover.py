@@ -280,13 +280,18 @@ class QuadHoverEnv(gym.vector.VectorEnv):
         return {"policy": policy, "critic": critic}
 
     def _observe_rows(self, noise: torch.Tensor | None, rows: torch.Tensor) -> dict[str, torch.Tensor]:
-        """Observations of environments ``rows`` (after a reset). A single row is observed as two:
-        dynamo specialises a batch of one into a graph of its own, whose scalar exp rounds some
-        critic features differently in the last bit from the vectorised kernel that observes
-        every other count (and the whole batch in the transition)."""
+        """Observations of environments ``rows`` (after a reset), by one compiled graph for any count.
+        The count is marked dynamic, so that reset()'s count (the batch size) does not tie the graph
+        to it. A single row is observed as two: dynamo would compile a batch of one into a graph of
+        its own, whose scalar exp rounds some critic features differently in the last bit."""
         k = len(rows)
         rows = rows.repeat(2) if k == 1 else rows
-        obs = self._observe_fn(None if noise is None else noise[rows], rows)
+        noise = None if noise is None else noise[rows]
+        if self._observe_fn is not self._observe:  # compiled
+            for t in (rows, noise):
+                if t is not None:
+                    torch._dynamo.mark_dynamic(t, 0)
+        obs = self._observe_fn(noise, rows)
         return {name: v[:k] for name, v in obs.items()}
 
     # ----------------------------------------------------------------- reward
