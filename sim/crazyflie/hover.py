@@ -287,7 +287,7 @@ class QuadHoverEnv(gym.vector.VectorEnv):
         k = len(rows)
         rows = rows.repeat(2) if k == 1 else rows
         noise = None if noise is None else noise[rows]
-        if self._observe_fn is not self._observe:  # compiled
+        if self._observe_fn != self._observe:  # compiled (an eager bound method compares equal)
             for t in (rows, noise):
                 if t is not None:
                     torch._dynamo.mark_dynamic(t, 0)
