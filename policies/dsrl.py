@@ -248,7 +248,8 @@ class DSRL:
         n = len(batch["obs"])
         if self.cfg.demo_fraction is not None:  # a buffer of their own, re-made from the dataset on resume
             self.demo_buffer = ReplayBuffer(n, {k: v.shape[1:] for k, v in self.buffer.data.items()}, self.device)
-        (self.buffer if self.demo_buffer is None else self.demo_buffer).add(**batch, w=torch.zeros(n, self.latent_dim, device=self.device))
+        into = self.buffer if self.demo_buffer is None else self.demo_buffer
+        into.add(**batch, w=torch.zeros(n, self.latent_dim, device=self.device))
         self.demo_transitions = n
 
     def _log_prior(self, w: torch.Tensor) -> torch.Tensor:

@@ -219,6 +219,7 @@ class QuadHoverEnv(gym.vector.VectorEnv):
         on = cfg.compile and backend == "torch"
         self._transition_fn = compile_if(self._transition, on, dynamic=True)
         self._observe_fn = compile_if(self._observe, on, dynamic=True)
+        self._compiled = self._observe_fn != self._observe  # compile_if returns the method itself without g++
 
     # ----------------------------------------------------------------- reference
     def reference(self, rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -287,7 +288,7 @@ class QuadHoverEnv(gym.vector.VectorEnv):
         k = len(rows)
         rows = rows.repeat(2) if k == 1 else rows
         noise = None if noise is None else noise[rows]
-        if self._observe_fn != self._observe:  # compiled (an eager bound method compares equal)
+        if self._compiled:
             for t in (rows, noise):
                 if t is not None:
                     torch._dynamo.mark_dynamic(t, 0)
