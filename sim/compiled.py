@@ -43,6 +43,12 @@ def compile_if(fn: Callable, enabled: bool, dynamic: bool | None = None) -> Call
         # here (2 cores). Where the compiler is known to build them all, trust the CPU's list.
         inductor.cpp.vec_isa_ok = True
     options = {name: False for name, env in _LAYOUT_ASSERTS.items() if env not in os.environ}
+    if dynamic:
+        # With a dynamic batch size, inductor decides whether a loop runs on all cores from the size
+        # it compiles for first, and caches that decision on disk for every later size and process:
+        # a step first compiled for a handful of environments (a test, an evaluation) stays
+        # single-threaded at 16384. Dynamic threads leave it to OpenMP at each call instead.
+        options["cpp.dynamic_threads"] = True
     return torch.compile(fn, dynamic=dynamic, options=options)
 
 
