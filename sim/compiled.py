@@ -45,9 +45,12 @@ def compile_if(fn: Callable, enabled: bool, dynamic: bool | None = None) -> Call
     options = {name: False for name, env in _LAYOUT_ASSERTS.items() if env not in os.environ}
     if dynamic:
         # With a dynamic batch size, inductor decides whether a loop runs on all cores from the size
-        # it compiles for first, and caches that decision on disk for every later size and process:
-        # a step first compiled for a handful of environments (a test, an evaluation) stays
-        # single-threaded at 16384. Dynamic threads leave it to OpenMP at each call instead.
+        # it compiles for first (on 2 threads, at least 1024 elements) and caches that kernel on disk
+        # for every later size and process: a step first compiled for a few environments (a test, an
+        # evaluation) stayed single-threaded at 16384. With dynamic threads every loop is an OpenMP
+        # region sized at each call (by torch's thread count, so threads= holds too). The results do
+        # not depend on the thread count as long as a graph reduces only within an environment, as
+        # the simulator's do; a reduction across environments would be split by thread.
         options["cpp.dynamic_threads"] = True
     return torch.compile(fn, dynamic=dynamic, options=options)
 

@@ -13,7 +13,6 @@ import torch
 
 from policies.ppo import PPO, PPOConfig
 from policies.train import main as train_main
-from sim.compiled import compile_if
 from sim.crazyflie.dynamics import POS
 from sim.crazyflie.hover import QuadHoverEnv, QuadTaskConfig
 from sim.registry import get_task
@@ -93,22 +92,6 @@ def test_one_reset_row_is_observed_bit_for_bit_like_the_batch():
     for i in range(64):
         one = env._observe_rows(None, torch.tensor([i]))
         assert all(torch.equal(one[k][0], batch[k][i]) for k in batch), i
-
-
-def test_dynamic_batch_kernels_use_every_thread_whatever_size_compiled_them():
-    """Inductor decides from the first batch size it compiles for whether a loop of a dynamic-shape
-    graph runs in parallel, and caches that choice for every later size: first compiled for 16
-    environments, the simulator step ran single-threaded at 16384 (BENCHMARKS.md, "Time to hover").
-    compile_if makes each loop an OpenMP region whose thread count is the process's at each call."""
-    from torch._inductor import config as inductor
-    from torch._inductor.utils import run_and_get_cpp_code
-
-    def step(x: torch.Tensor) -> torch.Tensor:
-        return (2.0 * x).sin() + x
-
-    with inductor.patch(fx_graph_cache=False):  # generate the kernel here, not from the disk cache
-        _, code = run_and_get_cpp_code(compile_if(step, True, dynamic=True), torch.ones(16, 17))
-    assert "#pragma omp parallel" in code and "num_threads(" not in code
 
 
 def test_nonfinite_state_is_reset_and_counted():

@@ -1,0 +1,35 @@
+"""sim.compiled: how the simulator's steps are compiled."""
+
+import io
+import logging
+import shutil
+
+import pytest
+import torch
+
+from sim.compiled import compile_if
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="torch.compile builds CPU kernels with g++")
+def test_a_dynamic_batch_graph_first_compiled_small_still_runs_its_loops_on_every_thread():
+    """Inductor would make this graph's loops single-threaded for good (272 elements < 2 threads x
+    512) and reuse that kernel at every batch size: see the comment in compile_if."""
+    from torch._inductor import config as inductor
+    from torch._inductor.codecache import output_code_log
+
+    def step(x: torch.Tensor) -> torch.Tensor:
+        return (2.0 * x).sin() + x
+
+    captured = io.StringIO()
+    handler, level = logging.StreamHandler(captured), output_code_log.level
+    output_code_log.addHandler(handler)
+    output_code_log.setLevel(logging.DEBUG)
+    try:
+        with inductor.patch(fx_graph_cache=False):  # generate the kernel here, not from the disk cache
+            compile_if(step, True, dynamic=True)(torch.ones(16, 17))
+    finally:
+        output_code_log.removeHandler(handler)
+        output_code_log.setLevel(level)
+    code = captured.getvalue()
+    assert "cpp_fused" in code, "no C++ kernel was generated"
+    assert "#pragma omp parallel" in code
