@@ -224,11 +224,11 @@ def evaluate_backends(policy: Policy, task_cfg, episodes: int, seeds: dict[str, 
     first, then the others in the order of ``seeds``; with ``stop_below``, the series ends at the
     first simulator whose success rate is under it, and the ones after it are absent.
 
-    torch runs in this process (its compiled step is built for this process's thread count:
-    another count compiles it anew, ~4 s). When two or more others remain and the device is a CPU
-    where processes can fork, those (MuJoCo, PyBullet: they step from Python, one core each) run at
-    once, each in a forked child process with one thread; a child whose result can no longer count
-    (one before it fell short) is terminated. Otherwise they run here, one after the other.
+    torch runs in this process, on all of its threads. When two or more others remain and the
+    device is a CPU where processes can fork, those (MuJoCo, PyBullet: they step from Python, one
+    core each) run at once, each in a forked child process with one thread; a child whose result
+    can no longer count (one before it fell short) is terminated. Otherwise they run here, one
+    after the other.
     """
     device = torch.device(device)
     order = (["torch"] if "torch" in seeds else []) + [b for b in seeds if b != "torch"]
