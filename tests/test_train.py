@@ -73,6 +73,7 @@ def test_a_step_that_resets_some_envs_observes_their_new_episodes(task, ending):
     full = env._observe(noise)  # eager, every row
     for k in obs:
         assert torch.allclose(obs[k], full[k], atol=1e-5), k
+        assert not torch.allclose(info["final_obs"][k][ending], obs[k][ending])  # the old episodes' last
     t_feature = 41  # critic: time in the episode / episode length
     assert info["final_obs"]["critic"][ending, t_feature].eq(1).all() and obs["critic"][ending, t_feature].eq(0).all()
     one = spec.env_cls(spec.default_config(), 1, seed=0)  # a batch of one environment keeps one row
