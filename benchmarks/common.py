@@ -11,6 +11,8 @@ from pathlib import Path
 
 import torch
 
+from policies import checkpoint as ckpt
+
 BENCHMARKS_MD = Path(__file__).resolve().parents[1] / "BENCHMARKS.md"
 
 
@@ -47,3 +49,17 @@ def write_section(title: str, command: str, body: str, threads: int | None = Non
     pattern = re.compile(rf"^## {re.escape(title)}\n.*?(?=^## |\Z)", re.S | re.M)
     text = pattern.sub(lambda _: section, text) if pattern.search(text) else text.rstrip() + "\n\n" + section
     BENCHMARKS_MD.write_text(text)
+
+
+def load_run_policy(run: str | Path, policy_class: str, made_by: str) -> tuple[torch.nn.Module, dict]:
+    """The best policy of ``run`` and its record, or exit with one line naming what is wrong: no
+    such run, a corrupt checkpoint, or a policy of another class than ``policy_class`` (the run
+    should have been made by ``made_by``, e.g. ``algo=diffusion_bc``)."""
+    try:
+        policy, rec = ckpt.load_policy(Path(run))
+    except ckpt.CheckpointError as e:
+        raise SystemExit(f"error: {run}: {e}") from None
+    if rec.get("policy_class") != policy_class:
+        raise SystemExit(f"error: {run} holds a '{rec.get('policy_class')}' policy; this benchmark needs the "
+                         f"{policy_class} of an {made_by} run")
+    return policy, rec

@@ -54,11 +54,19 @@ from sim.registry import get_task
 
 def load_run(run: Path, seed: int = 0):
     """(task config, algo config, the DSRL algorithm at the run's last checkpoint, its env steps)."""
+    if not (run / "config.yaml").is_file() or not (run / ckpt.LAST).is_file():
+        raise SystemExit(f"error: {run}: no config.yaml and {ckpt.LAST} there; expected an algo=dsrl run directory")
     cfg = OmegaConf.load(run / "config.yaml")
+    if cfg.algo.name != "dsrl":
+        raise SystemExit(f"error: {run} is an algo={cfg.algo.name} run; this benchmark reads the critics of an "
+                         "algo=dsrl run")
     task_cfg, algo_cfg = to_objects(cfg)
     env = get_task(task_cfg.name).env_cls(task_cfg, algo_cfg.num_envs, device="cpu", seed=seed)
     algo = make_algo("dsrl", algo_cfg, env, torch.device("cpu"), seed)
-    state = ckpt.load(run / ckpt.LAST)
+    try:
+        state = ckpt.load(run / ckpt.LAST)
+    except ckpt.CheckpointError as e:
+        raise SystemExit(f"error: {run}: {e}") from None
     algo.load_state_dict(state["algo"])
     return task_cfg, algo_cfg, algo, state["trainer"]["env_steps"]
 

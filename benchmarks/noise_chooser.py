@@ -32,9 +32,8 @@ import numpy as np
 import torch
 from omegaconf import OmegaConf
 
-from benchmarks.common import write_section
+from benchmarks.common import load_run_policy, write_section
 from benchmarks.steerability import GREEDY_SEED, SUCCESS, draw_candidates, episodes
-from policies import checkpoint as ckpt
 from policies.config import to_objects
 from policies.networks import mlp
 
@@ -130,7 +129,7 @@ def main() -> None:
     ap.add_argument("--no-write", action="store_true")
     a = ap.parse_args()
     torch.set_num_threads(1)
-    base, rec = ckpt.load_policy(Path(a.run))
+    base, rec = load_run_policy(a.run, "DiffusionPolicy", "algo=diffusion_bc")
     task_cfg, _ = to_objects(OmegaConf.create(rec["config"]))
     k, t0 = a.candidates, time.time()
     data = collect(base, task_cfg, a.envs, a.seed + 1, k)

@@ -41,8 +41,7 @@ import numpy as np
 import torch
 from omegaconf import OmegaConf
 
-from benchmarks.common import write_section
-from policies import checkpoint as ckpt
+from benchmarks.common import load_run_policy, write_section
 from policies.config import to_objects
 from policies.evaluate import success_episodes
 from sim.registry import get_task
@@ -188,7 +187,7 @@ def main() -> None:
     ap.add_argument("--no-write", action="store_true")
     a = ap.parse_args()
     torch.set_num_threads(1)
-    base, rec = ckpt.load_policy(Path(a.run))
+    base, rec = load_run_policy(a.run, "DiffusionPolicy", "algo=diffusion_bc")
     task_cfg, _ = to_objects(OmegaConf.create(rec["config"]))
 
     def zeros(obs: dict) -> torch.Tensor:

@@ -222,6 +222,17 @@ def test_dsrl_refuses_a_bad_base(tmp_path, run_dir, base_run):
     assert r.returncode == 2 and "algo=dsrl needs algo.base=" in r.stderr
 
 
+def test_dsrl_benchmarks_refuse_a_run_of_another_kind(tmp_path, run_dir, base_run):
+    """The steering benchmarks name the run they need in one line: a base for steerability, a DSRL
+    run for the critic (a PPO run, a base or nothing at all given instead)."""
+    for module, run, expected in (("benchmarks.steerability", run_dir, "holds a 'Actor' policy"),
+                                  ("benchmarks.steerability", tmp_path / "nowhere", "no checkpoint at"),
+                                  ("benchmarks.dsrl_critic", base_run, "is an algo=diffusion_bc run"),
+                                  ("benchmarks.dsrl_critic", tmp_path, "expected an algo=dsrl run directory")):
+        r = cli(module, str(run), "--no-write")
+        assert r.returncode != 0 and expected in r.stderr and "Traceback" not in r.stderr, (module, r.stderr)
+
+
 def test_steered_policy_exports_to_onnx_with_parity(base_run, tmp_path):
     from export.onnx_policy import ContractError, OnnxPolicy
     from sim.arm.contract import CONTRACT as ARM
