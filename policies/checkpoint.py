@@ -29,13 +29,31 @@ def save_atomic(obj: dict, path: Path) -> None:
     os.replace(tmp, path)
 
 
+# Keys under which the training state holds random-generator states (torch.Generator.get_state,
+# torch.get_rng_state). Those are CPU byte tensors whatever the generator's device, and set_state
+# refuses any other: they stay on the CPU when a checkpoint is loaded onto a GPU.
+RNG_STATE_KEYS = frozenset({"gen", "expert_gen", "torch_rng"})
+
+
 def load(path: Path, device="cpu") -> dict:
+    """The object saved at ``path``, its tensors on ``device`` (generator states on the CPU)."""
     if not path.is_file():
         raise CheckpointError(f"no checkpoint at {path}: train first (python -m policies.train ...)")
     try:
-        return torch.load(path, map_location=device, weights_only=False)
+        obj = torch.load(path, map_location="cpu", weights_only=False)
     except Exception as e:  # torch raises many types for truncated/garbled files
         raise CheckpointError(f"checkpoint {path} is corrupt or unreadable ({type(e).__name__}); nothing was changed") from None
+    return _to_device(obj, torch.device(device))
+
+
+def _to_device(obj, device: torch.device, key: str | None = None):
+    if isinstance(obj, torch.Tensor):
+        return obj if key in RNG_STATE_KEYS else obj.to(device)
+    if isinstance(obj, dict):
+        return {k: _to_device(v, device, k) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_to_device(v, device) for v in obj)
+    return obj
 
 
 def policy_record(policy: torch.nn.Module, cfg, eval_result: dict, env_steps: int) -> dict:

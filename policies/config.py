@@ -14,6 +14,7 @@ from hydra.core.config_store import ConfigStore
 from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
+import torch
 
 from sim.registry import TASKS, get_task
 
@@ -123,7 +124,22 @@ def compose_config(overrides: list[str]) -> DictConfig:
         raise UserError(f"confirm_backends={list(cfg.confirm_backends)}: name each simulator once")
     if cfg.confirm_episodes < 1:
         raise UserError(f"confirm_episodes={cfg.confirm_episodes}: expected at least 1")
+    check_device(cfg.device)
     return cfg
+
+
+def check_device(name: str) -> None:
+    """A device torch knows and this machine has, or a UserError naming it."""
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise UserError(f"device={name}: expected a torch device such as cpu, cuda or cuda:1") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise UserError(f"device={name}: this machine has no CUDA device (torch {torch.__version__}); use device=cpu")
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        raise UserError(f"device={name}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+    if device.type not in ("cpu", "cuda"):
+        raise UserError(f"device={name}: expected cpu or cuda (the simulators and trainers run on those)")
 
 
 def _first_lines(e: Exception) -> str:

@@ -25,7 +25,7 @@ from tqdm import tqdm
 from sim.registry import get_task
 
 from . import checkpoint as ckpt
-from .config import RESUMABLE_OVERRIDES, UserError, compose_config, config_hash, diff_keys, to_objects
+from .config import RESUMABLE_OVERRIDES, UserError, check_device, compose_config, config_hash, diff_keys, to_objects
 from .evaluate import evaluate, evaluate_backends
 
 _IMPORTED = time.time()
@@ -94,6 +94,10 @@ def prepare(argv: list[str]) -> tuple[DictConfig, Path, dict | None]:
     # that a run of an older revision did not have yet (e.g. confirm_backends) takes today's default.
     newer = {k: cfg[k] for k in RESUMABLE_OVERRIDES - {"resume"} if k not in saved}
     merged = OmegaConf.merge(saved, newer, {k: cfg[k] for k in RESUMABLE_OVERRIDES & explicit if k != "resume"})
+    try:
+        check_device(merged.device)  # a run made on a GPU machine, resumed on one without
+    except UserError as e:
+        raise UserError(f"resume={resume}: {e}") from None
     try:
         state = ckpt.load(run_dir / ckpt.LAST, merged.device)
     except ckpt.CheckpointError as e:

@@ -11,6 +11,7 @@ import gymnasium as gym
 import pytest
 import torch
 
+from policies import checkpoint as ckpt
 from policies.ppo import PPO, PPOConfig
 from policies.train import main as train_main
 from sim.crazyflie.dynamics import POS
@@ -292,6 +293,10 @@ def test_a_pass_is_confirmed_in_every_simulator(tmp_path, monkeypatch):
     (["not_a_key=1"], "not_a_key"),
     (["algo.lr=fast"], "algo.lr=fast"),
     (["algo=dqn"], "unknown algo 'dqn'"),
+    (["device=gpu0"], "device=gpu0: expected a torch device such as cpu, cuda or cuda:1"),
+    (["device=mps"], "device=mps: expected cpu or cuda"),
+    pytest.param(["device=cuda"], "device=cuda: this machine has no CUDA device",
+                 marks=pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")),
 ])
 def test_bad_overrides_give_one_clear_line(args, expected):
     res = _run_cli(*args)
@@ -311,6 +316,18 @@ def test_a_quadrotor_run_loads_no_arm_task_and_every_task_resolves():
     for name, spec in TASKS.items():
         assert isinstance(spec.env_cls, type) and spec.config_cls is type(spec.default_config()), name
         assert spec.default_config().name == name and spec.contract.obs_size > 0, name
+
+
+def test_checkpoint_keeps_generator_states_on_the_cpu(tmp_path):
+    """A checkpoint loaded onto another device (a GPU; here the meta device stands in for one) moves
+    the tensors but keeps the generator states on the CPU, the only place set_state takes them."""
+    gen = torch.Generator().manual_seed(3)
+    ckpt.save_atomic({"algo": {"gen": gen.get_state(), "weight": torch.ones(2)}, "env": {"expert_gen": gen.get_state()},
+                      "torch_rng": torch.get_rng_state()}, tmp_path / "c.pt")
+    state = ckpt.load(tmp_path / "c.pt", device="meta")
+    assert state["algo"]["weight"].device.type == "meta"
+    assert {state["algo"]["gen"].device.type, state["env"]["expert_gen"].device.type, state["torch_rng"].device.type} == {"cpu"}
+    torch.Generator().set_state(state["algo"]["gen"])
 
 
 def test_resume_errors_overwrite_nothing(tmp_path):
