@@ -18,11 +18,12 @@ import numpy as np
 import torch
 from omegaconf import OmegaConf
 
-from . import checkpoint as ckpt
-from .config import UserError, to_objects
+from sim.crazyflie.hover import POLICY_PERIOD
 from sim.registry import get_task
 
-from .evaluate import MEAN_ERROR_LAST_2S, EvalResult, evaluate_hover, evaluate_success
+from . import checkpoint as ckpt
+from .config import UserError, check_device, to_objects
+from .evaluate import EPISODE_SECONDS, LAST_SECONDS, MEAN_ERROR_LAST_2S, EvalResult, evaluate_hover, evaluate_success
 
 OPTIONS = {"backend": str, "episodes": int, "video": bool, "plot": bool, "seed": int, "device": str}
 DEFAULTS = {"backend": None, "episodes": 100, "video": False, "plot": True, "seed": 12345, "device": "cpu"}
@@ -41,6 +42,9 @@ def parse(argv: list[str]) -> tuple[Path, dict]:
             opts[k] = {"true": True, "false": False}[v.lower()] if OPTIONS[k] is bool else OPTIONS[k](v)
         except (KeyError, ValueError):
             raise UserError(f"option {k}={v}: expected a value of type {OPTIONS[k].__name__}") from None
+    check_device(opts["device"])
+    if opts["episodes"] < 1:
+        raise UserError(f"episodes={opts['episodes']}: expected at least 1")
     if opts["backend"] not in (None, "torch", "mujoco", "pybullet"):
         raise UserError(f"backend={opts['backend']}: expected one of torch, mujoco, pybullet")
     return Path(argv[0]), opts
@@ -52,12 +56,12 @@ def plot_errors(res: EvalResult, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    t = np.arange(res.position_error.shape[0]) * 0.01
+    t = np.arange(1, res.position_error.shape[0] + 1) * POLICY_PERIOD  # after each step
     fig, ax = plt.subplots(figsize=(7, 4))
     ax.plot(t, res.position_error * 100, color="tab:blue", alpha=0.15, lw=0.8)
     ax.plot(t, np.nanmedian(res.position_error, axis=1) * 100, color="k", lw=2, label="median")
     ax.axhline(MEAN_ERROR_LAST_2S * 100, color="tab:red", ls="--", label="5 cm (last-2 s mean bound)")
-    ax.axvspan(3.0, 5.0, color="tab:green", alpha=0.08, label="criterion window")
+    ax.axvspan(EPISODE_SECONDS - LAST_SECONDS, EPISODE_SECONDS, color="tab:green", alpha=0.08, label="criterion window")
     ax.set(xlabel="time [s]", ylabel="position error [cm]", yscale="log",
            title=f"{res.backend}: success {res.success_rate * 100:.0f}% of {res.episodes}")
     ax.legend(loc="upper right")
@@ -92,9 +96,11 @@ def main(argv: list[str] | None = None) -> int:
         else:
             os.environ.setdefault("MUJOCO_GL", "egl")
 
+            shown = list(range(min(3, o["episodes"])))  # the first episodes, side by side
+
             def cb(env, t):
                 if t % 3 == 0:  # 33 fps
-                    frames.append(np.concatenate(env.backend.render([0, 1, 2], 160, 120), axis=1))
+                    frames.append(np.concatenate(env.backend.render(shown, 160, 120), axis=1))
 
     res = evaluate_hover(actor, task_cfg, o["episodes"], o["backend"], o["seed"], o["device"], frames_cb=cb)
     print(res.summary())

@@ -1,6 +1,10 @@
 """Hover evaluation: the measures it reports describe the flight they summarise."""
 
+import copy
+import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -12,7 +16,8 @@ from policies import checkpoint as ckpt
 from policies.config import to_objects
 from policies.evaluate import evaluate_backends, evaluate_hover
 
-PRETRAINED = Path(__file__).resolve().parents[1] / "policies/pretrained/quad_hover"
+ROOT = Path(__file__).resolve().parents[1]
+PRETRAINED = ROOT / "policies/pretrained/quad_hover"
 
 
 def test_common_offset_is_where_the_policy_holds_the_vehicle():
@@ -28,6 +33,19 @@ def test_common_offset_is_where_the_policy_holds_the_vehicle():
     for axis in (1, 2):
         assert abs(held.common_offset[axis] - base.common_offset[axis]) < 0.01, (base.common_offset, held.common_offset)
     assert "common offset (x, y, z)" in held.summary() and "common_offset_x_m" in held.as_dict()
+
+
+def test_the_criterion_ignores_a_run_trained_on_easier_conditions():
+    """A run trained without randomization and noise, from a narrower start, is still judged on
+    the criterion's conditions: the same episodes as for a run with the defaults."""
+    policy, rec = ckpt.load_policy(PRETRAINED)
+    task_cfg, _ = to_objects(OmegaConf.create(rec["config"]))
+    easy = copy.deepcopy(task_cfg)
+    easy.randomization.enabled = easy.noise.enabled = False
+    easy.init.pos = easy.init.tilt_deg = easy.init.vel = easy.init.omega = 0.0
+    a, b = evaluate_hover(policy, task_cfg, episodes=20), evaluate_hover(policy, easy, episodes=20)
+    assert np.array_equal(a.position_error, b.position_error, equal_nan=True) and a.success_rate == b.success_rate
+    assert np.nanmax(a.position_error[0]) > 0.1, "the episodes start away from the target"
 
 
 def test_an_episode_that_leaves_the_ball_counts_as_failed_from_then_on():
@@ -93,3 +111,27 @@ def test_simulators_evaluated_at_once_stop_where_a_sequential_run_would(monkeypa
     res = evaluate_backends(policy, task_cfg, 4, {"pybullet": 1, "torch": 2, "mujoco": 3}, stop_below=0.95)
     assert list(res) == kept
     assert [r.success_rate for r in res.values()] == [rates[b] for b in kept]
+
+
+def test_eval_command_writes_results_plot_and_video(tmp_path):
+    """`python -m policies.eval <run> backend=mujoco video=true` with fewer episodes than the video
+    shows by default: the JSON of the printed result, the error plot and a GIF of both episodes."""
+    import imageio.v2 as imageio
+
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "checkpoints/best.pt").write_bytes((PRETRAINED / "checkpoints/best.pt").read_bytes())
+    cmd = [sys.executable, "-m", "policies.eval", str(run), "backend=mujoco", "episodes=2", "video=true"]
+    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "MUJOCO_GL": os.environ.get("MUJOCO_GL", "egl")})
+    assert r.returncode in (0, 1) and "Traceback" not in r.stderr, r.stderr
+    res = json.loads((run / "eval_mujoco.json").read_text())
+    assert res["episodes"] == 2 and res["backend"] == "mujoco" and f"{res['success_rate'] * 100:.1f}%" in r.stdout
+    assert (run / "eval_mujoco_error.png").stat().st_size > 10_000
+    frames = imageio.mimread(run / "eval_mujoco.gif")
+    assert len(frames) == 167 and frames[0].shape[:2] == (120, 2 * 160), (len(frames), frames[0].shape)
+    assert np.ptp(frames[0]) > 0, "a rendered scene, not a blank image"
+
+    r = subprocess.run([sys.executable, "-m", "policies.eval", str(run), "episodes=0"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and r.stderr.strip() == "error: episodes=0: expected at least 1", r.stderr
