@@ -24,7 +24,7 @@ class RunningNorm(nn.Module):
         batch_mean = x.mean(0)
         # Two passes in float64, cast back: the same values as x.var(0, unbiased=False) (a Welford
         # pass, float64 accumulator on the CPU) in every one of 83,000 columns compared, and 3-5x
-        # faster for PPO's [1024, 22] and [1024, 61] batches (BENCHMARKS.md, "Time to hover").
+        # faster for PPO's [1024, 22] and [1024, 49] batches (BENCHMARKS.md, "Time to hover").
         xd = x.double()
         batch_var = (xd - xd.mean(0)).square().mean(0).to(x.dtype)
         total = self.count + n

@@ -22,8 +22,9 @@ from .normalizer import RunningNorm
 class PPOConfig:
     name: str = "ppo"
     # Parallel environments. quad_hover on 2 CPU cores, seeds 0-2, time to the first (unconfirmed)
-    # pass: 1024 envs 28-34 s at 3.5-4.5M steps; 2048 60-92 s at 9.5-14M; 512 40-71 s at 3.5-9.5M
-    # (more PPO iterations per sample pay until the simulator's per-step overhead dominates).
+    # pass with an earlier reward (the default now passes at ~2.5M steps): 1024 envs 28-34 s at
+    # 3.5-4.5M steps; 2048 60-92 s at 9.5-14M; 512 40-71 s at 3.5-9.5M (more PPO iterations per
+    # sample pay until the simulator's per-step overhead dominates).
     num_envs: int = 1024
     horizon: int = 16  # steps per environment per iteration
     epochs: int = 4  # optimisation passes over each batch
