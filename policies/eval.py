@@ -1,5 +1,5 @@
 """Evaluate a trained run: ``python -m policies.eval <run_dir> [backend=torch|mujoco|pybullet]
-[episodes=100] [video=true] [plot=true] [seed=12345]``.
+[episodes=100] [video=true] [plot=true] [seed=12345] [effects=ground_effect,drag]``.
 
 Quadrotor tasks: prints the hover criterion's success rate and errors, writes eval_<backend>.json,
 a plot of position error over time (PNG) and optionally a GIF of a few episodes rendered
@@ -18,15 +18,16 @@ import numpy as np
 import torch
 from omegaconf import OmegaConf
 
-from sim.crazyflie.hover import POLICY_PERIOD
+from sim.crazyflie.hover import POLICY_PERIOD, PYBULLET_EFFECTS
 from sim.registry import get_task
 
 from . import checkpoint as ckpt
 from .config import UserError, check_device, to_objects
 from .evaluate import EPISODE_SECONDS, LAST_SECONDS, MEAN_ERROR_LAST_2S, EvalResult, evaluate_hover, evaluate_success
 
-OPTIONS = {"backend": str, "episodes": int, "video": bool, "plot": bool, "seed": int, "device": str}
-DEFAULTS = {"backend": None, "episodes": 100, "video": False, "plot": True, "seed": 12345, "device": "cpu"}
+OPTIONS = {"backend": str, "episodes": int, "video": bool, "plot": bool, "seed": int, "device": str, "effects": str}
+DEFAULTS = {"backend": None, "episodes": 100, "video": False, "plot": True, "seed": 12345, "device": "cpu",
+            "effects": None}  # effects: PyBullet's optional aerodynamics, comma-separated (default: the run's)
 
 
 def parse(argv: list[str]) -> tuple[Path, dict]:
@@ -47,6 +48,11 @@ def parse(argv: list[str]) -> tuple[Path, dict]:
         raise UserError(f"episodes={opts['episodes']}: expected at least 1")
     if opts["backend"] not in (None, "torch", "mujoco", "pybullet"):
         raise UserError(f"backend={opts['backend']}: expected one of torch, mujoco, pybullet")
+    if opts["effects"] is not None:
+        opts["effects"] = [e for e in opts["effects"].split(",") if e]
+        if opts["backend"] != "pybullet" or any(e not in PYBULLET_EFFECTS for e in opts["effects"]):
+            raise UserError(f"effects={','.join(opts['effects'])}: expected any of {', '.join(PYBULLET_EFFECTS)} "
+                            "with backend=pybullet")
     return Path(argv[0]), opts
 
 
@@ -79,6 +85,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     task_cfg, _ = to_objects(OmegaConf.create(rec["config"]))
+    if o["effects"] is not None:
+        task_cfg.pybullet_effects = o["effects"]
     if get_task(task_cfg.name).criterion == "success":
         if o["backend"] not in (None, "mujoco"):
             print(f"error: task {task_cfg.name} runs in MuJoCo only (backend=mujoco)", file=sys.stderr)

@@ -191,3 +191,21 @@ def test_mujoco_render_shows_drone_and_target(make):
     assert ((g > r + 60) & (g > b + 60)).sum() > 5, "target marker (green) not visible"
     r, g, b = (backend.render([0], width=96, height=72)[0, ..., c].astype(int) for c in range(3))
     assert ((g > r + 60) & (g > b + 60)).sum() == 0, "target marker drawn without a target"
+
+
+def test_pybullet_effects_are_chosen_in_the_task_config():
+    """task.pybullet_effects reaches the PyBullet backend of a quadrotor task (evaluation,
+    confirmation) and leaves the other simulators as they are; downwash is not offered (the
+    episodes are independent vehicles, not a swarm)."""
+    from sim.crazyflie.hover import QuadHoverEnv, QuadTaskConfig
+
+    cfg = QuadTaskConfig(pybullet_effects=["drag"], compile=False)
+    b = QuadHoverEnv(cfg, 2, backend="pybullet").backend
+    assert (b.ground_effect, b.drag, b.downwash) == (False, True, False)
+    b = QuadHoverEnv(QuadTaskConfig(pybullet_effects=["ground_effect", "drag"], compile=False), 2, backend="pybullet").backend
+    assert (b.ground_effect, b.drag, b.downwash) == (True, True, False)
+    b = QuadHoverEnv(QuadTaskConfig(compile=False), 2, backend="pybullet").backend
+    assert (b.ground_effect, b.drag, b.downwash) == (False, False, False)
+    QuadHoverEnv(cfg, 2, backend="torch")  # the training simulator has none of them: nothing to switch
+    with pytest.raises(ValueError, match="unknown PyBullet effect"):
+        QuadHoverEnv(QuadTaskConfig(pybullet_effects=["downwash"], compile=False), 2, backend="pybullet")

@@ -305,6 +305,17 @@ def test_bad_overrides_give_one_clear_line(args, expected):
     assert len(lines) == 1 and lines[0].startswith("error:") and expected in lines[0], res.stderr
 
 
+@pytest.mark.parametrize("args, expected", [
+    (["task.pybullet_effects=[wind]"], "error: task quad_hover: unknown PyBullet effect(s) wind: expected any of "
+                                       "ground_effect, drag"),
+    (["task=arm_push", "task.obs_source=camera"], "error: task arm_push: obs_source='camera': expected state or perception"),
+])
+def test_a_task_value_the_environment_refuses_writes_nothing(tmp_path, args, expected):
+    res = _run_cli(*args, f"run_dir={tmp_path / 'run'}")
+    assert res.returncode == 2 and res.stderr.strip() == expected, res.stderr
+    assert not (tmp_path / "run").exists()
+
+
 def test_a_quadrotor_run_loads_no_arm_task_and_every_task_resolves():
     """Tasks are imported when used (sim/registry.py): composing quad_hover's config leaves the arm
     tasks and MuJoCo unloaded. Every registered task's environment, config and contract resolve."""
