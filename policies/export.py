@@ -25,7 +25,7 @@ from .config import config_hash, to_objects
 from .networks import Actor
 
 PARITY_TOL = 1e-5  # MLP actor
-DIFFUSION_PARITY_TOL = 1e-4  # eight denoiser passes compound float32 rounding
+DIFFUSION_PARITY_TOL = 1e-4  # the DDIM steps' denoiser passes (5 by default) compound float32 rounding
 
 
 def parity_observations(policy, task_cfg, n: int = 10_000, seed: int = 0) -> np.ndarray:

@@ -149,8 +149,7 @@ class CameraParams:
     pos: Vec3 = (1.1, 0.0, 0.6)
     lookat: Vec3 = (0.5, 0.0, 0.0)
     fovy: float = 45.0  # deg
-    image_size: int = 84  # px (default)
-    image_size_range: tuple[int, int] = (64, 96)  # px, allowed
+    image_size_range: tuple[int, int] = (64, 96)  # px, allowed (the task picks one: ArmTaskConfig.image_size)
     near: float = 0.05  # m, clip planes (MuJoCo's are fractions of the model extent; set explicitly)
     far: float = 5.0  # m
     framebuffer: tuple[int, int] = (640, 480)  # px, offscreen buffer (also for videos)
