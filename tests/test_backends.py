@@ -121,6 +121,17 @@ def test_trajectory_matches_torch(cls, make, reference):
     assert (traj[..., RPM] - reference[..., RPM]).abs().max() < 0.05  # rpm, float32 rounding of ~1.4e4
 
 
+def test_training_step_matches_the_reference(reference):
+    """The torch backend as training and evaluation run it (QuadTaskConfig.substeps = 1: one RK4
+    step per 10 ms policy period) flies the reference (10 RK4 substeps) within MuJoCo's
+    tolerances: measured 3.1e-5 m, 2.4e-5 rad, 1.0e-4 m/s, 3.8e-5 rad/s, the float32 rounding
+    level (RK4's error at h = 10 ms with motor time constants of 0.05-0.1 s stays below it)."""
+    traj = fly(TorchBackend(2, NOMINAL, DT, substeps=1))
+    errors = max_errors(traj, reference)
+    for key, tol in TOLERANCES[MujocoBackend].items():
+        assert errors[key] < tol, f"substeps=1 {key} error {errors[key]:.3g} > {tol:.3g} ({errors})"
+
+
 def test_pybullet_error_is_first_order_integration(make, reference):
     """Halving PyBullet's timestep halves its error: the disagreement is discretization, not model."""
     coarse = max_errors(fly(make(PybulletBackend, 2, substeps=10)), reference)
