@@ -227,10 +227,17 @@ def test_kill9_and_resume(tmp_path):
     proc.wait()
     saved = torch.load(last, weights_only=False)["trainer"]
     assert saved["iteration"] > 0
-    res = _run_cli(f"resume={run}", f"max_env_steps={saved['env_steps'] + 1024}")
+    end = saved["env_steps"] + 1024
+    res = _run_cli(f"resume={run}", f"max_env_steps={end}")
     assert res.returncode in (0, 1), res.stderr  # 1: budget ended below the success bar
     after = torch.load(last, weights_only=False)["trainer"]
-    assert after["iteration"] > saved["iteration"] and after["env_steps"] >= saved["env_steps"] + 1024
+    assert after["iteration"] > saved["iteration"] and after["env_steps"] == end
+    # Nothing before the kill was lost: the killed and resumed run ends where one run straight to
+    # the same step does, bit for bit.
+    straight = tmp_path / "straight"
+    assert train_main([*TINY, f"run_dir={straight}", f"max_env_steps={end}", "eval_every_steps=100000000"]) == 0
+    a, b = _weights(straight), _weights(run)
+    assert all(torch.equal(a[k], b[k]) for k in a), "the run killed and resumed diverged from the straight one"
 
 
 def test_a_pass_is_confirmed_in_every_simulator(tmp_path, monkeypatch):
