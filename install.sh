@@ -1,20 +1,31 @@
 #!/usr/bin/env bash
 # Installs everything the project needs on a fresh Debian machine (apt + pip), idempotent.
+# The Python packages go into a virtual environment, .venv, made by the first python3 on the PATH
+# (>= 3.11): Debian's own Python refuses pip installs (PEP 668), and the ROS 2 wheels find their
+# Python modules, libraries and ament index only in a virtual environment's (or a Python build's
+# own) layout. The README's commands activate it first: . .venv/bin/activate
 set -euo pipefail
 cd "$(dirname "$0")"
 SUDO=""
 [ "$(id -u)" = 0 ] || SUDO=sudo
+python3 -c 'import sys; sys.exit(sys.version_info < (3, 11))' || {
+  echo "error: $(command -v python3) is Python $(python3 -c 'import platform; print(platform.python_version())'); the project needs >= 3.11" >&2
+  exit 1
+}
 APT_PACKAGES=(
   libosmesa6 libegl1 libgl1   # headless MuJoCo rendering (EGL / OSMesa)
   gcc clang libclang-rt-14-dev  # host build of the exported C policy, sanitizers, libFuzzer
   g++  # torch.compile (inductor) builds the fused simulator step and PPO loss as C++
   gcc-arm-none-eabi libnewlib-arm-none-eabi qemu-system-arm  # Cortex-M4 cross-build, emulated STM32F405
 )
+# Debian's Python makes virtual environments with pip only with python3-venv installed
+python3 -c 'import ensurepip, venv' 2>/dev/null || APT_PACKAGES+=(python3-venv)
 missing=()
 for p in "${APT_PACKAGES[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if [ ${#missing[@]} -gt 0 ]; then
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
-python3 -m pip install -q -e ".[test,deploy,perception]"
-python3 -m deploy.ament   # register the ROS 2 package robolearn in sys.prefix (editable installs skip data-files)
+[ -x .venv/bin/python ] || python3 -m venv .venv
+.venv/bin/python -m pip install -q -e ".[test,deploy,perception]"
+.venv/bin/python -m deploy.ament   # register the ROS 2 package robolearn in .venv (editable installs skip data-files)
