@@ -76,7 +76,7 @@ class SAC:
         self.obs, reward, term, trunc, info = self.env.step(action)
         nxt = {k: v.clone() for k, v in self.obs.items()}
         if "final_obs" in info:  # same-step autoreset: learn from the observation that ended the episode
-            m = info["done_mask"][:, None]
+            m = info["_final_obs"][:, None]
             nxt = {k: torch.where(m, info["final_obs"][k], nxt[k]) for k in nxt}
         keep = ~info["nonfinite"] if "nonfinite" in info else torch.ones_like(term)
         self.buffer.add(obs=obs["policy"][keep], critic=obs["critic"][keep], action=action[keep], reward=reward[keep],

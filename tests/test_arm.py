@@ -94,7 +94,7 @@ def test_sparse_reward_and_termination():
         assert reward.dtype == torch.float32 and np.array_equal(reward.numpy(), success.astype(np.float32))
         assert np.array_equal(term.numpy(), success)  # reach has no failure termination
         if term.any():
-            assert np.array_equal(info["done_mask"].numpy(), (term | trunc).numpy())
+            assert np.array_equal(info["_final_obs"].numpy(), (term | trunc).numpy())
             for i in np.flatnonzero(term.numpy()):
                 ee = info["final_obs"]["critic"][i, EE_POS].numpy()  # the observation that ended it
                 assert np.linalg.norm(ee - goal[i]) < env.cfg.success_radius + 1e-6

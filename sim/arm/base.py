@@ -479,7 +479,7 @@ class ArmEnv(gym.vector.VectorEnv):
                 final = {k: torch.nan_to_num(v, 0.0, 0.0, 0.0) if v.is_floating_point() else v
                          for k, v in final.items()}
             info["final_obs"] = final
-            info["done_mask"] = torch.from_numpy(done).to(self.device)
+            info["_final_obs"] = torch.from_numpy(done).to(self.device)
             info["episode_return"] = self._tensor(self.episode_return[idx])
             info["episode_success"] = torch.from_numpy(self.succeeded[idx].copy()).to(self.device)
             info["episode_length"] = self._tensor(self.t[idx] * self.control_period)  # s

@@ -184,7 +184,10 @@ class QuadHoverEnv(gym.vector.VectorEnv):
     """Batched hover task. Observations are dicts of torch tensors: ``policy`` [N, 22] (noisy,
     the contract above) and ``critic`` [N, 49] (privileged: noise-free state, rotor speeds,
     disturbances, randomized parameters, the position error at the precision scale). Autoreset
-    happens in the same step; the observation that ended an episode is in ``info["final_obs"]``."""
+    happens in the same step, with Gymnasium's keys: the observation that ended an episode is in
+    ``info["final_obs"]`` (for every environment; the rows that did not end repeat the current
+    observation) and the mask of those that ended in ``info["_final_obs"]``. Tensors stay torch
+    tensors on the env's device instead of NumPy arrays, so that training never leaves it."""
 
     metadata = {"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP}
 
@@ -442,7 +445,7 @@ class QuadHoverEnv(gym.vector.VectorEnv):
         if done.any():
             idx = done.nonzero().squeeze(-1)
             info["final_obs"] = obs
-            info["done_mask"] = done
+            info["_final_obs"] = done
             info["episode_return"] = self.episode_return[idx].clone()
             info["episode_length"] = self.t[idx].float() * POLICY_PERIOD  # s
             bad = ~finite
