@@ -71,6 +71,7 @@ def test_a_step_that_resets_some_envs_observes_their_new_episodes(task, ending):
     env.t[ending] = env.max_steps - 1
     obs, _, term, trunc, info = env.step(torch.full((16, 4), env.hover_action))
     assert (term | trunc).nonzero().squeeze(-1).tolist() == ending and env.t[ending].eq(0).all()
+    assert info["_final_obs"].nonzero().squeeze(-1).tolist() == ending  # Gymnasium's mask of final_obs
     full = env._observe(noise)  # eager, every row
     for k in obs:
         assert torch.allclose(obs[k], full[k], atol=1e-5), k
