@@ -42,12 +42,21 @@ def revision() -> str:
 
 
 def write_section(title: str, command: str, body: str, threads: int | None = None) -> None:
-    """Replace (or append) the section ``## title`` of BENCHMARKS.md; ``threads`` as in machine()."""
-    text = BENCHMARKS_MD.read_text() if BENCHMARKS_MD.exists() else "# Benchmarks\n\nEvery number below was produced by the command written next to it.\n"
+    """Put a new measurement at the top of the section ``## title`` of BENCHMARKS.md (appended
+    if there is none); ``threads`` as in machine(). What the section held before stays below it,
+    under a line that says so: a rerun never erases earlier results or the notes written by hand."""
+    text = BENCHMARKS_MD.read_text() if BENCHMARKS_MD.exists() else "# Benchmarks\n"
+    today = date.today().isoformat()
     section = (f"## {title}\n\nCommand: `{command}`  \nMachine: {machine(threads)}  \n"
-               f"Date: {date.today().isoformat()}, revision {revision()}\n\n{body.strip()}\n\n")
-    pattern = re.compile(rf"^## {re.escape(title)}\n.*?(?=^## |\Z)", re.S | re.M)
-    text = pattern.sub(lambda _: section, text) if pattern.search(text) else text.rstrip() + "\n\n" + section
+               f"Date: {today}, revision {revision()}\n\n{body.strip()}\n\n")
+    pattern = re.compile(rf"^## {re.escape(title)}\n(.*?)(?=^## |\Z)", re.S | re.M)
+    match = pattern.search(text)
+    if match is None:
+        text = text.rstrip() + "\n\n" + section
+    else:
+        earlier = (f"Earlier measurements of this section (before the one above, {today}):\n\n"
+                   f"{match.group(1).strip()}\n\n")
+        text = text[: match.start()] + section + earlier + text[match.end():]
     BENCHMARKS_MD.write_text(text)
 
 

@@ -35,7 +35,6 @@ Writes a section of BENCHMARKS.md.
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 import numpy as np
 import torch

@@ -89,7 +89,7 @@ def evaluate_hover(
     not: the initial states, domain randomization and observation noise are the task's defaults
     whatever the run trained with, so a pass means the same for every run."""
     cfg = copy.deepcopy(task_cfg)
-    criterion = type(task_cfg)()
+    criterion = get_task(cfg.name).default_config()
     cfg.init, cfg.randomization, cfg.noise = criterion.init, criterion.randomization, criterion.noise
     cfg.episode_seconds = EPISODE_SECONDS + 1.0  # no autoreset inside the window
     env = get_task(cfg.name).env_cls(cfg, episodes, device=device, seed=seed, backend=backend)

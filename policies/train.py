@@ -113,14 +113,17 @@ def run(cfg: DictConfig, run_dir: Path, resume_state: dict | None, t_start: floa
     task_cfg, algo_cfg = to_objects(cfg)
     device = torch.device(cfg.device)
     torch.set_num_threads(cfg.threads)
-    # The environment and the algorithm first: a task value they refuse (their constructors check
-    # them) or a missing base policy stops the run before anything is written.
+    # The environment and the algorithm first: a value their constructors refuse or a missing base
+    # policy stops the run before anything is written.
     spec = get_task(task_cfg.name)
     try:
         env = spec.env_cls(task_cfg, algo_cfg.num_envs, device=device, seed=cfg.seed)
     except ValueError as e:
         raise UserError(f"task {task_cfg.name}: {e}") from None
-    algo = make_algo(algo_cfg.name, algo_cfg, env, device, cfg.seed)
+    try:
+        algo = make_algo(algo_cfg.name, algo_cfg, env, device, cfg.seed)
+    except ValueError as e:
+        raise UserError(f"algo {algo_cfg.name}: {e}") from None
     run_dir.mkdir(parents=True, exist_ok=True)
     if resume_state is None:
         OmegaConf.save(cfg, run_dir / "config.yaml")

@@ -126,7 +126,10 @@ def test_training_step_matches_the_reference(reference):
     step per 10 ms policy period) flies the reference (10 RK4 substeps) within MuJoCo's
     tolerances: measured 3.1e-5 m, 2.4e-5 rad, 1.0e-4 m/s, 3.8e-5 rad/s, the float32 rounding
     level (RK4's error at h = 10 ms with motor time constants of 0.05-0.1 s stays below it)."""
-    traj = fly(TorchBackend(2, NOMINAL, DT, substeps=1))
+    from sim.crazyflie.hover import QuadTaskConfig
+
+    assert QuadTaskConfig().substeps == 1
+    traj = fly(TorchBackend(2, NOMINAL, DT, substeps=QuadTaskConfig().substeps))
     errors = max_errors(traj, reference)
     for key, tol in TOLERANCES[MujocoBackend].items():
         assert errors[key] < tol, f"substeps=1 {key} error {errors[key]:.3g} > {tol:.3g} ({errors})"
@@ -210,13 +213,11 @@ def test_pybullet_effects_are_chosen_in_the_task_config():
     episodes are independent vehicles, not a swarm)."""
     from sim.crazyflie.hover import QuadHoverEnv, QuadTaskConfig
 
-    cfg = QuadTaskConfig(pybullet_effects=["drag"], compile=False)
-    b = QuadHoverEnv(cfg, 2, backend="pybullet").backend
-    assert (b.ground_effect, b.drag, b.downwash) == (False, True, False)
-    b = QuadHoverEnv(QuadTaskConfig(pybullet_effects=["ground_effect", "drag"], compile=False), 2, backend="pybullet").backend
-    assert (b.ground_effect, b.drag, b.downwash) == (True, True, False)
-    b = QuadHoverEnv(QuadTaskConfig(compile=False), 2, backend="pybullet").backend
-    assert (b.ground_effect, b.drag, b.downwash) == (False, False, False)
-    QuadHoverEnv(cfg, 2, backend="torch")  # the training simulator has none of them: nothing to switch
+    cases = (([], (False, False)), (["drag"], (False, True)), (["ground_effect", "drag"], (True, True)))
+    for effects, expected in cases:
+        backend = QuadHoverEnv(QuadTaskConfig(pybullet_effects=effects, compile=False), 2, backend="pybullet").backend
+        assert (backend.ground_effect, backend.drag, backend.downwash) == (*expected, False), effects
+        backend.close()
+    QuadHoverEnv(QuadTaskConfig(pybullet_effects=["drag"], compile=False), 2, backend="torch")  # nothing to switch
     with pytest.raises(ValueError, match="unknown PyBullet effect"):
         QuadHoverEnv(QuadTaskConfig(pybullet_effects=["downwash"], compile=False), 2, backend="pybullet")

@@ -316,7 +316,8 @@ def test_bad_overrides_give_one_clear_line(args, expected):
 @pytest.mark.parametrize("args, expected", [
     (["task.pybullet_effects=[wind]"], "error: task quad_hover: unknown PyBullet effect(s) wind: expected any of "
                                        "ground_effect, drag"),
-    (["task=arm_push", "task.obs_source=camera"], "error: task arm_push: obs_source='camera': expected state or perception"),
+    (["task=arm_push", "task.obs_source=camera"],
+     "error: task arm_push: obs_source='camera': expected state or perception"),
 ])
 def test_a_task_value_the_environment_refuses_writes_nothing(tmp_path, args, expected):
     res = _run_cli(*args, f"run_dir={tmp_path / 'run'}")
@@ -345,7 +346,8 @@ def test_checkpoint_keeps_generator_states_on_the_cpu(tmp_path):
                       "torch_rng": torch.get_rng_state()}, tmp_path / "c.pt")
     state = ckpt.load(tmp_path / "c.pt", device="meta")
     assert state["algo"]["weight"].device.type == "meta"
-    assert {state["algo"]["gen"].device.type, state["env"]["expert_gen"].device.type, state["torch_rng"].device.type} == {"cpu"}
+    rng_states = (state["algo"]["gen"], state["env"]["expert_gen"], state["torch_rng"])
+    assert {t.device.type for t in rng_states} == {"cpu"}
     torch.Generator().set_state(state["algo"]["gen"])
 
 

@@ -165,7 +165,8 @@ def make_backend(name: str, num_envs: int, params: CrazyflieParams, substeps: in
     ``pybullet_effects``)."""
     unknown = [e for e in pybullet_effects if e not in PYBULLET_EFFECTS]
     if unknown:
-        raise ValueError(f"unknown PyBullet effect(s) {', '.join(unknown)}: expected any of {', '.join(PYBULLET_EFFECTS)}")
+        raise ValueError(f"unknown PyBullet effect(s) {', '.join(unknown)}: "
+                         f"expected any of {', '.join(PYBULLET_EFFECTS)}")
     if name == "torch":
         return TorchBackend(num_envs, params, POLICY_PERIOD, substeps, device)
     if name == "mujoco":
