@@ -291,6 +291,12 @@ def test_policy_runs_from_the_perceived_cube():
     err = (est - true).norm(dim=-1)
     assert err.max() < 0.01, f"perceived cube {err.tolist()} m from the true one (limit 1 cm)"
     assert not torch.equal(est, true), "the estimate, not the simulator's value"
+    # A checkpoint carries the estimates held where none can be made (a lifted or hidden cube).
+    env.perception.last[1] += 0.05
+    other = get_task("arm_push").env_cls(cfg, 4, seed=4)
+    other.load_state_dict(env.state_dict())
+    assert np.array_equal(other.perception.last, env.perception.last)
+    assert other.perception.failures == env.perception.failures
 
 
 def test_dsrl_na_loads_demonstrations(base_run, demos):

@@ -567,13 +567,18 @@ class ArmEnv(gym.vector.VectorEnv):
     # ================================================================ checkpointing
     def state_dict(self) -> dict:
         """Everything needed to continue bit-exactly: each env's MuJoCo integration state, its
-        randomized parameters, the episode counters, the expert's phases and both generators."""
+        randomized parameters, the episode counters, the expert's phases, both generators and, with
+        obs_source=perception, the cube estimates held."""
         mj = np.zeros((self.num_envs, self.state_size))
         for i in range(self.num_envs):
             mujoco.mj_getState(self.models[i], self.datas[i], mj[i], STATE_SPEC)
         arrays = {k: getattr(self, k).copy() for k in self._STATE_ARRAYS}
-        return {"mj": mj, **arrays, "gen": self.gen.get_state(), "expert_gen": self.expert_gen.get_state(),
-                "total_steps": self.total_steps, "nonfinite_resets": self.nonfinite_resets}
+        sd = {"mj": mj, **arrays, "gen": self.gen.get_state(), "expert_gen": self.expert_gen.get_state(),
+              "total_steps": self.total_steps, "nonfinite_resets": self.nonfinite_resets}
+        if self.perception is not None:  # the estimate each env holds while none can be made
+            sd["perception_last"] = self.perception.last.copy()
+            sd["perception_failures"] = self.perception.failures
+        return sd
 
     _STATE_ARRAYS = ("goal", "mass_scale", "friction_scale", "cam_pos", "cam_quat", "t", "episode_return",
                      "succeeded", "expert_phase", "expert_t0")
@@ -587,6 +592,9 @@ class ArmEnv(gym.vector.VectorEnv):
         self.gen.set_state(sd["gen"])
         self.expert_gen.set_state(sd["expert_gen"])
         self.total_steps, self.nonfinite_resets = sd["total_steps"], sd["nonfinite_resets"]
+        if self.perception is not None and "perception_last" in sd:  # absent in checkpoints of older revisions
+            self.perception.last = np.array(sd["perception_last"], copy=True)
+            self.perception.failures = sd["perception_failures"]
         for i in range(self.num_envs):
             self._apply_params(i)
             mujoco.mj_setState(self.models[i], self.datas[i], sd["mj"][i], STATE_SPEC)
