@@ -575,9 +575,8 @@ class ArmEnv(gym.vector.VectorEnv):
         arrays = {k: getattr(self, k).copy() for k in self._STATE_ARRAYS}
         sd = {"mj": mj, **arrays, "gen": self.gen.get_state(), "expert_gen": self.expert_gen.get_state(),
               "total_steps": self.total_steps, "nonfinite_resets": self.nonfinite_resets}
-        if self.perception is not None:  # the estimate each env holds while none can be made
-            sd["perception_last"] = self.perception.last.copy()
-            sd["perception_failures"] = self.perception.failures
+        if self.perception is not None:
+            sd["perception"] = self.perception.state_dict()
         return sd
 
     _STATE_ARRAYS = ("goal", "mass_scale", "friction_scale", "cam_pos", "cam_quat", "t", "episode_return",
@@ -592,9 +591,8 @@ class ArmEnv(gym.vector.VectorEnv):
         self.gen.set_state(sd["gen"])
         self.expert_gen.set_state(sd["expert_gen"])
         self.total_steps, self.nonfinite_resets = sd["total_steps"], sd["nonfinite_resets"]
-        if self.perception is not None and "perception_last" in sd:  # absent in checkpoints of older revisions
-            self.perception.last = np.array(sd["perception_last"], copy=True)
-            self.perception.failures = sd["perception_failures"]
+        if self.perception is not None and "perception" in sd:  # absent in checkpoints of older revisions
+            self.perception.load_state_dict(sd["perception"])
         for i in range(self.num_envs):
             self._apply_params(i)
             mujoco.mj_setState(self.models[i], self.datas[i], sd["mj"][i], STATE_SPEC)

@@ -461,6 +461,13 @@ class Perception:
         K, T_world_cam = self.env.camera_info(env_index)
         return estimate_cube_position(depth, K, T_world_cam, self.cube_half, self.config, self.table_height)
 
+    def state_dict(self) -> dict:
+        """The estimate each env holds while none can be made, and the failure count."""
+        return {"last": self.last.copy(), "failures": self.failures}
+
+    def load_state_dict(self, d: dict) -> None:
+        self.last, self.failures = np.array(d["last"], copy=True), d["failures"]
+
     def reset(self, env_ids=None) -> None:
         """Forget the last estimate of ``env_ids`` (all envs if None): they start a new episode."""
         ids = np.arange(self.env.num_envs) if env_ids is None else np.asarray(env_ids, dtype=np.int64)
