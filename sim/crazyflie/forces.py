@@ -1,10 +1,12 @@
 """Rotor force model shared by every backend.
 
-Written with array operators only, so the same code runs on NumPy arrays (MuJoCo,
-PyBullet backends, one vehicle) and on batched PyTorch tensors (training backend).
+The force model is written with array operators only, so the same code runs on NumPy arrays
+(MuJoCo, PyBullet backends) and on batched PyTorch tensors (training backend).
 """
 
 from __future__ import annotations
+
+import numpy as np
 
 from .params import CrazyflieParams
 
@@ -33,3 +35,9 @@ def body_torque_terms(thrusts, params: CrazyflieParams):
     ty = sum(-xy[0] * t for xy, t in zip(params.rotor_xy, thrusts))
     yaw_sum = sum(s * t for s, t in zip(params.rotor_yaw_sign, thrusts))
     return tx, ty, yaw_sum
+
+
+def cross_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Row-wise cross product a x b of [N, 3] NumPy arrays (np.cross spends ~25 us a call on its axis handling)."""
+    (a0, a1, a2), (b0, b1, b2) = a.T, b.T
+    return np.stack((a1 * b2 - a2 * b1, a2 * b0 - a0 * b2, a0 * b1 - a1 * b0), axis=1)

@@ -8,6 +8,9 @@ torque (the moments of the thrusts about the hubs' lever arms, the yaw reaction 
 external torque), then calls ``stepSimulation`` (semi-implicit Euler, timestep dt / substeps).
 For a rigid body this is the same as applying each thrust at its hub, with two PyBullet calls
 per body instead of six (PyBullet has no batched call, so these calls set the backend's speed).
+Semi-implicit Euler with forces from the substep's start is the leapfrog scheme, second order,
+if its velocities are taken as those of half a substep earlier: a placed state's velocities are
+stored so (``_stagger``), and the reported state adds the missing half substep of acceleration.
 Optional aerodynamic effects follow the models of gym-pybullet-drones (ground effect, rotor drag,
 downwash) with the coefficients of ``params``.
 """
@@ -24,7 +27,7 @@ import pybullet as p
 import torch
 
 from .dynamics import OMEGA, POS, QUAT, RPM, VEL, VehicleBatch
-from .forces import body_torque_terms, rotor_thrusts
+from .forces import body_torque_terms, cross_rows, rotor_thrusts
 from .params import GRAVITY, CrazyflieParams
 
 # gym-pybullet-drones clips rotor heights in its ground-effect model at
@@ -125,6 +128,10 @@ class PybulletBackend:
         self._drag_coeff = np.array((params.drag_coeff_xy, params.drag_coeff_xy, params.drag_coeff_z))
         self._ground_effect_h_clip = 0.25 * params.prop_radius * math.sqrt(params.ground_effect_coeff / GROUND_EFFECT_MAX_GAIN)
         self._rpm = np.zeros((num_envs, 4))
+        # Linear (world, m/s^2) and angular (body, rad/s^2) accelerations at the last read state: the
+        # half-substep kick between PyBullet's staggered velocities and the reported ones.
+        self._acc, self._alpha = np.zeros((num_envs, 3)), np.zeros((num_envs, 3))
+        self._placed = np.zeros(num_envs, dtype=bool)  # placed by set_state, velocities not yet staggered
         self._set_vehicle(VehicleBatch.nominal(num_envs, params, self.device))
         self._read()
         self.state = self._state()
@@ -135,6 +142,7 @@ class PybulletBackend:
         for b, m, inertia in zip(self._bodies, v["mass"].tolist(), v["inertia"].tolist()):
             p.changeDynamics(b, -1, mass=m, localInertiaDiagonal=inertia, physicsClientId=self._client)
         self._kf, self._thrust_scale, self._km = v["kf"][:, None], v["thrust_scale"][:, None], v["km"]
+        self._mass, self._inertia = v["mass"], v["inertia"]
         # Exact solution of drpm/dt = (cmd - rpm) / tau over one substep with cmd held.
         self._lag = 1.0 - np.exp(-self.dt / self.substeps / v["motor_tau"])[:, None]
 
@@ -157,10 +165,13 @@ class PybulletBackend:
             self._vel, self._omega_world = twist[:, :3], twist[:, 3:]
 
     def _state(self) -> torch.Tensor:
+        """The [N, 17] state at the last read: PyBullet's velocities, half a substep old, plus half a
+        substep of the current acceleration."""
+        half = 0.5 * self.dt / self.substeps
         # PyBullet reports angular velocity in the world frame; ours is body: R^T omega_world.
-        omega_body = np.einsum("nji,nj->ni", self._rot, self._omega_world)
+        omega_body = np.einsum("nji,nj->ni", self._rot, self._omega_world) + half * self._alpha
         quat = self._quat_xyzw[:, [3, 0, 1, 2]]
-        state = np.concatenate((self._pos, quat, self._vel, omega_body, self._rpm), axis=1)
+        state = np.concatenate((self._pos, quat, self._vel + half * self._acc, omega_body, self._rpm), axis=1)
         return torch.as_tensor(state, dtype=torch.float32, device=self.device)
 
     def set_state(self, idx: torch.Tensor, state: torch.Tensor, vehicle: VehicleBatch) -> None:
@@ -176,8 +187,26 @@ class PybulletBackend:
             p.resetBaseVelocity(b, s[k, VEL].tolist(), omega_world[k].tolist(), physicsClientId=self._client)
         self._rpm[ids] = s[:, RPM]
         self._set_vehicle(vehicle)
+        # The state is reported as given; the next step, which brings the external wrench, staggers
+        # the velocities (_stagger).
+        self._acc[ids], self._alpha[ids] = 0.0, 0.0
+        self._placed[ids] = True
         self._read()
         self.state = self._state()
+
+    def _stagger(self, f_ext: np.ndarray, t_ext: np.ndarray) -> None:
+        """Give the environments placed by ``set_state`` since the last step PyBullet's velocities of
+        half a substep earlier, v - h/2 a (leapfrog), with the accelerations under the step's wrench."""
+        ids = np.flatnonzero(self._placed)
+        acc, alpha = self._accelerations(*self._wrench(f_ext, t_ext))
+        half = 0.5 * self.dt / self.substeps
+        omega_body = np.einsum("nji,nj->ni", self._rot, self._omega_world)
+        vel = self._vel - half * acc
+        omega_world = np.einsum("nij,nj->ni", self._rot, omega_body - half * alpha)
+        for i in ids.tolist():
+            p.resetBaseVelocity(self._bodies[i], vel[i].tolist(), omega_world[i].tolist(), physicsClientId=self._client)
+        self._placed[:] = False
+        self._read()
 
     def _ground_effect_gain(self, hub_z: np.ndarray) -> np.ndarray:
         """Extra thrust per unit rotor thrust, [N, 4], from rotor heights above z = 0 (m).
@@ -209,6 +238,37 @@ class PybulletBackend:
         force[:, 2] = -push
         return force
 
+    def _wrench(self, f_ext: np.ndarray, t_ext: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Force (N) and torque (N m) on every body at the last read state, both world frame: the
+        rotor thrusts along body z, their moments about the hubs' lever arms, the yaw reaction, the
+        enabled aerodynamic effects, and the external force (world) and torque (body)."""
+        thrusts = rotor_thrusts(self._rpm, self._kf, self._thrust_scale)
+        # Roll and pitch: moments of the hub forces (ground effect included); yaw: the rotors' reaction.
+        tx, ty, yaw_sum = body_torque_terms(thrusts.T, self.params)
+        lift = thrusts
+        if self.ground_effect:
+            # rotor heights above z = 0, [N, 4] m
+            hub_z = self._pos[:, None, 2] + np.einsum("nj,kj->nk", self._rot[:, 2, :], self._hubs)
+            lift = thrusts * (1.0 + self._ground_effect_gain(hub_z))
+            tx, ty, _ = body_torque_terms(lift.T, self.params)
+        torque_b = t_ext + np.stack((tx, ty, self._km * yaw_sum), axis=-1)
+        torque = np.einsum("nij,nj->ni", self._rot, torque_b)
+        force = f_ext + self._rot[:, :, 2] * lift.sum(-1, keepdims=True)  # thrust along body z, world
+        if self.drag:
+            force = force + self._drag_force()
+        if self.downwash:
+            force = force + self._downwash_force()
+        return force, torque
+
+    def _accelerations(self, force: np.ndarray, torque: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Linear acceleration (world, m/s^2) and angular acceleration (body, rad/s^2) under the
+        world-frame ``force`` and ``torque``, from Newton's and Euler's equations (diagonal inertia)."""
+        acc = force / self._mass[:, None]
+        acc[:, 2] -= GRAVITY
+        omega = np.einsum("nji,nj->ni", self._rot, self._omega_world)
+        torque_b = np.einsum("nji,nj->ni", self._rot, torque)
+        return acc, (torque_b - cross_rows(omega, self._inertia * omega)) / self._inertia
+
     def step(self, rpm_cmd: torch.Tensor, force_world: torch.Tensor, torque_body: torch.Tensor) -> torch.Tensor:
         """Advance every environment by dt seconds; returns the new [N, 17] state.
 
@@ -217,24 +277,11 @@ class PybulletBackend:
         """
         cmd, f_ext, t_ext = (x.detach().to("cpu", torch.float64).numpy() for x in (rpm_cmd, force_world, torque_body))
         c, world = self._client, p.WORLD_FRAME
+        if self._placed.any():
+            self._stagger(f_ext, t_ext)
         for k in range(self.substeps):
             # Semi-implicit Euler: every force is evaluated at the start of the substep.
-            thrusts = rotor_thrusts(self._rpm, self._kf, self._thrust_scale)
-            # Roll and pitch: moments of the hub forces (ground effect included); yaw: the rotors' reaction.
-            tx, ty, yaw_sum = body_torque_terms(thrusts.T, self.params)
-            lift = thrusts
-            if self.ground_effect:
-                # rotor heights above z = 0, [N, 4] m
-                hub_z = self._pos[:, None, 2] + np.einsum("nj,kj->nk", self._rot[:, 2, :], self._hubs)
-                lift = thrusts * (1.0 + self._ground_effect_gain(hub_z))
-                tx, ty, _ = body_torque_terms(lift.T, self.params)
-            torque_b = t_ext + np.stack((tx, ty, self._km * yaw_sum), axis=-1)
-            torque = np.einsum("nij,nj->ni", self._rot, torque_b)
-            force = f_ext + self._rot[:, :, 2] * lift.sum(-1, keepdims=True)  # thrust along body z, world
-            if self.drag:
-                force = force + self._drag_force()
-            if self.downwash:
-                force = force + self._downwash_force()
+            force, torque = self._wrench(f_ext, t_ext)
             for b, f, pos, tq in zip(self._bodies, force.tolist(), self._com_world, torque.tolist()):
                 p.applyExternalForce(b, -1, f, pos, world, c)  # at the centre of mass; c: client (see _read)
                 # WORLD_FRAME: PyBullet applies a LINK_FRAME torque on a base link in the wrong frame.
@@ -243,6 +290,7 @@ class PybulletBackend:
             self._rpm += (cmd - self._rpm) * self._lag
             # The forces of a substep need the attitude and position; velocities only rotor drag.
             self._read(velocities=self.drag or k == self.substeps - 1)
+        self._acc, self._alpha = self._accelerations(*self._wrench(f_ext, t_ext))
         self.state = self._state()
         return self.state
 
