@@ -10,7 +10,9 @@ For a rigid body this is the same as applying each thrust at its hub, with two P
 per body instead of six (PyBullet has no batched call, so these calls set the backend's speed).
 Semi-implicit Euler with forces from the substep's start is the leapfrog scheme, second order,
 if its velocities are taken as those of half a substep earlier: a placed state's velocities are
-stored so (``_stagger``), and the reported state adds the missing half substep of acceleration.
+stored so (``_stagger``), the reported state adds the missing half substep of acceleration, and
+the kick across a change of the external wrench takes half of each. PyBullet's own gyroscopic
+term, computed from the stored angular velocity, stays first order (tests/test_backends.py).
 Optional aerodynamic effects follow the models of gym-pybullet-drones (ground effect, rotor drag,
 downwash) with the coefficients of ``params``.
 """
@@ -131,7 +133,10 @@ class PybulletBackend:
         # Linear (world, m/s^2) and angular (body, rad/s^2) accelerations at the last read state: the
         # half-substep kick between PyBullet's staggered velocities and the reported ones.
         self._acc, self._alpha = np.zeros((num_envs, 3)), np.zeros((num_envs, 3))
-        self._placed = np.zeros(num_envs, dtype=bool)  # placed by set_state, velocities not yet staggered
+        self._placed = np.ones(num_envs, dtype=bool)  # placed (here or by set_state), velocities not yet staggered
+        # External force (world, N) and torque (body, N m) of the last step: the first substep of the
+        # next one kicks with the mean of those and the new ones (half of its kick lies before the change).
+        self._f_prev, self._t_prev = np.zeros((num_envs, 3)), np.zeros((num_envs, 3))
         self._set_vehicle(VehicleBatch.nominal(num_envs, params, self.device))
         self._read()
         self.state = self._state()
@@ -205,6 +210,7 @@ class PybulletBackend:
         omega_world = np.einsum("nij,nj->ni", self._rot, omega_body - half * alpha)
         for i in ids.tolist():
             p.resetBaseVelocity(self._bodies[i], vel[i].tolist(), omega_world[i].tolist(), physicsClientId=self._client)
+        self._f_prev[ids], self._t_prev[ids] = f_ext[ids], t_ext[ids]  # no change to average over
         self._placed[:] = False
         self._read()
 
@@ -281,7 +287,10 @@ class PybulletBackend:
             self._stagger(f_ext, t_ext)
         for k in range(self.substeps):
             # Semi-implicit Euler: every force is evaluated at the start of the substep.
-            force, torque = self._wrench(f_ext, t_ext)
+            if k == 0:
+                force, torque = self._wrench(0.5 * (self._f_prev + f_ext), 0.5 * (self._t_prev + t_ext))
+            else:
+                force, torque = self._wrench(f_ext, t_ext)
             for b, f, pos, tq in zip(self._bodies, force.tolist(), self._com_world, torque.tolist()):
                 p.applyExternalForce(b, -1, f, pos, world, c)  # at the centre of mass; c: client (see _read)
                 # WORLD_FRAME: PyBullet applies a LINK_FRAME torque on a base link in the wrong frame.
@@ -291,6 +300,7 @@ class PybulletBackend:
             # The forces of a substep need the attitude and position; velocities only rotor drag.
             self._read(velocities=self.drag or k == self.substeps - 1)
         self._acc, self._alpha = self._accelerations(*self._wrench(f_ext, t_ext))
+        self._f_prev, self._t_prev = f_ext, t_ext
         self.state = self._state()
         return self.state
 
