@@ -6,7 +6,6 @@ checked against their models; MuJoCo renders headless.
 """
 
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -242,21 +241,21 @@ def test_pybullet_effects_are_chosen_in_the_task_config():
 
 def test_the_closed_loop_agrees_in_every_simulator():
     """The shipped hover policy flies the same 100 criterion episodes (randomized vehicles, noise,
-    latency) in the three simulators: the position error stays within 2 mm of torch's at every step.
-    Measured 0.16 mm (MuJoCo) and 0.66 mm (PyBullet). PyBullet's velocities read half a substep old
-    (before the leapfrog reading) let one slow, delayed vehicle of these break into oscillation:
-    52 mm, and 1.9 % fewer successes than torch over 1,000 episodes (BENCHMARKS.md, "Closed loop in
-    the three simulators")."""
+    latency) in the three simulators (benchmarks/closed_loop.py): the same verdict on each, and the
+    position error within 2 mm of torch's at every step. Measured 0.16 mm (MuJoCo) and 0.66 mm
+    (PyBullet). PyBullet's velocities read half a substep old (before the leapfrog reading) let one
+    slow, delayed vehicle of these break into oscillation: 52 mm, and 1.9 % fewer successes than torch
+    over 1,000 episodes (BENCHMARKS.md, "Closed loop in the three simulators")."""
+    from benchmarks.closed_loop import SHIPPED, run
     from policies.checkpoint import load_policy
-    from policies.evaluate import evaluate_hover
     from sim.registry import get_task
 
-    actor, _ = load_policy(Path(__file__).resolve().parents[1] / "policies/pretrained/quad_hover")
-    cfg = get_task("quad_hover").default_config()
-    runs = {b: evaluate_hover(actor, cfg, 100, backend=b, seed=5000) for b in ("torch", "mujoco", "pybullet")}
+    actor, _ = load_policy(SHIPPED)
+    res = run(actor, get_task("quad_hover").default_config(), 100)
+    ref = res["torch"]
     for b in ("mujoco", "pybullet"):
         # an episode that leaves the 1 m ball is NaN from there on: it must leave at the same step
-        assert np.array_equal(np.isnan(runs[b].position_error), np.isnan(runs["torch"].position_error)), b
-        gap = np.nanmax(np.abs(runs[b].position_error - runs["torch"].position_error))
+        assert np.array_equal(np.isnan(res[b]["error"]), np.isnan(ref["error"])), b
+        gap = np.nanmax(np.abs(res[b]["error"] - ref["error"]))
         assert gap < 2e-3, f"{b}: position error {gap * 1e3:.2f} mm from torch's"
-        assert (runs[b].success == runs["torch"].success).all(), b
+        assert (res[b]["success"] == ref["success"]).all(), b
