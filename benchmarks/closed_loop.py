@@ -44,8 +44,9 @@ def run(policy, task_cfg, episodes: int) -> dict[str, dict]:
 
 def table(res: dict[str, dict]) -> str:
     ref = res["torch"]
-    rows = ["| simulator | success | episodes whose verdict differs from torch's (passes there, fails here / the reverse) "
-            "| largest position-error difference to torch [mm] | wall time [s] |", "|---|---:|---:|---:|---:|"]
+    rows = ["| simulator | success | episodes whose verdict differs from torch's (passes there, fails here "
+            "/ the reverse) | largest position-error difference to torch [mm] | wall time [s] |",
+            "|---|---:|---:|---:|---:|"]
     for backend, r in res.items():
         worse = int((ref["success"] & ~r["success"]).sum())
         better = int((~ref["success"] & r["success"]).sum())
@@ -66,8 +67,12 @@ def main() -> None:
     if args.episodes < BATCH or args.episodes % BATCH:
         raise SystemExit(f"error: --episodes {args.episodes}: expected a multiple of {BATCH}")
     torch.set_num_threads(1)
-    policy, rec = load_run_policy(args.run_dir, "Actor", "a quadrotor (algo=ppo or sac)")
-    task_cfg = get_task(rec["config"]["task"]["name"]).default_config()
+    policy, rec = load_run_policy(args.run_dir, "Actor", "algo=ppo or algo=sac")
+    task = rec["config"]["task"]["name"]
+    spec = get_task(task)
+    if spec.criterion != "hover":
+        raise SystemExit(f"error: {args.run_dir} is a {task} run; this benchmark flies quadrotor policies")
+    task_cfg = spec.default_config()
     body = table(run(policy, task_cfg, args.episodes))
     print(body)
     if not args.no_write:
