@@ -44,6 +44,10 @@ class EvalResult:
     mean_final_error: float  # m, mean over episodes of the last-2 s mean position error
     max_tilt_last: float  # deg, worst episode
     failures: int  # episodes that left the 1 m ball
+    # Of the episodes that stayed, those over the 5 cm mean-error bound and those over the 10 deg tilt
+    # bound in the last 2 s (an episode can break both): which condition a policy fails on.
+    error_failures: int
+    tilt_failures: int
     # m, world (x, y, z): the last-2 s mean of position - target, averaged over the episodes that
     # stayed. A policy's offset shared by every vehicle shows here; errors that differ between
     # vehicles (parameters, disturbances) mostly cancel.
@@ -62,6 +66,8 @@ class EvalResult:
             f"[{self.backend}] success {self.success_rate * 100:.1f}% of {self.episodes} episodes | "
             f"last-2s mean position error {self.mean_final_error * 100:.2f} cm | "
             f"worst last-2s tilt {self.max_tilt_last:.1f} deg | left the 1 m ball: {self.failures} | "
+            f"over {MEAN_ERROR_LAST_2S * 100:.0f} cm: {self.error_failures} | over {MAX_TILT_LAST_2S:.0f} deg: "
+            f"{self.tilt_failures} | "
             f"common offset (x, y, z) ({', '.join(f'{v * 100:.1f}' for v in self.common_offset)}) cm"
         )
 
@@ -69,7 +75,7 @@ class EvalResult:
         return {
             "backend": self.backend, "success_rate": self.success_rate, "episodes": self.episodes,
             "mean_final_error_m": self.mean_final_error, "max_tilt_last_deg": self.max_tilt_last,
-            "failures": self.failures,
+            "failures": self.failures, "error_failures": self.error_failures, "tilt_failures": self.tilt_failures,
             **{f"common_offset_{axis}_m": v for axis, v in zip("xyz", self.common_offset)},
         }
 
@@ -128,6 +134,8 @@ def evaluate_hover(
         mean_final_error=finite_last.mean().item() if len(finite_last) else math.nan,
         max_tilt_last=tilt_last[~left].max().item() if (~left).any() else math.nan,
         failures=int(left.sum()),
+        error_failures=int((~left & ~(mean_last < MEAN_ERROR_LAST_2S)).sum()),
+        tilt_failures=int((~left & ~(tilt_last < MAX_TILT_LAST_2S)).sum()),
         common_offset=tuple(common.tolist()),
         position_error=err.numpy(),
         success=ok.numpy(),
