@@ -104,6 +104,7 @@ class PybulletBackend:
     ):
         self.num_envs, self.params, self.device = num_envs, params, torch.device(device)
         self.dt, self.substeps = dt, substeps
+        self._half_substep = 0.5 * dt / substeps  # s
         self.ground_effect, self.drag, self.downwash = ground_effect, drag, downwash
         self._client = p.connect(p.DIRECT)
         p.setGravity(0.0, 0.0, -GRAVITY, physicsClientId=self._client)
@@ -168,15 +169,16 @@ class PybulletBackend:
             twists = [p.getBaseVelocity(b, c) for b in self._bodies]
             twist = np.fromiter(chain.from_iterable(chain.from_iterable(twists)), float, 6 * n).reshape(n, 6)
             self._vel, self._omega_world = twist[:, :3], twist[:, 3:]
+            # PyBullet reports angular velocity in the world frame; ours is body: R^T omega_world.
+            self._omega_body = np.einsum("nji,nj->ni", self._rot, self._omega_world)
 
     def _state(self) -> torch.Tensor:
         """The [N, 17] state at the last read: PyBullet's velocities, half a substep old, plus half a
         substep of the current acceleration."""
-        half = 0.5 * self.dt / self.substeps
-        # PyBullet reports angular velocity in the world frame; ours is body: R^T omega_world.
-        omega_body = np.einsum("nji,nj->ni", self._rot, self._omega_world) + half * self._alpha
+        half = self._half_substep
         quat = self._quat_xyzw[:, [3, 0, 1, 2]]
-        state = np.concatenate((self._pos, quat, self._vel + half * self._acc, omega_body, self._rpm), axis=1)
+        state = np.concatenate((self._pos, quat, self._vel + half * self._acc, self._omega_body + half * self._alpha,
+                                self._rpm), axis=1)
         return torch.as_tensor(state, dtype=torch.float32, device=self.device)
 
     def set_state(self, idx: torch.Tensor, state: torch.Tensor, vehicle: VehicleBatch) -> None:
@@ -204,10 +206,8 @@ class PybulletBackend:
         half a substep earlier, v - h/2 a (leapfrog), with the accelerations under the step's wrench."""
         ids = np.flatnonzero(self._placed)
         acc, alpha = self._accelerations(*self._wrench(f_ext, t_ext))
-        half = 0.5 * self.dt / self.substeps
-        omega_body = np.einsum("nji,nj->ni", self._rot, self._omega_world)
-        vel = self._vel - half * acc
-        omega_world = np.einsum("nij,nj->ni", self._rot, omega_body - half * alpha)
+        vel = self._vel - self._half_substep * acc
+        omega_world = self._omega_world - self._half_substep * np.einsum("nij,nj->ni", self._rot, alpha)
         for i in ids.tolist():
             p.resetBaseVelocity(self._bodies[i], vel[i].tolist(), omega_world[i].tolist(), physicsClientId=self._client)
         self._f_prev[ids], self._t_prev[ids] = f_ext[ids], t_ext[ids]  # no change to average over
@@ -271,7 +271,7 @@ class PybulletBackend:
         world-frame ``force`` and ``torque``, from Newton's and Euler's equations (diagonal inertia)."""
         acc = force / self._mass[:, None]
         acc[:, 2] -= GRAVITY
-        omega = np.einsum("nji,nj->ni", self._rot, self._omega_world)
+        omega = self._omega_body
         torque_b = np.einsum("nji,nj->ni", self._rot, torque)
         return acc, (torque_b - cross_rows(omega, self._inertia * omega)) / self._inertia
 
