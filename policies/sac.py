@@ -49,8 +49,9 @@ class SAC:
                         layer_norm=cfg.critic_layer_norm).to(device)
         self.q_target = copy.deepcopy(self.q)
         self.log_alpha = torch.tensor(float(torch.tensor(cfg.init_alpha).log()), device=device, requires_grad=True)
-        self.actor_opt = torch.optim.Adam(self.actor.parameters(), lr=cfg.actor_lr)
-        self.q_opt = torch.optim.Adam(self.q.parameters(), lr=cfg.critic_lr)
+        # fused: one kernel for every parameter's update instead of a dozen small ops per tensor
+        self.actor_opt = torch.optim.Adam(self.actor.parameters(), lr=cfg.actor_lr, fused=True)
+        self.q_opt = torch.optim.Adam(self.q.parameters(), lr=cfg.critic_lr, fused=True)
         self.alpha_opt = torch.optim.Adam([self.log_alpha], lr=cfg.alpha_lr)
         self.buffer = ReplayBuffer(cfg.buffer_size, {"obs": (obs_dim,), "critic": (critic_dim,), "action": (act_dim,),
                                                      "reward": (), "next_obs": (obs_dim,), "next_critic": (critic_dim,),
@@ -83,24 +84,41 @@ class SAC:
                         next_obs=nxt["policy"][keep], next_critic=nxt["critic"][keep], done=term[keep].float())
         return reward
 
+    def _critic_loss(self, b: dict[str, torch.Tensor], alpha: torch.Tensor, eps: torch.Tensor) -> torch.Tensor:
+        """Twin-Q regression to the soft TD target; ``eps`` ~ N(0, I) samples the next action."""
+        with torch.no_grad():
+            mu, log_std = self.actor.dist_params(b["next_obs"])
+            u = mu + log_std.exp() * eps
+            q_next = self._q(self.q_target, b["next_critic"], torch.tanh(u)).min(-1).values
+            q_next = q_next - alpha * squashed_log_prob(u, mu, log_std)
+            target = b["reward"] + self.cfg.gamma * (1 - b["done"]) * q_next
+        return (self._q(self.q, b["critic"], b["action"]) - target[:, None]).square().mean()
+
+    def _actor_loss(self, b: dict[str, torch.Tensor], alpha: torch.Tensor, eps: torch.Tensor):
+        """Soft policy loss against the (frozen) twin Q; returns it and log pi of the sampled actions."""
+        mu, log_std = self.actor.dist_params(b["obs"])
+        u = mu + log_std.exp() * eps
+        logp = squashed_log_prob(u, mu, log_std)
+        return (alpha * logp - self._q(self.q, b["critic"], torch.tanh(u)).min(-1).values).mean(), logp
+
     def update(self) -> dict[str, float]:
         c = self.cfg
         b = self.buffer.sample(c.batch_size, self.gen)
         alpha = self.log_alpha.exp().detach()
-        with torch.no_grad():
-            a2, logp2 = self._sample(b["next_obs"])
-            q_next = self._q(self.q_target, b["next_critic"], a2).min(-1).values - alpha * logp2
-            target = b["reward"] + c.gamma * (1 - b["done"]) * q_next
-        q = self._q(self.q, b["critic"], b["action"])
-        q_loss = (q - target[:, None]).square().mean()
+        eps_next, eps = torch.randn((2, c.batch_size, self.act_dim), generator=self.gen, device=self.device)
+        q_loss = self._critic_loss(b, alpha, eps_next)
         self.q_opt.zero_grad(set_to_none=True)
         q_loss.backward()
         self.q_opt.step()
 
-        a, logp = self._sample(b["obs"])
-        actor_loss = (alpha * logp - self._q(self.q, b["critic"], a).min(-1).values).mean()
-        self.actor_opt.zero_grad(set_to_none=True)
-        actor_loss.backward()
+        # The actor's loss reaches Q's input, not its weights: their gradients are not computed.
+        self.q.requires_grad_(False)
+        try:
+            actor_loss, logp = self._actor_loss(b, alpha, eps)
+            self.actor_opt.zero_grad(set_to_none=True)
+            actor_loss.backward()
+        finally:
+            self.q.requires_grad_(True)
         self.actor_opt.step()
 
         alpha_loss = -(self.log_alpha * (logp.detach() + c.target_entropy_per_dim * self.act_dim)).mean()

@@ -427,3 +427,29 @@ def test_sac_critic_normalises_the_actions_it_is_trained_on():
     norm = sac.q.obs_norm
     torch.testing.assert_close(norm.mean[-act_dim:], actions.mean(0), atol=1e-4, rtol=0)
     torch.testing.assert_close(norm.var[-act_dim:], actions.var(0, unbiased=False), rtol=0.05, atol=1e-5)
+
+
+def test_sac_actor_step_leaves_the_critic_gradient_to_the_critic_loss():
+    """After an update, Q's gradients are those of its own TD loss alone (the actor's loss reaches
+    Q's input, not its weights), and Q is trainable again for the next update."""
+    import copy
+    from types import SimpleNamespace
+
+    from policies.sac import SAC, SACConfig
+
+    env = QuadHoverEnv(QuadTaskConfig(), 32)
+    sac = SAC(SACConfig(num_envs=32, batch_size=64), env, torch.device("cpu"), seed=0)
+    for _ in range(10):
+        sac.collect()
+    before = SimpleNamespace(actor=copy.deepcopy(sac.actor), q=copy.deepcopy(sac.q), q_target=copy.deepcopy(sac.q_target),
+                             cfg=sac.cfg, _q=sac._q)
+    gen = torch.Generator().set_state(sac.gen.get_state())
+    alpha = sac.log_alpha.exp().detach()
+    sac.update()
+    assert all(p.requires_grad for p in sac.q.parameters())
+    assert all(p.grad is not None for p in sac.actor.net.parameters())
+    b = sac.buffer.sample(64, gen)  # the update's batch and next-action noise, drawn again
+    eps_next = torch.randn((2, 64, sac.act_dim), generator=gen)[0]
+    SAC._critic_loss(before, b, alpha, eps_next).backward()
+    for p, p0 in zip(sac.q.parameters(), before.q.parameters()):
+        torch.testing.assert_close(p.grad, p0.grad, rtol=0, atol=0)
