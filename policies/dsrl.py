@@ -363,9 +363,13 @@ class DSRL:
         else:
             reg = logp
             target = -self.latent_dim * (c.target_entropy_per_dim + math.log(c.noise_bound))  # in w-space
-        pi_loss = (alpha * reg - actor_q(torch.cat((b["critic"], w), -1)).min(-1).values).mean()
-        self.pi_opt.zero_grad(set_to_none=True)
-        pi_loss.backward()
+        actor_q.requires_grad_(False)  # the actor's loss reaches the critic's input, not its weights
+        try:
+            pi_loss = (alpha * reg - actor_q(torch.cat((b["critic"], w), -1)).min(-1).values).mean()
+            self.pi_opt.zero_grad(set_to_none=True)
+            pi_loss.backward()
+        finally:
+            actor_q.requires_grad_(True)
         self.pi_opt.step()
         metrics["regulariser"] = reg.mean().item()
         alpha_loss = -(self.log_alpha * (reg.detach() - target)).mean()
