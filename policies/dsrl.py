@@ -44,7 +44,7 @@ from torch import nn
 from . import checkpoint as ckpt
 from . import dataset as ds
 from .diffusion import DiffusionPolicy
-from .networks import Actor, Critic, polyak_update, squashed_log_prob
+from .networks import Actor, Critic, frozen, polyak_update, squashed_log_prob
 from .replay import ReplayBuffer
 
 
@@ -363,13 +363,10 @@ class DSRL:
         else:
             reg = logp
             target = -self.latent_dim * (c.target_entropy_per_dim + math.log(c.noise_bound))  # in w-space
-        actor_q.requires_grad_(False)  # the actor's loss reaches the critic's input, not its weights
-        try:
+        with frozen(actor_q):
             pi_loss = (alpha * reg - actor_q(torch.cat((b["critic"], w), -1)).min(-1).values).mean()
             self.pi_opt.zero_grad(set_to_none=True)
             pi_loss.backward()
-        finally:
-            actor_q.requires_grad_(True)
         self.pi_opt.step()
         metrics["regulariser"] = reg.mean().item()
         alpha_loss = -(self.log_alpha * (reg.detach() - target)).mean()

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 from torch import nn
@@ -87,6 +89,17 @@ class Critic(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.obs_norm(x)
         return torch.cat([net(x) for net in self.nets], dim=-1).squeeze(-1)
+
+
+@contextmanager
+def frozen(net: nn.Module) -> Iterator[None]:
+    """Within the block ``net``'s weights need no gradient: an actor's loss through a critic
+    reaches the critic's input, and the critic's weight gradients would be computed for nothing."""
+    net.requires_grad_(False)
+    try:
+        yield
+    finally:
+        net.requires_grad_(True)
 
 
 @torch.no_grad()

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .networks import Actor, Critic, polyak_update, squashed_log_prob
+from .networks import Actor, Critic, frozen, polyak_update, squashed_log_prob
 from .replay import ReplayBuffer
 
 
@@ -60,10 +60,14 @@ class SAC:
         self.gen.manual_seed(seed + 1)
         self.obs, _ = env.reset(seed=seed)
 
-    def _sample(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _sample(self, obs: torch.Tensor, eps: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """A squashed Gaussian action and its log-probability; ``eps`` ~ N(0, I) (drawn if not given)."""
         mu, log_std = self.actor.dist_params(obs)
-        u = mu + log_std.exp() * torch.randn(mu.shape, generator=self.gen, device=self.device)
-        return torch.tanh(u), squashed_log_prob(u, mu, log_std)
+        if eps is None:
+            eps = torch.randn(mu.shape, generator=self.gen, device=self.device)
+        u = mu + log_std.exp() * eps
+        logp = squashed_log_prob(u, mu, log_std)
+        return torch.tanh(u), logp
 
     def _q(self, net, critic_obs, action) -> torch.Tensor:
         return net(torch.cat((critic_obs, action), dim=-1))  # [B, 2]
@@ -87,19 +91,10 @@ class SAC:
     def _critic_loss(self, b: dict[str, torch.Tensor], alpha: torch.Tensor, eps: torch.Tensor) -> torch.Tensor:
         """Twin-Q regression to the soft TD target; ``eps`` ~ N(0, I) samples the next action."""
         with torch.no_grad():
-            mu, log_std = self.actor.dist_params(b["next_obs"])
-            u = mu + log_std.exp() * eps
-            q_next = self._q(self.q_target, b["next_critic"], torch.tanh(u)).min(-1).values
-            q_next = q_next - alpha * squashed_log_prob(u, mu, log_std)
+            a2, logp2 = self._sample(b["next_obs"], eps)
+            q_next = self._q(self.q_target, b["next_critic"], a2).min(-1).values - alpha * logp2
             target = b["reward"] + self.cfg.gamma * (1 - b["done"]) * q_next
         return (self._q(self.q, b["critic"], b["action"]) - target[:, None]).square().mean()
-
-    def _actor_loss(self, b: dict[str, torch.Tensor], alpha: torch.Tensor, eps: torch.Tensor):
-        """Soft policy loss against the (frozen) twin Q; returns it and log pi of the sampled actions."""
-        mu, log_std = self.actor.dist_params(b["obs"])
-        u = mu + log_std.exp() * eps
-        logp = squashed_log_prob(u, mu, log_std)
-        return (alpha * logp - self._q(self.q, b["critic"], torch.tanh(u)).min(-1).values).mean(), logp
 
     def update(self) -> dict[str, float]:
         c = self.cfg
@@ -111,14 +106,11 @@ class SAC:
         q_loss.backward()
         self.q_opt.step()
 
-        # The actor's loss reaches Q's input, not its weights: their gradients are not computed.
-        self.q.requires_grad_(False)
-        try:
-            actor_loss, logp = self._actor_loss(b, alpha, eps)
+        a, logp = self._sample(b["obs"], eps)
+        with frozen(self.q):
+            actor_loss = (alpha * logp - self._q(self.q, b["critic"], a).min(-1).values).mean()
             self.actor_opt.zero_grad(set_to_none=True)
             actor_loss.backward()
-        finally:
-            self.q.requires_grad_(True)
         self.actor_opt.step()
 
         alpha_loss = -(self.log_alpha * (logp.detach() + c.target_entropy_per_dim * self.act_dim)).mean()

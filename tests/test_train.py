@@ -433,6 +433,7 @@ def test_sac_actor_step_leaves_the_critic_gradient_to_the_critic_loss():
     """After an update, Q's gradients are those of its own TD loss alone (the actor's loss reaches
     Q's input, not its weights), and Q is trainable again for the next update."""
     import copy
+    import functools
     from types import SimpleNamespace
 
     from policies.sac import SAC, SACConfig
@@ -443,6 +444,7 @@ def test_sac_actor_step_leaves_the_critic_gradient_to_the_critic_loss():
         sac.collect()
     before = SimpleNamespace(actor=copy.deepcopy(sac.actor), q=copy.deepcopy(sac.q), q_target=copy.deepcopy(sac.q_target),
                              cfg=sac.cfg, _q=sac._q)
+    before._sample = functools.partial(SAC._sample, before)
     gen = torch.Generator().set_state(sac.gen.get_state())
     alpha = sac.log_alpha.exp().detach()
     sac.update()
