@@ -14,7 +14,7 @@ from omegaconf import OmegaConf
 
 from policies import checkpoint as ckpt
 from policies.config import to_objects
-from policies.evaluate import evaluate_backends, evaluate_hover
+from policies.evaluate import evaluate_backends, evaluate_hover, tilt_deg
 
 ROOT = Path(__file__).resolve().parents[1]
 PRETRAINED = ROOT / "policies/pretrained/quad_hover"
@@ -46,6 +46,21 @@ def test_the_criterion_ignores_a_run_trained_on_easier_conditions():
     a, b = evaluate_hover(policy, task_cfg, episodes=20), evaluate_hover(policy, easy, episodes=20)
     assert np.array_equal(a.position_error, b.position_error, equal_nan=True) and a.success_rate == b.success_rate
     assert np.nanmax(a.position_error[0]) > 0.1, "the episodes start away from the target"
+
+
+def test_tilt_is_measured_from_the_thrust_direction_the_reference_needs():
+    """Level, the tilt from vertical is 0. A vehicle rolled by 6 deg has a tilt of 6 deg from
+    vertical (a fixed target) and of 0 from the thrust direction of a reference accelerating at
+    g tan(6 deg) to -y, which needs exactly that roll; level under that reference, 6 deg again."""
+    roll = torch.deg2rad(torch.tensor(6.0))
+    level = torch.tensor([1.0, 0.0, 0.0, 0.0])
+    rolled = torch.stack((torch.cos(roll / 2), torch.sin(roll / 2), torch.tensor(0.0), torch.tensor(0.0)))
+    g = 9.81
+    vertical, turning = torch.tensor([0.0, 0.0, g]), torch.tensor([0.0, -g * torch.tan(roll), g])
+    assert tilt_deg(level, vertical).item() == 0.0
+    assert tilt_deg(rolled, vertical).item() == pytest.approx(6.0, abs=1e-3)
+    assert tilt_deg(rolled, turning).item() == pytest.approx(0.0, abs=0.05)
+    assert tilt_deg(level, turning).item() == pytest.approx(6.0, abs=1e-3)
 
 
 def test_each_failed_episode_is_counted_under_the_bounds_it_broke():

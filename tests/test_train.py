@@ -377,17 +377,19 @@ def test_resume_errors_overwrite_nothing(tmp_path):
 
 
 def test_track_reference_is_consistent():
-    """quad_track: the reference velocity is the derivative of the reference position and the
-    mean speed along the figure-eight is the configured one."""
+    """quad_track: the reference velocity and acceleration are the derivatives of the reference
+    position and velocity, and the mean speed along the figure-eight is the configured one."""
     from sim.crazyflie.track import QuadTrackEnv
 
     cfg = QuadTaskConfig(name="quad_track", episode_seconds=10.0, track_size=0.5, track_speed=0.8)
     env = QuadTrackEnv(cfg, 4, seed=0)
     env.reset(seed=0)
     p0, v0 = env.reference()
+    a0 = env.reference_acceleration()
     env.t += 1
-    p1, _ = env.reference()
+    p1, v1 = env.reference()
     assert torch.allclose((p1 - p0) / 0.01, v0, atol=0.02)
+    assert torch.allclose((v1 - v0) / 0.01, a0, atol=0.05) and a0.norm(dim=-1).max() > 0.5
     speeds = []
     for k in range(2000):
         env.t[:] = k

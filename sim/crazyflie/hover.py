@@ -248,6 +248,11 @@ class QuadHoverEnv(gym.vector.VectorEnv):
         target = self.target if rows is None else self.target[rows]
         return target, torch.zeros_like(target)
 
+    def reference_acceleration(self) -> torch.Tensor:
+        """Reference acceleration (world, m/s^2) per env: what the criterion's attitude bound
+        allows for (policies/evaluate.py); zero for a fixed point."""
+        return torch.zeros_like(self.target)
+
     # ----------------------------------------------------------------- observation
     def _observation_noise(self) -> torch.Tensor | None:
         """Gaussian noise for one step's policy observation (drawn eagerly from the env's generator)."""

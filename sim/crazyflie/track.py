@@ -23,6 +23,12 @@ def lemniscate(phase: torch.Tensor, size: float) -> tuple[torch.Tensor, torch.Te
     return pos, dpos
 
 
+def lemniscate_curvature(phase: torch.Tensor, size: float) -> torch.Tensor:
+    """Second derivative w.r.t. phase (m / rad^2) of the figure-eight's offset (``lemniscate``)."""
+    z = torch.zeros_like(phase)
+    return torch.stack((-size * torch.sin(phase), -2 * size * torch.sin(2 * phase), z), dim=-1)
+
+
 def phase_rate(size: float, speed: float, samples: int = 4096) -> float:
     """Phase rate (rad/s) that makes the mean speed along the figure-eight ``speed`` m/s."""
     _, d = lemniscate(torch.linspace(0, 2 * math.pi, samples), size)
@@ -43,3 +49,7 @@ class QuadTrackEnv(QuadHoverEnv):
             phase, t, target = phase[rows], t[rows], target[rows]
         off, doff = lemniscate(phase + self.omega_ref * POLICY_PERIOD * t.float(), self.cfg.track_size)
         return target + off, doff * self.omega_ref
+
+    def reference_acceleration(self) -> torch.Tensor:
+        phase = self.phase + self.omega_ref * POLICY_PERIOD * self.t.float()
+        return lemniscate_curvature(phase, self.cfg.track_size) * self.omega_ref**2
