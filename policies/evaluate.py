@@ -48,7 +48,7 @@ class EvalResult:
     success_rate: float
     episodes: int
     mean_final_error: float  # m, mean over episodes of the last-2 s mean position error
-    max_tilt_last: float  # deg, worst episode
+    max_tilt_last: float  # deg, worst episode; from the thrust direction the reference needs (tilt_deg)
     failures: int  # episodes that left the 1 m ball
     # Of the episodes that stayed, those over the 5 cm mean-error bound and those over the 10 deg tilt
     # bound in the last 2 s (an episode can break both): which condition a policy fails on.
