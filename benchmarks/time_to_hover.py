@@ -83,7 +83,8 @@ def main() -> None:
                  "kind of machine. Target: >= 95 % in <= 30 s.")
     if not args.no_write:
         task = [] if args.task == "quad_hover" else ["--task", args.task]
-        command = " ".join(["python -m benchmarks.time_to_hover", *args.overrides, *task, "--seeds", *map(str, args.seeds)])
+        command = " ".join(["python -m benchmarks.time_to_hover", *args.overrides, *task,
+                            "--seeds", *map(str, args.seeds)])
         write_section("Time to hover" if args.task == "quad_hover" else args.task, command, table + "\n" + note)
 
 

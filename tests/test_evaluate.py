@@ -15,6 +15,7 @@ from omegaconf import OmegaConf
 from policies import checkpoint as ckpt
 from policies.config import to_objects
 from policies.evaluate import evaluate_backends, evaluate_hover, tilt_deg
+from sim.crazyflie.params import GRAVITY
 
 ROOT = Path(__file__).resolve().parents[1]
 PRETRAINED = ROOT / "policies/pretrained/quad_hover"
@@ -49,18 +50,31 @@ def test_the_criterion_ignores_a_run_trained_on_easier_conditions():
 
 
 def test_tilt_is_measured_from_the_thrust_direction_the_reference_needs():
-    """Level, the tilt from vertical is 0. A vehicle rolled by 6 deg has a tilt of 6 deg from
-    vertical (a fixed target) and of 0 from the thrust direction of a reference accelerating at
-    g tan(6 deg) to -y, which needs exactly that roll; level under that reference, 6 deg again."""
-    roll = torch.deg2rad(torch.tensor(6.0))
+    """Level, the tilt from vertical is 0. A vehicle rolled (about x) or pitched (about y) by 6 deg
+    has a tilt of 6 deg from vertical (a fixed target) and of 0 from the thrust direction of a
+    reference accelerating at g tan(6 deg) to where that attitude thrusts (-y, +x); level under such a
+    reference, 6 deg again."""
+    angle = torch.deg2rad(torch.tensor(6.0))
+    c, s, zero = torch.cos(angle / 2), torch.sin(angle / 2), torch.tensor(0.0)
     level = torch.tensor([1.0, 0.0, 0.0, 0.0])
-    rolled = torch.stack((torch.cos(roll / 2), torch.sin(roll / 2), torch.tensor(0.0), torch.tensor(0.0)))
-    g = 9.81
-    vertical, turning = torch.tensor([0.0, 0.0, g]), torch.tensor([0.0, -g * torch.tan(roll), g])
+    vertical = torch.tensor([0.0, 0.0, GRAVITY])
     assert tilt_deg(level, vertical).item() == 0.0
-    assert tilt_deg(rolled, vertical).item() == pytest.approx(6.0, abs=1e-3)
-    assert tilt_deg(rolled, turning).item() == pytest.approx(0.0, abs=0.05)
-    assert tilt_deg(level, turning).item() == pytest.approx(6.0, abs=1e-3)
+    side = GRAVITY * torch.tan(angle)
+    for quat, turning in ((torch.stack((c, s, zero, zero)), torch.stack((zero, -side, torch.tensor(GRAVITY)))),
+                          (torch.stack((c, zero, s, zero)), torch.stack((side, zero, torch.tensor(GRAVITY))))):
+        assert tilt_deg(quat, vertical).item() == pytest.approx(6.0, abs=1e-3)
+        assert tilt_deg(quat, turning).item() == pytest.approx(0.0, abs=0.05)
+        assert tilt_deg(level, turning).item() == pytest.approx(6.0, abs=1e-3)
+
+
+def test_tilt_from_vertical_is_bit_for_bit_the_hover_criterion_tilt():
+    """For a fixed target the measure is exactly the earlier acos(1 - 2(x^2 + y^2)) of the hover
+    criterion, so quad_hover's verdicts do not move by a bit."""
+    q = torch.randn(10_000, 4, generator=torch.Generator().manual_seed(0))
+    q = q / q.norm(dim=-1, keepdim=True)
+    earlier = torch.rad2deg(torch.acos((1 - 2 * (q[..., 1] ** 2 + q[..., 2] ** 2)).clamp(-1, 1)))
+    up = torch.zeros(10_000, 3) + torch.tensor([0.0, 0.0, GRAVITY])
+    assert torch.equal(tilt_deg(q, up), earlier)
 
 
 def test_each_failed_episode_is_counted_under_the_bounds_it_broke():

@@ -389,7 +389,9 @@ def test_track_reference_is_consistent():
     env.t += 1
     p1, v1 = env.reference()
     assert torch.allclose((p1 - p0) / 0.01, v0, atol=0.02)
-    assert torch.allclose((v1 - v0) / 0.01, a0, atol=0.05) and a0.norm(dim=-1).max() > 0.5
+    env.t -= 2  # central difference: within ~5e-4 m/s^2 here
+    _, v_1 = env.reference()
+    assert torch.allclose((v1 - v_1) / 0.02, a0, atol=2e-3) and a0.norm(dim=-1).max() > 0.5
     speeds = []
     for k in range(2000):
         env.t[:] = k

@@ -23,7 +23,7 @@ def lemniscate(phase: torch.Tensor, size: float) -> tuple[torch.Tensor, torch.Te
     return pos, dpos
 
 
-def lemniscate_curvature(phase: torch.Tensor, size: float) -> torch.Tensor:
+def lemniscate_second_derivative(phase: torch.Tensor, size: float) -> torch.Tensor:
     """Second derivative w.r.t. phase (m / rad^2) of the figure-eight's offset (``lemniscate``)."""
     z = torch.zeros_like(phase)
     return torch.stack((-size * torch.sin(phase), -2 * size * torch.sin(2 * phase), z), dim=-1)
@@ -43,13 +43,16 @@ class QuadTrackEnv(QuadHoverEnv):
         self.omega_ref = phase_rate(cfg.track_size, cfg.track_speed)
         super().__init__(cfg, *args, **kwargs)
 
+    def _phase(self, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """Phase (rad) of every env's reference now (of ``rows`` only, if given)."""
+        phase, t = (self.phase, self.t) if rows is None else (self.phase[rows], self.t[rows])
+        return phase + self.omega_ref * POLICY_PERIOD * t.float()
+
     def reference(self, rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        phase, t, target = self.phase, self.t, self.target
-        if rows is not None:
-            phase, t, target = phase[rows], t[rows], target[rows]
-        off, doff = lemniscate(phase + self.omega_ref * POLICY_PERIOD * t.float(), self.cfg.track_size)
+        target = self.target if rows is None else self.target[rows]
+        off, doff = lemniscate(self._phase(rows), self.cfg.track_size)
         return target + off, doff * self.omega_ref
 
     def reference_acceleration(self) -> torch.Tensor:
-        phase = self.phase + self.omega_ref * POLICY_PERIOD * self.t.float()
-        return lemniscate_curvature(phase, self.cfg.track_size) * self.omega_ref**2
+        """Reference acceleration (world, m/s^2) per env: d^2 offset / d phase^2 times omega^2."""
+        return lemniscate_second_derivative(self._phase(), self.cfg.track_size) * self.omega_ref**2
