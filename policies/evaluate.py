@@ -28,7 +28,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from sim.crazyflie.dynamics import POS, QUAT
+from sim.crazyflie.dynamics import POS, QUAT, quat_to_rotmat
 from sim.crazyflie.hover import POLICY_PERIOD
 from sim.crazyflie.params import GRAVITY
 from sim.registry import get_task
@@ -89,8 +89,7 @@ class EvalResult:
 def tilt_deg(quat: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """Angle (deg) between the body z axis of attitude ``quat`` [..., 4] (w, x, y, z; body to world)
     and the direction ``up`` [..., 3] (world, any length). For up = world z, cos = R22 = 1 - 2(x^2 + y^2)."""
-    w, x, y, z = quat.unbind(-1)
-    body_z = torch.stack((2 * (x * z + w * y), 2 * (y * z - w * x), 1 - 2 * (x**2 + y**2)), dim=-1)
+    body_z = quat_to_rotmat(quat)[..., :, 2]
     cos = (body_z * (up / up.norm(dim=-1, keepdim=True))).sum(-1).clamp(-1, 1)
     return torch.rad2deg(torch.acos(cos))
 
