@@ -119,6 +119,8 @@ class Recorder(Node):
 
     def _write(self, topic: str, data: bytes) -> None:
         now = self.get_clock().now().nanoseconds
+        if self.counts[topic] == 0:  # the subscription is matched and data flows (discovery can take seconds)
+            self.get_logger().info(f"first message on {topic}")
         self.writer.add_message(self.channels[topic], log_time=now, data=data, publish_time=now,
                                 sequence=self.counts[topic])
         self.counts[topic] += 1
