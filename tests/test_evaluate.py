@@ -78,13 +78,16 @@ def test_tilt_from_vertical_is_bit_for_bit_the_hover_criterion_tilt():
 
 
 def test_each_failed_episode_is_counted_under_the_bounds_it_broke():
-    """The shipped policy fails 7 of the 100 criterion episodes of seed 5000 (benchmarks/closed_loop.py),
-    none by leaving the 1 m ball: each failure breaks the 5 cm or the 10 deg bound over the last 2 s."""
+    """The shipped policy fails a few of the 100 criterion episodes of seed 5000 (7 on the Intel Xeon
+    of BENCHMARKS.md: 1 over 5 cm, 7 over 10 deg; it scores 97.2 % over 1,000 in
+    benchmarks/closed_loop.py), none by leaving the 1 m ball: each failure breaks the 5 cm or the
+    10 deg bound over the last 2 s. The exact count is not pinned: another CPU's float rounding can
+    move an episode that sits at a bound."""
     policy, rec = ckpt.load_policy(PRETRAINED)
     task_cfg, _ = to_objects(OmegaConf.create(rec["config"]))
     res = evaluate_hover(policy, task_cfg, episodes=100, seed=5000)
     failed = int((~res.success).sum())
-    assert failed == 7 and res.failures == 0, (failed, res.failures)
+    assert 3 <= failed <= 12 and res.failures == 0, (failed, res.failures)
     assert max(res.error_failures, res.tilt_failures) <= failed <= res.error_failures + res.tilt_failures
     mean_last = np.nanmean(res.position_error[-200:], 0)
     assert res.error_failures == int((mean_last >= 0.05).sum())
