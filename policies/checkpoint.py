@@ -71,13 +71,27 @@ def policy_classes() -> dict[str, type]:
     return {c.__name__: c for c in (Actor, DiffusionPolicy, SteeredDiffusionPolicy)}
 
 
+def policy_from_record(rec: dict, where: Path, device="cpu") -> torch.nn.Module:
+    """The policy a record describes (eval mode); a record this version's networks cannot hold
+    (another class, constructor arguments or weight layout) is a CheckpointError naming ``where``."""
+    classes = policy_classes()
+    cls = rec.get("policy_class")
+    if cls not in classes:
+        raise CheckpointError(f"{where}: policy class '{cls}' is not one of {', '.join(classes)}")
+    try:
+        policy = classes[cls](**rec["policy_spec"]).to(device)
+        policy.load_state_dict(rec["policy"])
+    except (TypeError, KeyError, RuntimeError) as e:  # e.g. saved by a revision with other networks
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise CheckpointError(f"{where}: its {cls} does not fit this version's networks ({first}); "
+                              f"train it again") from None
+    return policy.eval()
+
+
 def load_policy(run_dir: str | Path, device="cpu") -> tuple[torch.nn.Module, dict]:
     """The best policy of a run (eval mode) and its record (config, eval result, steps)."""
-    rec = load(Path(run_dir) / BEST, device)
-    classes = policy_classes()
-    if rec.get("policy_class") not in classes:
-        raise CheckpointError(f"{Path(run_dir) / BEST}: policy class '{rec.get('policy_class')}' is not one of "
-                              f"{', '.join(classes)}")
-    policy = classes[rec["policy_class"]](**rec["policy_spec"]).to(device)
-    policy.load_state_dict(rec["policy"])
-    return policy.eval(), rec
+    path = Path(run_dir) / BEST
+    rec = load(path, device)
+    if not isinstance(rec, dict) or not isinstance(rec.get("config"), dict):
+        raise CheckpointError(f"{path} is not a policy record of policies.train (no config in it)")
+    return policy_from_record(rec, path, device), rec

@@ -138,21 +138,17 @@ def load_base(run_dir: str, task: str, obs_dim: int, act_dim: int, device) -> tu
     if not run_dir:
         raise UserError("algo=dsrl needs algo.base=<run dir of an algo=diffusion_bc run of this task>")
     try:
-        rec = ckpt.load(Path(run_dir) / ckpt.BEST, device)
+        base, rec = ckpt.load_policy(run_dir, device)
     except ckpt.CheckpointError as e:
         raise UserError(f"algo.base={run_dir}: {e}") from None
-    cls = rec.get("policy_class", "Actor")
-    if cls != "DiffusionPolicy":
-        raise UserError(f"algo.base={run_dir} holds a '{cls}' policy; DSRL steers a diffusion policy "
-                        f"(train one with python -m policies.train task={task} algo=diffusion_bc)")
-    base_task = rec["config"]["task"]["name"]
-    spec = rec["policy_spec"]
+    if not isinstance(base, DiffusionPolicy):
+        raise UserError(f"algo.base={run_dir} holds a '{rec['policy_class']}' policy; DSRL steers a diffusion "
+                        f"policy (train one with python -m policies.train task={task} algo=diffusion_bc)")
+    base_task, spec = rec["config"]["task"]["name"], base.spec
     if base_task != task or spec["obs_dim"] != obs_dim or spec["act_dim"] != act_dim:
         raise UserError(f"algo.base={run_dir} was trained on '{base_task}' (obs {spec['obs_dim']}, action "
                         f"{spec['act_dim']}); this run is '{task}' (obs {obs_dim}, action {act_dim})")
-    base = DiffusionPolicy(**spec).to(device)
-    base.load_state_dict(rec["policy"])
-    return base.eval().requires_grad_(False), weights_digest(base)
+    return base.requires_grad_(False), weights_digest(base)
 
 
 def weights_digest(module: nn.Module) -> str:
@@ -169,6 +165,10 @@ class DSRL:
 
         if cfg.variant not in ("na", "sac"):
             raise UserError(f"algo.variant={cfg.variant}: expected na (DSRL-NA) or sac (DSRL-SAC)")
+        if not cfg.noise_bound > 0:
+            raise UserError(f"algo.noise_bound={cfg.noise_bound}: expected b > 0 (the steering noise lies in [-b, b])")
+        if not cfg.utd > 0:
+            raise UserError(f"algo.utd={cfg.utd}: expected > 0 gradient updates per collected decision")
         self.cfg, self.env, self.device = cfg, env, device
         torch.manual_seed(seed)
         obs_dim = env.single_observation_space["policy"].shape[0]

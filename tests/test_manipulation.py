@@ -220,6 +220,26 @@ def test_dsrl_refuses_a_bad_base(tmp_path, run_dir, base_run):
     assert r.returncode == 2 and "was trained on 'arm_push'" in r.stderr
     r = cli("policies.train", "task=arm_push", "algo=dsrl", f"run_dir={tmp_path / 'd'}", *FAST)
     assert r.returncode == 2 and "algo=dsrl needs algo.base=" in r.stderr
+    for override, expected in (("algo.noise_bound=0", "expected b > 0"), ("algo.utd=-1", "expected > 0 gradient")):
+        r = cli("policies.train", "task=arm_push", "algo=dsrl", f"algo.base={base_run}", override,
+                f"run_dir={tmp_path / 'e'}", *FAST)
+        assert r.returncode == 2 and expected in r.stderr and "Traceback" not in r.stderr, (override, r.stderr)
+        assert not (tmp_path / "e").exists()
+    # A base saved by a revision with other networks: other weight shapes, an unknown constructor
+    # argument, a record without its config. One line each from train and eval, nothing written.
+    rec = torch.load(Path(base_run) / ckpt.BEST, weights_only=False)
+    spec = rec["policy_spec"]
+    for name, bad in (("shapes", {**rec, "policy_spec": {**spec, "hidden": spec["hidden"] + 8}}),
+                      ("argument", {**rec, "policy_spec": {**spec, "dropout": 0.1}}),
+                      ("noconfig", {k: v for k, v in rec.items() if k != "config"})):
+        old = tmp_path / f"base_{name}"
+        ckpt.save_atomic(bad, old / ckpt.BEST)
+        r = cli("policies.train", "task=arm_push", "algo=dsrl", f"algo.base={old}", f"run_dir={tmp_path / name}", *FAST)
+        expected = "no config in it" if name == "noconfig" else "does not fit this version's networks"
+        assert r.returncode == 2 and expected in r.stderr and "Traceback" not in r.stderr, (name, r.stderr)
+        assert not (tmp_path / name).exists()
+        r = cli("policies.eval", str(old))
+        assert r.returncode == 2 and expected in r.stderr and "Traceback" not in r.stderr, (name, r.stderr)
 
 
 def test_dsrl_benchmarks_refuse_a_run_of_another_kind(tmp_path, run_dir, base_run):
