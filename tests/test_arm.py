@@ -175,6 +175,12 @@ def test_render_and_camera_info():
         p_cam = np.linalg.inv(k) @ np.array((u, v, 1.0)) * z
         p_world = t_world_cam[:3, :3] @ p_cam + t_world_cam[:3, 3]
         assert abs(p_world[2]) < 0.005, (u, v, p_world)  # on the table plane z = 0
+    # An episode's final observation renders the environments that ended; the others' rows are blank.
+    env.t[0] = env.max_steps - 1
+    obs, _, _, truncated, info = env.step(torch.zeros(2, 4))
+    assert truncated.tolist() == [True, False]
+    assert info["final_obs"]["image"][0].abs().sum() > 0 and not info["final_obs"]["image"][1].any()
+    assert obs["image"][1].abs().sum() > 0
     rgb = make("arm_push", 1, camera="rgb")
     o, _ = rgb.reset(seed=0)
     assert o["image"].shape == (1, 3, 84, 84) and o["image"].dtype == torch.uint8

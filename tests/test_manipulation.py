@@ -311,6 +311,17 @@ def test_policy_runs_from_the_perceived_cube():
     err = (est - true).norm(dim=-1)
     assert err.max() < 0.01, f"perceived cube {err.tolist()} m from the true one (limit 1 cm)"
     assert not torch.equal(est, true), "the estimate, not the simulator's value"
+    # A step where environment 1 ends estimates its final cube and then every environment's:
+    # five estimates for four environments, not eight.
+    calls = []
+    estimate = env.perception.estimate
+    env.perception.estimate = lambda i: calls.append(i) or estimate(i)
+    env.t[1] = env.max_steps - 1
+    obs, _, _, truncated, info = env.step(env.expert_action())
+    assert truncated.tolist() == [False, True, False, False] and calls == [1, 0, 1, 2, 3], calls
+    final = info["final_obs"]
+    assert (final["policy"][1, CUBE_POS] - final["critic"][1, CUBE_POS]).norm() < 0.01
+    env.perception.estimate = estimate
     # A checkpoint carries the estimates held where none can be made (a lifted or hidden cube).
     env.perception.last[1] += 0.05
     other = get_task("arm_push").env_cls(cfg, 4, seed=4)

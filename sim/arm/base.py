@@ -278,7 +278,11 @@ class ArmEnv(gym.vector.VectorEnv):
             self.finger_touch[i] = touch
 
     # ================================================================ observation
-    def _observe(self) -> dict[str, torch.Tensor]:
+    def _observe(self, rows: np.ndarray | None = None) -> dict[str, torch.Tensor]:
+        """The observation of every environment; the camera and the perception (~20 ms per
+        environment) only for ``rows`` (all if None): the other rows then keep the state
+        observation and a blank image, as an episode's final observation needs only its own rows.
+        The noise is drawn for every row either way, so its stream does not depend on ``rows``."""
         n = self.num_envs
         clean = np.concatenate((self.qpos[:, self.arm_qadr], self.qvel[:, self.arm_dadr], self.ee_pos,
                                 self.opening[:, None], self.cube_pos, self.cube_quat, self.goal), axis=-1)
@@ -287,14 +291,22 @@ class ArmEnv(gym.vector.VectorEnv):
             policy = clean + self.obs_noise_std * self._randn((n, POLICY_DIM))
         if self.perception is not None:  # the camera's cube estimate replaces the simulator's
             policy = policy.copy()  # the critic keeps the true position
-            self.perception.update(policy)
+            self.perception.update(policy, rows)
         rel_cube = self.cube_pos - self.ee_pos if self.HAS_CUBE else np.zeros((n, 3))
         rel_goal = self.goal - self.cube_pos if self.HAS_CUBE else np.zeros((n, 3))
         critic = np.concatenate((clean, self.cube_vel, self.mass_scale[:, None], self.friction_scale[:, None],
                                  rel_cube, rel_goal, (self.t / self.max_steps)[:, None]), axis=-1)
         obs = {"policy": self._tensor(policy), "critic": self._tensor(critic)}
         if self.cfg.camera != "none":
-            obs["image"] = torch.from_numpy(np.stack([self._image(i) for i in range(n)])).to(self.device)
+            if rows is None:
+                image = np.stack([self._image(i) for i in range(n)])
+            else:
+                first = self._image(int(rows[0]))
+                image = np.zeros((n, *first.shape), first.dtype)
+                image[rows[0]] = first
+                for i in rows[1:]:
+                    image[i] = self._image(int(i))
+            obs["image"] = torch.from_numpy(image).to(self.device)
         return obs
 
     def _tensor(self, x: np.ndarray) -> torch.Tensor:
@@ -472,7 +484,7 @@ class ArmEnv(gym.vector.VectorEnv):
         info: dict = {"success": torch.from_numpy(success).to(self.device)}
         if done.any():
             idx = np.flatnonzero(done)
-            final = self._observe()
+            final = self._observe(idx)
             if bad.any():  # never let a non-finite state reach training: zero it, mark it, reset it
                 self.nonfinite_resets += int(bad.sum())
                 info["nonfinite"] = torch.from_numpy(bad).to(self.device)
