@@ -56,11 +56,12 @@ def _to_device(obj, device: torch.device, key: str | None = None):
     return obj
 
 
-def policy_record(policy: torch.nn.Module, cfg, eval_result: dict, env_steps: int) -> dict:
-    """A self-contained deployable policy: its class, constructor arguments and weights."""
+def policy_record(policy: torch.nn.Module, cfg, eval_result: dict, steps: int, unit: str = "env_steps") -> dict:
+    """A self-contained deployable policy: its class, constructor arguments and weights, and how
+    far its run had trained (``unit``: "env_steps", or "gradient_steps" for an offline algorithm)."""
     return {
         "policy_class": type(policy).__name__, "policy_spec": dict(policy.spec), "policy": policy.state_dict(),
-        "eval": eval_result, "env_steps": env_steps, "config": OmegaConf.to_container(cfg, resolve=True),
+        "eval": eval_result, unit: steps, "config": OmegaConf.to_container(cfg, resolve=True),
     }
 
 

@@ -61,7 +61,7 @@ def export_run(run_dir: Path) -> dict:
     out = run_dir / "export"
     meta = {
         "task": task_cfg.name, "algo": cfg.algo.name, "config_hash": config_hash(cfg),
-        "source_revision": source_revision(), "env_steps": rec["env_steps"],
+        "source_revision": source_revision(), **{k: rec[k] for k in ("env_steps", "gradient_steps") if k in rec},
         "eval_success_rate": rec["eval"]["success_rate"], "policy_class": rec["policy_class"],
     }
     onnx_path = out / "policy.onnx"

@@ -135,6 +135,7 @@ def run(cfg: DictConfig, run_dir: Path, resume_state: dict | None, t_start: floa
     offline = getattr(algo, "offline", False)
     budget, eval_every, unit = ((algo_cfg.gradient_steps, algo_cfg.eval_every_updates, "update") if offline
                                 else (cfg.max_env_steps, cfg.eval_every_steps, "step"))
+    steps_key = "gradient_steps" if offline else "env_steps"  # what tr["env_steps"] counts
     tr = {"iteration": 0, "env_steps": 0, "seconds": 0.0, "next_eval": eval_every,
           "best_success": -1.0, "best_error": float("inf"), "evals": [], "time_to_success": None, "passed": False,
           "eval_seconds": 0.0}
@@ -163,7 +164,7 @@ def run(cfg: DictConfig, run_dir: Path, resume_state: dict | None, t_start: floa
         Returns the success rate and whether it passes: stop_at_success reached and confirmed."""
         t_eval = time.time()
         res = evaluate(algo.actor, task_cfg, cfg.eval_episodes, device=device, seed=cfg.seed + 10_000)
-        rec = {**res.as_dict(), "env_steps": tr["env_steps"], "seconds": tr["seconds"]}
+        rec = {**res.as_dict(), steps_key: tr["env_steps"], "seconds": tr["seconds"]}
         reached = cfg.stop_at_success > 0 and res.success_rate >= cfg.stop_at_success
         if reached:
             # Every evaluation replays the same episodes (comparable points on the curve), so the
@@ -179,14 +180,14 @@ def run(cfg: DictConfig, run_dir: Path, resume_state: dict | None, t_start: floa
         tr["eval_seconds"] += time.time() - t_eval
         tr["evals"].append(rec)
         for k, v in rec.items():
-            if isinstance(v, (int, float)) and k not in ("episodes", "env_steps", "seconds"):
+            if isinstance(v, (int, float)) and k not in ("episodes", steps_key, "seconds"):
                 writer.add_scalar(f"eval/{k}", v, tr["env_steps"])
         # Best = a confirmed pass (it ends the run); before one, the highest success rate, ties
         # broken by the task's secondary measure (lower is better).
         better = (res.success_rate, -res.tiebreak) > (tr["best_success"], -tr["best_error"])
         if reached or (better and not tr["passed"]):
             tr["best_success"], tr["best_error"] = res.success_rate, res.tiebreak
-            ckpt.save_atomic(ckpt.policy_record(algo.actor, cfg, rec, tr["env_steps"]), run_dir / ckpt.BEST)
+            ckpt.save_atomic(ckpt.policy_record(algo.actor, cfg, rec, tr["env_steps"], steps_key), run_dir / ckpt.BEST)
         tr["passed"] = tr["passed"] or reached
         if reached and tr["time_to_success"] is None:
             tr["time_to_success"] = time.time() - t_start if resume_state is None else None
@@ -233,7 +234,7 @@ def run(cfg: DictConfig, run_dir: Path, resume_state: dict | None, t_start: floa
     bar.close()
     writer.close()
 
-    results = {"run_dir": str(run_dir), ("gradient_steps" if offline else "env_steps"): tr["env_steps"], "train_seconds": tr["seconds"],
+    results = {"run_dir": str(run_dir), steps_key: tr["env_steps"], "train_seconds": tr["seconds"],
                "best_success": tr["best_success"], "passed": tr["passed"],
                "time_to_success_s": tr["time_to_success"],
                "eval_seconds": tr["eval_seconds"], "evals": tr["evals"]}

@@ -43,5 +43,5 @@ def run_dir(tmp_path_factory) -> Path:
     cfg = compose_config([])
     OmegaConf.save(cfg, d / "config.yaml")
     eval_result = {"success_rate": 0.5, "episodes": 10}
-    ckpt.save_atomic(ckpt.policy_record(make_actor(), cfg, eval_result, env_steps=12345), d / ckpt.BEST)
+    ckpt.save_atomic(ckpt.policy_record(make_actor(), cfg, eval_result, steps=12345), d / ckpt.BEST)
     return d

@@ -288,7 +288,12 @@ def test_unsteered_base_exports_with_a_noise_input(base_run, tmp_path):
     r = cli("policies.export", str(base_run))
     assert r.returncode == 0 and "ok" in r.stdout, r.stdout + r.stderr
     onnx = OnnxPolicy(base_run / "export/policy.onnx", ARM)
-    policy, _ = ckpt.load_policy(base_run)
+    policy, rec = ckpt.load_policy(base_run)
+    # An offline run counts gradient steps, and says so in its record and the exported metadata.
+    import onnx as onnx_lib
+    meta = {p.key: p.value for p in onnx_lib.load(str(base_run / "export/policy.onnx")).metadata_props}
+    assert rec["gradient_steps"] == 200 and meta["gradient_steps"] == "200"
+    assert "env_steps" not in rec and "env_steps" not in meta
     obs, w = np.zeros((5, 28), np.float32), np.random.default_rng(0).standard_normal((5, 16)).astype(np.float32)
     with torch.no_grad():
         ref = policy(torch.as_tensor(obs), torch.as_tensor(w)).numpy()
