@@ -72,6 +72,24 @@ def test_dataset_round_trip(demos):
         ds.load(demos.parent / "missing")
 
 
+def test_dataset_save_load_is_exact_with_images(tmp_path):
+    """What policies.collect gathers is what the dataset gives back, array for array and dtype for
+    dtype, the optional camera images included, episodes in the order they finished."""
+    from policies.collect import collect
+
+    cfg = compose_config(["task=arm_reach", "task.camera=depth", "task.image_size=64"])
+    task_cfg, _ = to_objects(cfg)
+    eps, period = collect(task_cfg, episodes=3, noise=0.3, seed=1, num_envs=2, progress=False)
+    ds.save(tmp_path / "d", eps, {"task": "arm_reach", "expert_noise": 0.3, "control_period_s": period})
+    d = ds.load(tmp_path / "d", task="arm_reach", obs_dim=28, act_dim=4)
+    assert d.num_episodes == 3 and d.image is not None and d.image.shape[1:] == (1, 64, 64)
+    for ep, s in zip(eps, d.episode_slices()):
+        for key, value in ep.items():
+            got = getattr(d, key)[s]
+            assert got.dtype == value.dtype and np.array_equal(got, value), key
+    assert d.image.any(), "rendered depth, not a blank"
+
+
 def test_diffusion_bc_run(base_run):
     rec = ckpt.load(base_run / ckpt.BEST)
     assert rec["policy_class"] == "DiffusionPolicy" and rec["config"]["algo"]["name"] == "diffusion_bc"
@@ -103,6 +121,35 @@ def test_dsrl_leaves_the_base_untouched(base_run, tmp_path, variant):
         assert k == k2 and torch.equal(v, v2), f"base weight {k} changed"
     trained = torch.load(run / ckpt.LAST, weights_only=False)["algo"]
     assert trained["updates"] > 0, "the run must have updated its actor and critics"
+
+
+def test_dsrl_resume_is_exact_and_refuses_a_changed_base(base_run, tmp_path):
+    """DSRL-NA stopped at 128 env steps and resumed to 256 ends where one run to 256 does, bit for
+    bit (actor, both critics, buffer); resuming after the base's weights changed is refused."""
+    import shutil
+
+    base = tmp_path / "base"
+    shutil.copytree(base_run, base)
+    common = ["task=arm_push", "algo=dsrl", "algo.variant=na", f"algo.base={base}", "algo.warmup_steps=64",
+              "algo.batch_size=32", "eval_every_steps=100000", *FAST]
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    for run, steps in ((straight, 256), (split, 128)):
+        r = cli("policies.train", *common, f"max_env_steps={steps}", f"run_dir={run}")
+        assert r.returncode in (0, 1), r.stderr  # 1: the budget ended below the success bar
+    r = cli("policies.train", f"resume={split}", "max_env_steps=256", "progress=false")
+    assert r.returncode in (0, 1), r.stderr
+    a, b = (torch.load(run / ckpt.LAST, weights_only=False)["algo"] for run in (straight, split))
+    assert a["updates"] == b["updates"] > 0
+    for key in ("pi", "q", "qw"):
+        assert all(torch.equal(a[key][k], b[key][k]) for k in a[key]), f"{key} diverged after the resume"
+    assert a["buffer"]["size"] == b["buffer"]["size"] > 0
+    assert all(torch.equal(v, b["buffer"]["data"][k]) for k, v in a["buffer"]["data"].items())
+    rec = torch.load(base / ckpt.BEST, weights_only=False)
+    first = next(iter(rec["policy"]))
+    rec["policy"][first] = rec["policy"][first] + 1e-3
+    ckpt.save_atomic(rec, base / ckpt.BEST)
+    r = cli("policies.train", f"resume={split}", "max_env_steps=384", "progress=false")
+    assert r.returncode == 2 and "changed since this DSRL run started" in r.stderr and "Traceback" not in r.stderr
 
 
 def _dsrl(base_run: Path, variant: str, overrides=()) -> DSRL:
