@@ -23,16 +23,18 @@ class CrazyflieParams:
     # Principal moments of inertia, kg m^2. J. Foerster, "System Identification of the
     # Crazyflie 2.0 Nano Quadrocopter", ETH Zurich 2015 (Ixx 16.57e-6, Iyy 16.66e-6, Izz 29.26e-6).
     inertia: tuple[float, float, float] = (16.571710e-6, 16.655602e-6, 29.261652e-6)
-    # Rotor hub positions in the body frame (x, y), m, order M1..M4. Motor-to-motor diagonal is
-    # 92 mm on the Crazyflie 2.x, so each hub sits at 46 mm / sqrt(2) ~ 28 mm on each axis.
+    # Rotor hub positions in the body frame (x, y), m, order M1..M4: the project issue's
+    # (+-0.028, +-0.028) m, as gym-pybullet-drones' cf2x.urdf places them (arm 0.0397 m from the
+    # centre, 0.0397 / sqrt(2) = 0.028 m on each axis; a 79 mm motor-to-motor diagonal).
     rotor_xy: tuple[tuple[float, float], ...] = (
         (0.028, -0.028),  # M1 front-right
         (-0.028, -0.028),  # M2 back-right
         (-0.028, 0.028),  # M3 back-left
         (0.028, 0.028),  # M4 front-left
     )
-    # Sign of each rotor's yaw reaction torque (M1 and M3 spin clockwise seen from above,
-    # so their drag torque on the frame points down: -, +, -, +).
+    # Sign of each rotor's yaw reaction torque on the frame, about body z: -, +, -, + (the project
+    # issue's, and gym-pybullet-drones' for the cf2x). A rotor's drag reacts on the frame against
+    # its spin, so M1 and M3 spin counter-clockwise seen from above (torque -z), M2 and M4 clockwise.
     rotor_yaw_sign: tuple[float, float, float, float] = (-1.0, 1.0, -1.0, 1.0)
     # Thrust per rotor T = kf * rpm^2, N/rpm^2. gym-pybullet-drones cf2x.urdf (kf = 3.16e-10),
     # consistent with Foerster 2015's static thrust measurements.
@@ -42,8 +44,10 @@ class CrazyflieParams:
     # Maximum rotor speed, rpm. With kf above this gives thrust-to-weight 2.25, the figure
     # gym-pybullet-drones uses for the cf2x (0.595 N total vs 0.265 N weight).
     rpm_max: float = 21702.0
-    # First-order motor lag time constant, s. Nominal brushed 7x16 mm motor with 45 mm props;
-    # the randomizer covers 0.03 (fresh) .. 0.15 s (worn, as in Learning to Fly, RLtools l2f).
+    # First-order motor lag time constant, s, of the nominal vehicle (brushed 7x16 mm motors, 45 mm
+    # props). Not from one identification: a value inside the 0.03 (fresh) .. 0.15 s (worn) span
+    # the project issue gives, which Learning to Fly (RLtools l2f) randomizes over. The task's
+    # randomizer covers 0.03-0.12 s by default (sim/crazyflie/hover.py, RandomizationConfig).
     motor_tau: float = 0.05
     # Propeller radius, m (gym-pybullet-drones cf2x.urdf, used by the ground-effect model).
     prop_radius: float = 0.0231348
@@ -54,7 +58,8 @@ class CrazyflieParams:
     drag_coeff_z: float = 10.311e-7
     # Downwash model coefficients (gym-pybullet-drones cf2x.urdf).
     downwash_coeffs: tuple[float, float, float] = (2267.18, 0.16, -0.11)
-    # Collision box half-extents of the frame, m (92 mm motor-to-motor, ~30 mm tall incl. legs).
+    # Collision box half-extents of the frame, m: the overall size 92 x 92 x 29 mm of the Bitcraze
+    # datasheet (arms and motor mounts included), rounded.
     frame_half_extents: tuple[float, float, float] = (0.046, 0.046, 0.015)
 
     @property
