@@ -122,8 +122,14 @@ def compose_config(overrides: list[str]) -> DictConfig:
                         f"(the simulators {cfg.task.name} runs in)")
     if len(set(cfg.confirm_backends)) < len(cfg.confirm_backends):
         raise UserError(f"confirm_backends={list(cfg.confirm_backends)}: name each simulator once")
-    if cfg.confirm_episodes < 1:
-        raise UserError(f"confirm_episodes={cfg.confirm_episodes}: expected at least 1")
+    counts = {k: cfg[k] for k in ("confirm_episodes", "eval_episodes", "threads", "max_env_steps", "eval_every_steps")}
+    if "num_envs" in cfg.algo:
+        counts["algo.num_envs"] = cfg.algo.num_envs
+    for key, value in counts.items():
+        if value < 1:
+            raise UserError(f"{key}={value}: expected at least 1")
+    if not cfg.max_seconds > 0:
+        raise UserError(f"max_seconds={cfg.max_seconds}: expected > 0")
     check_device(cfg.device)
     return cfg
 

@@ -77,7 +77,12 @@ def prepare(argv: list[str]) -> tuple[DictConfig, Path, dict | None]:
     saved_path = run_dir / "config.yaml"
     if not saved_path.is_file():
         raise UserError(f"resume={resume}: no config.yaml there; expected a run directory made by policies.train")
-    saved = OmegaConf.load(saved_path)
+    try:
+        saved = OmegaConf.load(saved_path)
+        saved.task.name, saved.algo.name  # noqa: B018 (the two choices a run is re-composed from)
+    except Exception as e:  # YAML, OmegaConf or attribute errors: a damaged or foreign file
+        raise UserError(f"resume={resume}: {saved_path} is not a readable policies.train config "
+                        f"({type(e).__name__}); nothing was changed") from None
     # Re-compose from the saved choices plus the new overrides, then allow only budget changes.
     base = [f"task={saved.task.name}", f"algo={saved.algo.name}"]
     cfg = compose_config(base + [a for a in argv if not a.startswith("resume=")])

@@ -296,6 +296,10 @@ def test_a_pass_is_confirmed_in_every_simulator(tmp_path, monkeypatch):
     (["task=arm_push", "confirm_backends=[torch]"], "expected one or more of mujoco (the simulators arm_push runs in)"),
     (["task=arm_push", "task.episode_steps=long"], "task.episode_steps=long"),  # the composed task's schema
     (["confirm_episodes=0"], "confirm_episodes=0: expected at least 1"),
+    (["eval_episodes=0"], "eval_episodes=0: expected at least 1"),
+    (["threads=0"], "threads=0: expected at least 1"),
+    (["algo.num_envs=0"], "algo.num_envs=0: expected at least 1"),  # would spin until max_seconds
+    (["max_seconds=-1"], "max_seconds=-1.0: expected > 0"),
     (["task=quad_hoover"], "unknown task 'quad_hoover'. Valid tasks: arm_pick_place, arm_push, arm_reach, quad_hover, quad_track"),
     (["seed=abc"], "seed=abc"),
     (["not_a_key=1"], "not_a_key"),
@@ -318,6 +322,13 @@ def test_bad_overrides_give_one_clear_line(args, expected):
                                        "ground_effect, drag"),
     (["task=arm_push", "task.obs_source=camera"],
      "error: task arm_push: obs_source='camera': expected state or perception"),
+    (["task.substeps=0"], "error: task quad_hover: substeps=0: expected at least 1 RK4 step per policy period"),
+    (["task.target=[0,0]"], "error: task quad_hover: target=[0.0, 0.0]: expected 3 coordinates (x, y, z in m, world)"),
+    (["task.randomization.mass_scale.lo=-1"],  # a negative mass made NaN states, silently
+     "error: task quad_hover: randomization.mass_scale=[-1.0, 1.2]: expected 0 < lo <= hi"),
+    (["task=quad_track", "task.randomization.motor_tau.lo=0.2"],
+     "error: task quad_track: randomization.motor_tau=[0.2, 0.12]: expected 0 < lo <= hi"),
+    (["task.noise.pos=-0.1"], "error: task quad_hover: noise.pos=-0.1: expected >= 0"),
 ])
 def test_a_task_value_the_environment_refuses_writes_nothing(tmp_path, args, expected):
     res = _run_cli(*args, f"run_dir={tmp_path / 'run'}")
@@ -374,6 +385,14 @@ def test_resume_errors_overwrite_nothing(tmp_path):
     res = _run_cli(f"resume={run}")
     assert res.returncode == 2 and "corrupt" in res.stderr and "Traceback" not in res.stderr
     assert len((run / "checkpoints/last.pt").read_bytes()) == len(before) // 3  # untouched
+
+    saved = (run / "config.yaml").read_text()
+    for damaged in ("task: [unclosed\n", "seed: 3\n"):  # not YAML; YAML but not a run's config
+        (run / "config.yaml").write_text(damaged)
+        res = _run_cli(f"resume={run}")
+        assert res.returncode == 2 and "is not a readable policies.train config" in res.stderr, res.stderr
+        assert "Traceback" not in res.stderr and (run / "config.yaml").read_text() == damaged
+    (run / "config.yaml").write_text(saved)
 
 
 def test_track_reference_is_consistent():
