@@ -103,9 +103,13 @@ def test_nonfinite_state_is_reset_and_counted():
     env.backend.state[2, POS] = float("nan")
     obs, reward, term, trunc, info = env.step(torch.zeros(4, 4))
     assert env.nonfinite_resets == 1 and info["nonfinite"].tolist() == [False, False, True, False]
-    assert term[2] and reward[2] == 0
+    assert term[2] and reward[2] == 0 and torch.isfinite(info["episode_return"]).all()
     assert all(torch.isfinite(v).all() for v in obs.values())
     assert all(torch.isfinite(v).all() for v in info["final_obs"].values())
+    assert torch.isfinite(env.episode_return).all()
+    # The vector env takes a sample of its own action space (NumPy) as well as a tensor.
+    obs, reward, *_ = env.step(env.action_space.sample())
+    assert reward.shape == (4,) and torch.isfinite(reward).all()
 
 
 def _return(actor, cfg, steps=200, n=128) -> float:

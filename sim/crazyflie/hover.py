@@ -466,28 +466,30 @@ class QuadHoverEnv(gym.vector.VectorEnv):
 
     @torch.no_grad()
     def step(self, action: torch.Tensor):
-        action = action.to(self.device, torch.float32).clamp(-1.0, 1.0)
+        action = torch.as_tensor(action, dtype=torch.float32, device=self.device).clamp(-1.0, 1.0)
         noise = self._observation_noise()
         self.total_steps += self.num_envs
         curriculum = torch.tensor(self.curriculum(), device=self.device)
         obs, reward, failed, finite, position_error = self._transition_fn(action, noise, curriculum)
         truncated = (self.t >= self.max_steps) & ~failed
-        done = failed | truncated
+        done = failed | truncated  # a non-finite state fails
+        any_done = bool(done.any())
+        bad = ~finite
+        any_bad = any_done and bool(bad.any())
+        if any_bad:  # never let a non-finite state reach training or the returns: zero its reward
+            reward = torch.where(bad, torch.zeros_like(reward), reward)
         self.episode_return += reward
 
         info: dict = {}
-        if done.any():
+        if any_done:
             idx = done.nonzero().squeeze(-1)
             info["final_obs"] = obs
             info["_final_obs"] = done
             info["episode_return"] = self.episode_return[idx].clone()
             info["episode_length"] = self.t[idx].float() * POLICY_PERIOD  # s
-            bad = ~finite
-            if bad.any():
-                # Never let a non-finite state reach training: zero it, mark it, reset it.
+            if any_bad:  # ... and zero its observation, mark it, reset it
                 self.nonfinite_resets += int(bad.sum())
                 info["nonfinite"] = bad
-                reward = torch.where(bad, torch.zeros_like(reward), reward)
                 info["final_obs"] = {k: torch.nan_to_num(v, 0.0, 0.0, 0.0) for k, v in obs.items()}
             self._reset_envs(idx)
             # The new episodes' first observation. Its noise is this step's draw, which final_obs
