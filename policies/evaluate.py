@@ -113,25 +113,28 @@ def evaluate_hover(
     cfg.init, cfg.randomization, cfg.noise = criterion.init, criterion.randomization, criterion.noise
     cfg.episode_seconds = EPISODE_SECONDS + 1.0  # no autoreset inside the window
     env = get_task(cfg.name).env_cls(cfg, episodes, device=device, seed=seed, backend=backend)
-    obs, _ = env.reset(seed=seed)
-    steps = int(round(EPISODE_SECONDS / POLICY_PERIOD))
-    last = int(round(LAST_SECONDS / POLICY_PERIOD))
-    # Per step only copies; the measures are computed once over [T, episodes] after the episodes
-    # (per-step arithmetic on 100 values cost ~25 % of a torch evaluation).
-    err = torch.zeros(steps, episodes)  # m
-    offset = torch.zeros(steps, episodes, 3)  # position - target, world, m
-    quat = torch.zeros(steps, episodes, 4)
-    acc_ref = torch.zeros(steps, episodes, 3)  # reference acceleration, world, m/s^2
-    terminated = torch.zeros(steps, episodes, dtype=torch.bool)
-    for t in range(steps):
-        obs, _, term, _, info = env.step(policy(obs["policy"]))
-        if frames_cb is not None:
-            frames_cb(env, t)
-        err[t] = info["position_error"]
-        offset[t] = env.backend.state[:, POS] - env.reference()[0]
-        quat[t] = env.backend.state[:, QUAT]
-        acc_ref[t] = env.reference_acceleration()
-        terminated[t] = term
+    try:
+        obs, _ = env.reset(seed=seed)
+        steps = int(round(EPISODE_SECONDS / POLICY_PERIOD))
+        last = int(round(LAST_SECONDS / POLICY_PERIOD))
+        # Per step only copies; the measures are computed once over [T, episodes] after the episodes
+        # (per-step arithmetic on 100 values cost ~25 % of a torch evaluation).
+        err = torch.zeros(steps, episodes)  # m
+        offset = torch.zeros(steps, episodes, 3)  # position - target, world, m
+        quat = torch.zeros(steps, episodes, 4)
+        acc_ref = torch.zeros(steps, episodes, 3)  # reference acceleration, world, m/s^2
+        terminated = torch.zeros(steps, episodes, dtype=torch.bool)
+        for t in range(steps):
+            obs, _, term, _, info = env.step(policy(obs["policy"]))
+            if frames_cb is not None:
+                frames_cb(env, t)
+            err[t] = info["position_error"]
+            offset[t] = env.backend.state[:, POS] - env.reference()[0]
+            quat[t] = env.backend.state[:, QUAT]
+            acc_ref[t] = env.reference_acceleration()
+            terminated[t] = term
+    finally:  # PyBullet's physics client, MuJoCo's renderer
+        env.close()
     # An episode has left from the first step it terminated, got farther than 1 m or went non-finite.
     left_by = (terminated | (err > MAX_DISTANCE) | ~torch.isfinite(err)).cummax(0).values
     left = left_by[-1]
@@ -215,10 +218,13 @@ def evaluate_success(policy: Policy, task_cfg, episodes: int = 100, backend: str
     success holds at any step of it. A policy that returns a chunk
     [N, H, A] executes its H actions before it is queried again (all envs query together)."""
     env = get_task(task_cfg.name).env_cls(task_cfg, episodes, device=device, seed=seed, backend=backend)
-    obs, _ = env.reset(seed=seed)
-    with torch.random.fork_rng():  # a stochastic policy (w ~ N(0, I)) draws reproducibly, training RNG untouched
-        torch.manual_seed(seed)
-        success, steps = success_episodes(env, obs, lambda o, _: policy(o["policy"]))
+    try:
+        obs, _ = env.reset(seed=seed)
+        with torch.random.fork_rng():  # a stochastic policy (w ~ N(0, I)) draws reproducibly, training RNG untouched
+            torch.manual_seed(seed)
+            success, steps = success_episodes(env, obs, lambda o, _: policy(o["policy"]))
+    finally:
+        env.close()
     ok_steps = steps[success]
     return SuccessResult(success_rate=int(success.sum()) / episodes, episodes=episodes,
                          mean_success_steps=ok_steps.mean().item() if len(ok_steps) else math.nan,

@@ -181,3 +181,15 @@ def test_eval_command_writes_results_plot_and_video(tmp_path):
     r = subprocess.run([sys.executable, "-m", "policies.eval", str(run), "episodes=0"], cwd=ROOT,
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and r.stderr.strip() == "error: episodes=0: expected at least 1", r.stderr
+
+
+def test_an_evaluation_closes_its_simulator():
+    """Every PyBullet evaluation disconnects its physics client (each held a world of vehicles
+    until the process ended; the closed-loop benchmark opened one per batch)."""
+    import pybullet as p
+
+    policy, rec = ckpt.load_policy(PRETRAINED)
+    task_cfg, _ = to_objects(OmegaConf.create(rec["config"]))
+    for seed in range(3):
+        evaluate_hover(policy, task_cfg, episodes=4, backend="pybullet", seed=seed)
+    assert not any(p.isConnected(physicsClientId=i) for i in range(16))

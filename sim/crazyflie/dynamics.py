@@ -172,3 +172,6 @@ class TorchBackend:
         self.state = rk4_step(self.state, rpm_cmd, self.vehicle, self.params, force_world, torque_body, self.dt,
                               self.substeps)
         return self.state
+
+    def close(self) -> None:
+        """Nothing to free: the state is a tensor."""

@@ -499,6 +499,11 @@ class QuadHoverEnv(gym.vector.VectorEnv):
         info["position_error"] = position_error
         return obs, reward, failed, truncated, info
 
+    def close_extras(self, **kwargs) -> None:
+        """Free the simulator's resources (PyBullet's physics client, MuJoCo's renderer);
+        gymnasium's ``close()`` calls this."""
+        self.backend.close()
+
     # ----------------------------------------------------------------- checkpointing
     def state_dict(self) -> dict:
         """Everything needed to continue bit-exactly after a resume."""
