@@ -55,6 +55,7 @@ def vehicles(n: int) -> VehicleBatch:
     v = VehicleBatch.nominal(n, NOMINAL)
     v.mass[1:] *= 1.1
     v.inertia[1:] *= torch.tensor((1.1, 0.9, 1.2))
+    v.kf[1:] *= 0.95
     v.km[1:] *= 1.2
     v.motor_tau[1:] = 0.1
     v.thrust_scale[1:] = 1.05
