@@ -206,8 +206,16 @@ def run(cfg: DictConfig, run_dir: Path, resume_state: dict | None, t_start: floa
     seconds_before = tr["seconds"]
     last_ckpt = time.time()
     success = tr["evals"][-1]["success_rate"] if tr["evals"] else float("nan")
-    stop = False
-    if cfg.eval_at_start and not tr["evals"]:  # the starting point of a learning curve
+    # A resumed run that already passed (and still stops at a pass) or whose budget is spent has
+    # nothing left to do: one more iteration would train past its end, and a later pass replace
+    # best.pt.
+    done = ("it passed" if tr["passed"] and cfg.stop_at_success > 0 else
+            "its budget is spent" if tr["env_steps"] >= budget or tr["seconds"] >= cfg.max_seconds else None)
+    stop = done is not None
+    if stop:
+        bar.write(f"resume={run_dir}: nothing to train, {done} at {tr['env_steps']:,} {unit}s "
+                  f"(raise max_env_steps or max_seconds, or set stop_at_success=0, to go on)")
+    if not stop and cfg.eval_at_start and not tr["evals"]:  # the starting point of a learning curve
         success, stop = evaluate_and_keep_best()
     while not stop:
         t0 = time.time()

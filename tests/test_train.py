@@ -399,6 +399,20 @@ def test_resume_errors_overwrite_nothing(tmp_path):
     (run / "config.yaml").write_text(saved)
 
 
+def test_resuming_a_finished_run_trains_nothing(tmp_path):
+    """A run whose budget is spent, resumed without a new budget, leaves its checkpoints as they
+    were (it used to train one more iteration); with a larger budget it goes on."""
+    run = tmp_path / "run"
+    assert train_main([*TINY, f"run_dir={run}", "max_env_steps=1024"]) in (0, 1)
+    last, best = (run / ckpt.LAST).read_bytes(), (run / ckpt.BEST).read_bytes()
+    res = _run_cli(f"resume={run}")
+    assert res.returncode in (0, 1) and "nothing to train, its budget is spent at 1,024 steps" in res.stdout + res.stderr
+    assert (run / ckpt.LAST).read_bytes() == last and (run / ckpt.BEST).read_bytes() == best
+    res = _run_cli(f"resume={run}", "max_env_steps=2048", "progress=false")
+    assert res.returncode in (0, 1), res.stderr
+    assert torch.load(run / ckpt.LAST, weights_only=False)["trainer"]["env_steps"] == 2048
+
+
 def test_track_reference_is_consistent():
     """quad_track: the reference velocity and acceleration are the derivatives of the reference
     position and velocity, and the mean speed along the figure-eight is the configured one."""
