@@ -82,7 +82,9 @@ _register_schemas()
 
 
 def _register_task_schema(task: str) -> None:
-    ConfigStore.instance().store(group="task", name=f"{task}_schema", node=get_task(task).config_cls)
+    """The task's typed schema, holding its defaults (sim/registry.py: e.g. quad_track's 10 s
+    episodes), so that its YAML file names the task and nothing else."""
+    ConfigStore.instance().store(group="task", name=f"{task}_schema", node=get_task(task).default_config())
 
 
 # The task of a command line that names none: config/config.yaml's default.

@@ -23,7 +23,8 @@ from sim.registry import get_task
 
 from . import checkpoint as ckpt
 from .config import UserError, check_device, to_objects
-from .evaluate import EPISODE_SECONDS, LAST_SECONDS, MEAN_ERROR_LAST_2S, EvalResult, evaluate_hover, evaluate_success
+from .evaluate import (EPISODE_SECONDS, LAST_SECONDS, MEAN_ERROR_LAST_2S, SUCCESS_RATE_REQUIRED, EvalResult,
+                       evaluate_hover, evaluate_success)
 
 OPTIONS = {"backend": str, "episodes": int, "video": bool, "plot": bool, "seed": int, "device": str, "effects": str}
 DEFAULTS = {"backend": None, "episodes": 100, "video": False, "plot": True, "seed": 12345, "device": "cpu",
@@ -122,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
         path = run_dir / "eval_mujoco.gif"
         imageio.mimsave(path, frames, duration=0.03)
         print(f"video: {path}")
-    return 0 if res.success_rate >= 0.95 else 1
+    return 0 if res.success_rate >= SUCCESS_RATE_REQUIRED else 1
 
 
 if __name__ == "__main__":
