@@ -180,8 +180,6 @@ class DiffusionBC:
             demos = ds.load(path, task=env.cfg.name, obs_dim=obs_dim, act_dim=act_dim).first(cfg.max_episodes)
         except ds.DatasetError as e:
             raise UserError(str(e)) from None
-        self.dataset_info = {"path": path, "episodes": demos.num_episodes,
-                             "successful": int(demos.episode_success().sum()), "steps": len(demos.action)}
         self.obs = torch.as_tensor(demos.obs, device=device)
         self.chunks = torch.as_tensor(demos.action_chunks(cfg.pred_horizon), device=device)
         self.model = DiffusionPolicy(obs_dim, act_dim, cfg.pred_horizon, cfg.exec_horizon, cfg.diffusion_steps,

@@ -21,16 +21,14 @@ class Field:
 
 class ContractBase:
     """Mixin for a frozen dataclass with ``observation: tuple[Field, ...]``, ``action_size``,
-    ``version`` and an ``extra`` dict that is not part of the contract."""
+    ``version`` and the other fields that make up the contract."""
 
     @property
     def obs_size(self) -> int:
         return sum(f.size for f in self.observation)
 
     def to_json(self) -> str:
-        d = asdict(self)
-        d.pop("extra", None)
-        return json.dumps(d, sort_keys=True)
+        return json.dumps(asdict(self), sort_keys=True)
 
     def mismatch(self, other_json: str) -> list[str]:
         """Names of contract fields that differ from a serialized contract ([] if equal)."""

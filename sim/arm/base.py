@@ -32,6 +32,14 @@ times ``IKConfig.max_delta`` = 0.02 m (0.4 m/s at 20 Hz), turned into joint targ
 differential IK of control.py (gripper pointing down, yaw fixed); gripper: -1 = open (fingers
 0.08 m apart), +1 = closed, linear in between (the fingers move at up to 0.05 m/s each).
 ``nominal_action`` 0.0 holds the TCP still with the gripper half open.
+The end-effector pose is controlled and observed in position only: the IK holds the gripper
+pointing down at a fixed yaw, as OpenAI's Fetch push and pick-and-place tasks do with their 4-D
+action (Plappert et al. 2018), which is what pushing and top-down grasping of the cube need: at
+a randomized cube yaw the closing fingers turn the cube square or hold it across its vertical
+edges (pick_place.py, ``expert_action``; the scripted experts pass their tests at nominal noise
+over the randomized yaws). The observation leaves the TCP orientation out: the IK holds it.
+A task that needs wrist rotation would add a yaw delta to the action and the TCP quaternion to
+the observation: a new contract version (contract.py).
 Control period 0.05 s (20 Hz), 25 physics steps of 2 ms each.
 
 Episodes: reward_type "sparse" gives 1.0 at every step where the task's success holds, else 0.0

@@ -5,7 +5,7 @@ Exported arm policies carry it in their ONNX metadata; loaders compare it and re
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from sim.contract import ContractBase, Field
 
@@ -31,7 +31,6 @@ class ArmContract(ContractBase):
     action_meaning: str = (f"[dx, dy, dz] TCP displacement per step = a * {IKConfig().max_delta} m, world frame "
                            "(differential IK, gripper down, yaw fixed); gripper -1 open .. +1 closed")
     policy_period_s: float = NOMINAL.sim.control_period
-    extra: dict = field(default_factory=dict, compare=False, hash=False)
 
 
 CONTRACT = ArmContract()

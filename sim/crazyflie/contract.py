@@ -7,7 +7,7 @@ this one on load and refuses a mismatch.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from sim.contract import ContractBase, Field
 
@@ -32,7 +32,6 @@ class PolicyContract(ContractBase):
     rpm_max: float = NOMINAL.rpm_max
     policy_period_s: float = 0.01
     quaternion_convention: str = "w,x,y,z body->world"
-    extra: dict = field(default_factory=dict, compare=False, hash=False)
 
 
 CONTRACT = PolicyContract()
