@@ -382,6 +382,20 @@ def test_policy_runs_from_the_perceived_cube():
     assert other.perception.failures == env.perception.failures
 
 
+def test_eval_runs_a_state_policy_from_the_perceived_cube(base_run, run_dir):
+    """policies.eval obs_source=perception: a policy trained on the simulator's cube runs from the
+    camera's estimate, its result written beside the state evaluation; refused where it has no
+    meaning (a quadrotor run) and for an unknown source, in one line."""
+    r = cli("policies.eval", str(base_run), "episodes=2", "obs_source=perception")
+    assert r.returncode == 0 and "success" in r.stdout, r.stdout + r.stderr
+    assert (base_run / "eval_mujoco_perception.json").is_file()
+    r = cli("policies.eval", str(base_run), "episodes=2", "obs_source=camera")
+    assert r.returncode == 2 and "obs_source='camera': expected state or perception" in r.stderr
+    assert "Traceback" not in r.stderr
+    r = cli("policies.eval", str(run_dir), "obs_source=perception")
+    assert r.returncode == 2 and "obs_source applies to the manipulation tasks" in r.stderr
+
+
 def test_dsrl_na_loads_demonstrations(base_run, demos):
     """algo.demos: every demonstration becomes decisions of exec_horizon steps in Q^A's buffer,
     an episode's last one ending the return; DSRL-SAC (whose buffer holds noises) refuses them."""
