@@ -125,8 +125,9 @@ def compose_config(overrides: list[str]) -> DictConfig:
     if len(set(cfg.confirm_backends)) < len(cfg.confirm_backends):
         raise UserError(f"confirm_backends={list(cfg.confirm_backends)}: name each simulator once")
     counts = {k: cfg[k] for k in ("confirm_episodes", "eval_episodes", "threads", "max_env_steps", "eval_every_steps")}
-    if "num_envs" in cfg.algo:
-        counts["algo.num_envs"] = cfg.algo.num_envs
+    for key in ("num_envs", "gradient_steps", "eval_every_updates"):  # in the algorithms that have them
+        if key in cfg.algo:
+            counts[f"algo.{key}"] = cfg.algo[key]
     for key, value in counts.items():
         if value < 1:
             raise UserError(f"{key}={value}: expected at least 1")

@@ -193,7 +193,8 @@ def run(cfg: DictConfig, run_dir: Path, resume_state: dict | None, t_start: floa
         if reached or (better and not tr["passed"]):
             tr["best_success"], tr["best_error"] = res.success_rate, res.tiebreak
             ckpt.save_atomic(ckpt.policy_record(algo.actor, cfg, rec, tr["env_steps"], steps_key), run_dir / ckpt.BEST)
-        tr["passed"] = tr["passed"] or reached
+        if reached:
+            tr["passed"], tr["passed_at"] = True, cfg.stop_at_success
         if reached and tr["time_to_success"] is None:
             tr["time_to_success"] = time.time() - t_start if resume_state is None else None
         confirm = (" | new episodes: " + ", ".join(f"{b} {v * 100:.0f}%" for b, v in rec["confirm"].items())
@@ -206,15 +207,22 @@ def run(cfg: DictConfig, run_dir: Path, resume_state: dict | None, t_start: floa
     seconds_before = tr["seconds"]
     last_ckpt = time.time()
     success = tr["evals"][-1]["success_rate"] if tr["evals"] else float("nan")
-    # A resumed run that already passed (and still stops at a pass) or whose budget is spent has
-    # nothing left to do: one more iteration would train past its end, and a later pass replace
-    # best.pt.
-    done = ("it passed" if tr["passed"] and cfg.stop_at_success > 0 else
-            "its budget is spent" if tr["env_steps"] >= budget or tr["seconds"] >= cfg.max_seconds else None)
+    # A resumed run that passed at the bar it still stops at, or whose budget is spent, has nothing
+    # left to do: one more iteration would train past its end. (A raised bar trains on to a pass at
+    # it, which then replaces best.pt.)
+    done = None
+    if resume_state is not None:
+        passed_at = tr.get("passed_at", cfg.stop_at_success)  # runs of older revisions lack it
+        if tr["passed"] and 0 < cfg.stop_at_success <= passed_at:
+            done = (f"it passed at stop_at_success={passed_at}; a higher stop_at_success trains on to a pass "
+                    f"at that bar")
+        elif tr["env_steps"] >= budget or tr["seconds"] >= cfg.max_seconds:
+            more = ("start a new run with a larger algo.gradient_steps, or raise max_seconds" if offline
+                    else "raise max_env_steps or max_seconds")
+            done = f"its budget is spent; to go on, {more}"
+        if done:
+            bar.write(f"resume={run_dir}: nothing to train at {tr['env_steps']:,} {unit}s: {done}")
     stop = done is not None
-    if stop:
-        bar.write(f"resume={run_dir}: nothing to train, {done} at {tr['env_steps']:,} {unit}s "
-                  f"(raise max_env_steps or max_seconds, or set stop_at_success=0, to go on)")
     if not stop and cfg.eval_at_start and not tr["evals"]:  # the starting point of a learning curve
         success, stop = evaluate_and_keep_best()
     while not stop:

@@ -304,6 +304,7 @@ def test_a_pass_is_confirmed_in_every_simulator(tmp_path, monkeypatch):
     (["threads=0"], "threads=0: expected at least 1"),
     (["algo.num_envs=0"], "algo.num_envs=0: expected at least 1"),  # would spin until max_seconds
     (["max_seconds=-1"], "max_seconds=-1.0: expected > 0"),
+    (["task=arm_push", "algo=diffusion_bc", "algo.gradient_steps=0"], "algo.gradient_steps=0: expected at least 1"),
     (["task=quad_hoover"], "unknown task 'quad_hoover'. Valid tasks: arm_pick_place, arm_push, arm_reach, quad_hover, quad_track"),
     (["seed=abc"], "seed=abc"),
     (["not_a_key=1"], "not_a_key"),
@@ -406,11 +407,23 @@ def test_resuming_a_finished_run_trains_nothing(tmp_path):
     assert train_main([*TINY, f"run_dir={run}", "max_env_steps=1024"]) in (0, 1)
     last, best = (run / ckpt.LAST).read_bytes(), (run / ckpt.BEST).read_bytes()
     res = _run_cli(f"resume={run}")
-    assert res.returncode in (0, 1) and "nothing to train, its budget is spent at 1,024 steps" in res.stdout + res.stderr
+    assert res.returncode in (0, 1) and "nothing to train at 1,024 steps: its budget is spent" in res.stdout + res.stderr
     assert (run / ckpt.LAST).read_bytes() == last and (run / ckpt.BEST).read_bytes() == best
     res = _run_cli(f"resume={run}", "max_env_steps=2048", "progress=false")
     assert res.returncode in (0, 1), res.stderr
     assert torch.load(run / ckpt.LAST, weights_only=False)["trainer"]["env_steps"] == 2048
+    # A run that passed at 0.5 (the state a pass leaves, written here) has nothing to train while it
+    # stops at 0.5, with budget left; a raised bar trains on.
+    state = torch.load(run / ckpt.LAST, weights_only=False)
+    state["trainer"].update(passed=True, passed_at=0.5)
+    ckpt.save_atomic(state, run / ckpt.LAST)
+    last = (run / ckpt.LAST).read_bytes()
+    res = _run_cli(f"resume={run}", "max_env_steps=4096", "stop_at_success=0.5")
+    assert res.returncode in (0, 1) and "nothing to train at 2,048 steps: it passed at stop_at_success=0.5" in res.stdout
+    assert (run / ckpt.LAST).read_bytes() == last
+    res = _run_cli(f"resume={run}", "max_env_steps=4096", "stop_at_success=0.99", "progress=false")
+    assert res.returncode in (0, 1), res.stderr
+    assert torch.load(run / ckpt.LAST, weights_only=False)["trainer"]["env_steps"] == 4096
 
 
 def test_track_reference_is_consistent():
