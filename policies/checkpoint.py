@@ -89,10 +89,16 @@ def policy_from_record(rec: dict, where: Path, device="cpu") -> torch.nn.Module:
     return policy.eval()
 
 
-def load_policy(run_dir: str | Path, device="cpu") -> tuple[torch.nn.Module, dict]:
-    """The best policy of a run (eval mode) and its record (config, eval result, steps)."""
+def load_record(run_dir: str | Path, device="cpu") -> dict:
+    """The record of a run's best policy (class, constructor arguments, weights, config, eval)."""
     path = Path(run_dir) / BEST
     rec = load(path, device)
     if not isinstance(rec, dict) or not isinstance(rec.get("config"), dict):
         raise CheckpointError(f"{path} is not a policy record of policies.train (no config in it)")
-    return policy_from_record(rec, path, device), rec
+    return rec
+
+
+def load_policy(run_dir: str | Path, device="cpu") -> tuple[torch.nn.Module, dict]:
+    """The best policy of a run (eval mode) and its record (config, eval result, steps)."""
+    rec = load_record(run_dir, device)
+    return policy_from_record(rec, Path(run_dir) / BEST, device), rec

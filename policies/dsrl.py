@@ -138,12 +138,13 @@ def load_base(run_dir: str, task: str, obs_dim: int, act_dim: int, device) -> tu
     if not run_dir:
         raise UserError("algo=dsrl needs algo.base=<run dir of an algo=diffusion_bc run of this task>")
     try:
-        base, rec = ckpt.load_policy(run_dir, device)
+        rec = ckpt.load_record(run_dir, device)
+        if rec.get("policy_class") != "DiffusionPolicy":  # the kind first: a PPO run of any revision
+            raise UserError(f"algo.base={run_dir} holds a '{rec.get('policy_class')}' policy; DSRL steers a "
+                            f"diffusion policy (train one with python -m policies.train task={task} algo=diffusion_bc)")
+        base = ckpt.policy_from_record(rec, Path(run_dir) / ckpt.BEST, device)
     except ckpt.CheckpointError as e:
         raise UserError(f"algo.base={run_dir}: {e}") from None
-    if not isinstance(base, DiffusionPolicy):
-        raise UserError(f"algo.base={run_dir} holds a '{rec['policy_class']}' policy; DSRL steers a diffusion "
-                        f"policy (train one with python -m policies.train task={task} algo=diffusion_bc)")
     base_task, spec = rec["config"]["task"]["name"], base.spec
     if base_task != task or spec["obs_dim"] != obs_dim or spec["act_dim"] != act_dim:
         raise UserError(f"algo.base={run_dir} was trained on '{base_task}' (obs {spec['obs_dim']}, action "

@@ -99,11 +99,12 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         if o["obs_source"] is not None:
             task_cfg.obs_source = o["obs_source"]
-        try:
-            res = evaluate_success(actor, task_cfg, o["episodes"], "mujoco", o["seed"], o["device"])
-        except ValueError as e:  # a value the task refuses, e.g. obs_source=perception without a cube
-            print(f"error: task {task_cfg.name}: {e}", file=sys.stderr)
-            return 2
+            try:
+                get_task(task_cfg.name).env_cls.check_config(task_cfg)
+            except ValueError as e:  # e.g. obs_source=perception for a task without a cube
+                print(f"error: task {task_cfg.name}: {e}", file=sys.stderr)
+                return 2
+        res = evaluate_success(actor, task_cfg, o["episodes"], "mujoco", o["seed"], o["device"])
         print(res.summary())
         name = "eval_mujoco_perception.json" if task_cfg.obs_source == "perception" else "eval_mujoco.json"
         (run_dir / name).write_text(json.dumps(res.as_dict(), indent=2))

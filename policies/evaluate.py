@@ -31,11 +31,11 @@ import torch
 from sim.crazyflie.dynamics import POS, QUAT, quat_to_rotmat
 from sim.crazyflie.hover import POLICY_PERIOD
 from sim.crazyflie.params import GRAVITY
-from sim.registry import get_task
+from sim.registry import HOVER_SUCCESS_RATE, get_task
 
 Policy = Callable[[torch.Tensor], torch.Tensor]  # obs [N, D] -> action [N, A] or chunk [N, H, A]
 
-SUCCESS_RATE_REQUIRED = 0.95
+SUCCESS_RATE_REQUIRED = HOVER_SUCCESS_RATE
 MAX_DISTANCE = 1.0  # m
 MEAN_ERROR_LAST_2S = 0.05  # m
 MAX_TILT_LAST_2S = 10.0  # deg

@@ -17,8 +17,8 @@ from sim.crazyflie.hover import BACKENDS as QUAD_BACKENDS
 # pass is confirmed in all three simulators (the criterion's own demand; a torch-only confirmation let
 # a policy stop that scored 90 % in PyBullet), only when the replayed evaluation passes: ~0.25 s in
 # torch, then MuJoCo (~2.1 s) and PyBullet (~2.7 s) at once, ~3.0 s in all (ad-hoc timing, 2 cores).
-QUAD_RUN = {"max_env_steps": 200_000_000, "eval_every_steps": 500_000,
-            "stop_at_success": 0.95,  # the criterion's rate (policies/evaluate.py SUCCESS_RATE_REQUIRED)
+HOVER_SUCCESS_RATE = 0.95  # the hover criterion's required rate in each simulator (policies/evaluate.py)
+QUAD_RUN = {"max_env_steps": 200_000_000, "eval_every_steps": 500_000, "stop_at_success": HOVER_SUCCESS_RATE,
             "confirm_backends": list(QUAD_BACKENDS)}
 # Manipulation (MuJoCo, ~1-2k env steps/s): 50k steps, evaluate every 5k, never stop early.
 ARM_RUN = {"max_env_steps": 50_000, "eval_every_steps": 5_000, "stop_at_success": 0.0, "confirm_backends": ["mujoco"]}

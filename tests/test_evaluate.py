@@ -184,12 +184,25 @@ def test_eval_command_writes_results_plot_and_video(tmp_path):
 
 
 def test_an_evaluation_closes_its_simulator():
-    """Every PyBullet evaluation disconnects its physics client (each held a world of vehicles
-    until the process ended; the closed-loop benchmark opened one per batch)."""
+    """Every PyBullet evaluation disconnects its physics client, also when it fails midway (each
+    held a world of vehicles until the process ended; the closed-loop benchmark opened one per
+    batch). Compared with the clients open before, which other tests in this process may hold."""
     import pybullet as p
+
+    def connected() -> set[int]:
+        return {i for i in range(64) if p.isConnected(physicsClientId=i)}
 
     policy, rec = ckpt.load_policy(PRETRAINED)
     task_cfg, _ = to_objects(OmegaConf.create(rec["config"]))
+    before = connected()
     for seed in range(3):
         evaluate_hover(policy, task_cfg, episodes=4, backend="pybullet", seed=seed)
-    assert not any(p.isConnected(physicsClientId=i) for i in range(16))
+    assert connected() == before
+
+    def crash(env, t):
+        assert len(connected()) == len(before) + 1  # the evaluation's own client is open here
+        raise RuntimeError("a frame callback fails")
+
+    with pytest.raises(RuntimeError, match="frame callback"):
+        evaluate_hover(policy, task_cfg, episodes=4, backend="pybullet", frames_cb=crash)
+    assert connected() == before

@@ -262,6 +262,12 @@ def test_dsrl_refuses_a_bad_base(tmp_path, run_dir, base_run):
     assert r.returncode == 2 and "no checkpoint at" in r.stderr and "Traceback" not in r.stderr
     r = cli("policies.train", "task=arm_push", "algo=dsrl", f"algo.base={run_dir}", f"run_dir={tmp_path / 'b'}", *FAST)
     assert r.returncode == 2 and "holds a 'Actor' policy; DSRL steers a diffusion policy" in r.stderr
+    # ... whatever its networks: a PPO run of another revision is named for its kind, not its layout.
+    rec = torch.load(Path(run_dir) / ckpt.BEST, weights_only=False)
+    ckpt.save_atomic({**rec, "policy_spec": {**rec["policy_spec"], "hidden": [7]}}, tmp_path / "ppo_old" / ckpt.BEST)
+    r = cli("policies.train", "task=arm_push", "algo=dsrl", f"algo.base={tmp_path / 'ppo_old'}",
+            f"run_dir={tmp_path / 'b2'}", *FAST)
+    assert r.returncode == 2 and "holds a 'Actor' policy; DSRL steers a diffusion policy" in r.stderr, r.stderr
     r = cli("policies.train", "task=arm_pick_place", "algo=dsrl", f"algo.base={base_run}",
             f"run_dir={tmp_path / 'c'}", *FAST)
     assert r.returncode == 2 and "was trained on 'arm_push'" in r.stderr

@@ -137,14 +137,12 @@ class ArmEnv(gym.vector.VectorEnv):
     HAS_PAD = False
     nominal_action = 0.0  # what an actor's output is initialised to: hold still, gripper half open
 
-    def __init__(self, cfg: ArmTaskConfig, num_envs: int, device: str | torch.device = "cpu", seed: int = 0,
-                 backend: str = "mujoco", params: ArmParams = NOMINAL):
-        if backend != "mujoco":
-            raise ValueError(f"unknown backend '{backend}' for task '{cfg.name}': the arm tasks run on MuJoCo only "
-                             "(backend='mujoco')")
+    @classmethod
+    def check_config(cls, cfg: ArmTaskConfig, params: ArmParams = NOMINAL) -> None:
+        """ValueError naming the first value this task cannot run with, before a model is built."""
         if cfg.obs_source not in ("state", "perception"):
             raise ValueError(f"obs_source='{cfg.obs_source}': expected state or perception")
-        if cfg.obs_source == "perception" and not self.HAS_CUBE:
+        if cfg.obs_source == "perception" and not cls.HAS_CUBE:
             raise ValueError(f"obs_source=perception: task '{cfg.name}' has no cube to perceive")
         if cfg.camera not in ("none", "rgb", "depth", "rgbd"):
             raise ValueError(f"camera='{cfg.camera}': expected one of none, rgb, depth, rgbd")
@@ -153,6 +151,13 @@ class ArmEnv(gym.vector.VectorEnv):
             raise ValueError(f"image_size={cfg.image_size}: expected {lo} .. {hi} px")
         if cfg.reward_type not in ("sparse", "time", "dense"):
             raise ValueError(f"reward_type='{cfg.reward_type}': expected 'sparse', 'time' or 'dense'")
+
+    def __init__(self, cfg: ArmTaskConfig, num_envs: int, device: str | torch.device = "cpu", seed: int = 0,
+                 backend: str = "mujoco", params: ArmParams = NOMINAL):
+        if backend != "mujoco":
+            raise ValueError(f"unknown backend '{backend}' for task '{cfg.name}': the arm tasks run on MuJoCo only "
+                             "(backend='mujoco')")
+        self.check_config(cfg, params)
         self.cfg, self.params, self.num_envs = cfg, params, num_envs
         self.device = torch.device(device)
         self.control_period = params.sim.control_period  # s

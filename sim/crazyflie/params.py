@@ -25,7 +25,10 @@ class CrazyflieParams:
     inertia: tuple[float, float, float] = (16.571710e-6, 16.655602e-6, 29.261652e-6)
     # Rotor hub positions in the body frame (x, y), m, order M1..M4: the project issue's
     # (+-0.028, +-0.028) m, as gym-pybullet-drones' cf2x.urdf places them (arm 0.0397 m from the
-    # centre, 0.0397 / sqrt(2) = 0.028 m on each axis; a 79 mm motor-to-motor diagonal).
+    # centre, 0.0397 / sqrt(2) = 0.028 m on each axis; a 79 mm motor-to-motor diagonal). Bitcraze's
+    # 92 mm (frame_half_extents below) is often quoted as the rotor-to-rotor diagonal; read that way,
+    # the real hubs sit at ~32.5 mm per axis, ~16 % farther out than these (more roll/pitch torque
+    # per unit of thrust difference), a difference the randomized inertia does not cover.
     rotor_xy: tuple[tuple[float, float], ...] = (
         (0.028, -0.028),  # M1 front-right
         (-0.028, -0.028),  # M2 back-right
