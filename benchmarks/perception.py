@@ -5,7 +5,10 @@ Three measurements, each against MuJoCo's cube body position:
      centre estimator, at 84 px, then box_fit at 64 and 96 px and with Gaussian depth noise;
   2. the scripted push expert: every control step of ``--episodes`` episodes (the gripper near,
      touching and hiding the cube, the cube tipping on an edge while pushed);
-  3. time per estimate and per depth render.
+  3. time per estimate and per depth render;
+  4. what a policy observes with ``obs_source=perception`` along the scripted pick-and-place
+     expert (arm_pick_place): the estimate where the camera sees the cube, else the one held
+     or carried with the gripper (``Perception``), on the table and lifted.
 
     python -m benchmarks.perception [--scenes 50] [--episodes 8] [--no-write]
 """
@@ -23,6 +26,7 @@ import numpy as np
 os.environ.setdefault("MUJOCO_GL", "egl")  # headless, as sim/arm/base.py: before mujoco is imported
 import mujoco
 
+from sim.arm.base import CUBE_POS
 from sim.arm.perception import PerceptionConfig, estimate_cube_position
 from sim.registry import get_task
 
@@ -109,6 +113,36 @@ def row(label: str, errs: np.ndarray, secs: np.ndarray) -> str:
     return f"| {label} | {ok.sum()}/{len(errs)} | {stats} | {secs.mean() * 1000:.1f} |"
 
 
+def observed_pick_place(episodes: int) -> str:
+    """Table rows: the cube position in the policy observation of arm_pick_place with
+    obs_source=perception against MuJoCo's, every control step of the scripted expert."""
+    spec = get_task("arm_pick_place")
+    cfg = spec.default_config()
+    cfg.obs_source = "perception"
+    env = spec.env_cls(cfg, 1, seed=0)
+    half = env.params.cube.half
+    errs, lifted, seen = [], [], []
+    for episode in range(episodes):
+        obs, _ = env.reset(seed=2000 + episode)
+        while True:
+            obs, _, terminated, truncated, info = env.step(env.expert_action())
+            if bool(terminated[0] or truncated[0]):
+                break
+            cube = obs["critic"][0, CUBE_POS].numpy()
+            errs.append(np.linalg.norm(obs["policy"][0, CUBE_POS].numpy() - cube))
+            lifted.append(cube[2] > half + 0.005)
+            seen.append(env.perception.estimates[0].ok)
+    env.close()
+    errs, lifted, seen = np.array(errs) * 1000, np.array(lifted), np.array(seen)
+    lines = ["| pick-and-place expert frames | frames | estimated in the frame | error mean [mm] | p95 [mm] | max [mm] |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for label, sel in (("cube on the table", ~lifted), ("cube lifted (grasped, carried)", lifted)):
+        e = errs[sel]
+        lines.append(f"| {label} | {sel.sum()} | {seen[sel].sum()} | {e.mean():.2f} | {np.percentile(e, 95):.2f} | "
+                     f"{e.max():.2f} |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--scenes", type=int, default=50)
@@ -174,6 +208,7 @@ def main() -> None:
             lines.append(row(f"... frames where {lo:.0%}-{min(hi, 1):.0%} of the cube's pixels are not hidden by the arm",
                              errs[sel], secs[sel]))
     failed = ", ".join(f"{n} x '{r}'" for r, n in reasons.most_common())
+    observed = observed_pick_place(args.episodes)
 
     body = "\n".join(lines) + f"""
 
@@ -185,6 +220,12 @@ Push expert frames without an estimate: {failed or 'none'}.
 The arm hides the cube when the hand is between the camera (in front of the table) and the cube, which the expert's pushes toward
 the robot cause; `Perception` then holds the last estimate of the episode. The visible share is
 from MuJoCo segmentation renders with and without the arm.
+
+{observed}
+
+What a policy observes with `task.obs_source=perception` (arm_pick_place, {args.episodes} expert episodes,
+every control step before the episode ends): the camera's estimate where it makes one, else the last one,
+carried with the TCP while the gripper holds the cube (`Perception`, sim/arm/perception.py).
 """
     print(body)
     if not args.no_write:

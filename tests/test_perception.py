@@ -149,7 +149,7 @@ def test_point_cloud_matches_open3d_and_estimates_repeat():
 class _SceneEnv:
     """The part of the arm env interface that Perception uses, over ray-cast scenes."""
 
-    OBJECT_POS = slice(18, 21)
+    OBJECT_POS, TCP_POS, GRIPPER_OPENING = slice(18, 21), slice(14, 17), slice(17, 18)
     params = NOMINAL
 
     def __init__(self, scenes):

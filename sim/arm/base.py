@@ -133,6 +133,7 @@ class ArmEnv(gym.vector.VectorEnv):
 
     metadata = {"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP}
     OBJECT_POS = CUBE_POS  # cube-position slice of the policy observation (the perception code overwrites it)
+    TCP_POS, GRIPPER_OPENING = EE_POS, GRIPPER  # what the perception reads to follow a grasped cube
     HAS_CUBE = True
     HAS_PAD = False
     nominal_action = 0.0  # what an actor's output is initialised to: hold still, gripper half open
@@ -547,9 +548,12 @@ class ArmEnv(gym.vector.VectorEnv):
     def render(self, env_index: int = 0, rgb: bool = True, depth: bool = True) -> dict[str, np.ndarray]:
         """Env ``env_index`` seen by the ``front`` camera at ``image_size``: ``rgb`` uint8 [H, W, 3] and
         ``depth`` float32 [H, W], z-depth in metres (distance along the optical axis; pixels that
-        see nothing read the far clip distance, CameraParams.far). Row 0 is the top of the image."""
+        see nothing read the far clip distance, CameraParams.far). Row 0 is the top of the image.
+        The goal marker (a site) shows in RGB, not in depth: it is a drawing, not a surface."""
         if self._renderer is None:
             s = self.cfg.image_size
+            self._depth_scene_option = mujoco.MjvOption()
+            self._depth_scene_option.sitegroup[:] = 0
             try:
                 self._renderer = mujoco.Renderer(self.models[0], s, s)
             except Exception as e:  # no OpenGL context: say how to get one
@@ -557,10 +561,11 @@ class ArmEnv(gym.vector.VectorEnv):
                                    "needs MUJOCO_GL=egl (GPU or Mesa) or MUJOCO_GL=osmesa, set before mujoco is "
                                    "imported") from e
         r, out = self._renderer, {}
-        r.update_scene(self.datas[env_index], camera=mdl.CAMERA)
         if rgb:
+            r.update_scene(self.datas[env_index], camera=mdl.CAMERA)
             out["rgb"] = r.render().copy()
-        if depth:
+        if depth:  # without the sites: a depth sensor does not see the goal marker
+            r.update_scene(self.datas[env_index], camera=mdl.CAMERA, scene_option=self._depth_scene_option)
             r.enable_depth_rendering()
             out["depth"] = r.render().astype(np.float32)
             r.disable_depth_rendering()

@@ -20,18 +20,19 @@ Algorithm (``estimate_cube_position``):
     image: a pixel in that height range whose image neighbours, one vertical and one horizontal,
     are within ``face_step`` of its height. A wall crossing the height range (arm base, finger,
     link) fails it: one image row down a wall is about a pixel footprint (> 6 mm) lower. Arm
-    links and the hand have no upward face in that range, the goal marker is lower, the pick-and-
-    place pad lower and wider. Among clusters whose face spans at most a cube diagonal plus two
-    pixels, the one with most face pixels wins. Its cube points: the points up to the face plane
-    (not the gripper above it) within a half diagonal plus a pixel of the face centre.
+    links and the hand have no upward face in that range, the pick-and-place pad is lower and
+    wider, and the goal marker is not in the depth image (ArmEnv.render). Among clusters whose
+    face spans at most a cube diagonal plus two pixels, the one with most face pixels wins. Its
+    cube points: the points up to the face plane (not the gripper above it) within a half diagonal
+    plus a pixel of the face centre.
  5. Centre: the visible points (top face and one or two sides) have their centroid ~h toward the
     camera and ~h/2 above the centre: 18 mm off on the arm scene. Default ``centre="box_fit"``:
     a cube of the known size, started from the top-face plane and a yaw grid, is fitted by
     Levenberg-Marquardt (6 DoF) to (a) the distance of each visible cube point to its surface and
     (b) for table pixels around it, the length of their camera ray inside the cube (the camera
     sees the table there, so the cube is not in the way): (b) bounds the cube where its own edges
-    are hidden by the gripper. Points more than ``outlier_distance`` off the fitted surface (goal
-    marker, finger) are dropped and the fit is repeated. Alternatives measured in BENCHMARKS.md
+    are hidden by the gripper. Points more than ``outlier_distance`` off the fitted surface (a
+    finger) are dropped and the fit is repeated. Alternatives measured in BENCHMARKS.md
     ("Cube perception"): ``top_face`` (top-face centroid, one half size down), ``view_shift``
     (centroid moved one half size along the viewing ray), ``centroid``.
  Rejected (``ok=False``, with the reason): no table, nothing on it, no cube-like face, more than
@@ -47,6 +48,7 @@ top face is visible.
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -339,7 +341,7 @@ def _centre_box_fit(p, top, up, h, cam, free, cfg) -> _Fit:
 
     # x = (centre (3), yaw, tilt about e1, tilt about e2); yaw started by a grid over the symmetry
     every = np.ones(len(q), dtype=bool)
-    cap = (3 * cfg.outlier_distance) ** 2  # outliers (goal marker, finger) count at most this in the grid
+    cap = (3 * cfg.outlier_distance) ** 2  # outliers (a finger) count at most this in the grid
 
     def grid_cost(yaw):
         return float(np.minimum(residual(np.array((0.0, 0.0, 0.0, yaw, 0.0, 0.0)), every) ** 2, cap).sum())
@@ -430,9 +432,17 @@ class Perception:
 
     When an estimate fails (the gripper hides the cube, ...) the env keeps its last good estimate
     of the current episode, or, before the first one, the cube's nominal start position
-    (``CubeParams.start_xy``, resting on the table): never the simulator's true value. Call
+    (``CubeParams.start_xy``, resting on the table): never the simulator's true value. A cube in
+    the closed gripper cannot be seen (the fingers hide it, and the cluster that holds it is the
+    arm's): while the gripper's opening spans a cube (``held_opening``) and the last estimate lies
+    at the fingers, the cube is taken to rest where it was last seen until the hand has risen
+    ``lift_margin`` above its lowest point since the grasp, and from then on to move with the TCP
+    at the offset it had there, as a planner attaches a grasped object to the hand
+    (proprioception: the observation's own TCP position and gripper opening). Without that, a lifted cube read as still on the table: the arm_pick_place
+    bench base succeeded 2 % from the estimate against 55 % from the true cube (BENCHMARKS.md). Call
     ``reset(env_ids)`` for envs that start a new episode so that an old estimate is not carried
     over. ``estimates[i]`` is the last estimate of env i, ``failures`` counts failed estimates.
+    Needs ``env.TCP_POS`` and ``env.GRIPPER_OPENING`` (policy-observation slices) for the grasp.
 
         perception = Perception(env)
         obs, _ = env.reset(seed=0)
@@ -452,6 +462,16 @@ class Perception:
         self.config = config or PerceptionConfig(workspace_xy=((cx - hx, cx + hx), (cy - hy, cy + hy)))
         self.nominal = np.array((*p.cube.start_xy, p.cube.half))
         self.last = np.tile(self.nominal, (env.num_envs, 1))
+        # While the gripper holds the cube: the cube minus the TCP when the hand last rested around
+        # it, the TCP's lowest height since the grasp hid it (m, world), whether the hand has lifted
+        # it since; NaN / False otherwise.
+        self.grasp_offset = np.full((env.num_envs, 3), np.nan)
+        self.grasp_low_z = np.full(env.num_envs, np.nan)
+        self.grasp_lifted = np.zeros(env.num_envs, bool)
+        self.lift_margin = 0.005  # m
+        # Openings that span the cube: from its width (fingers on two faces) to its face diagonal
+        # (across two vertical edges), 5 mm of slack each way (m).
+        self.held_opening = (2 * self.cube_half - 0.005, 2 * math.sqrt(2) * self.cube_half + 0.005)
         self.estimates: list[CubeEstimate | None] = [None] * env.num_envs
         self.failures = 0
 
@@ -461,17 +481,32 @@ class Perception:
         K, T_world_cam = self.env.camera_info(env_index)
         return estimate_cube_position(depth, K, T_world_cam, self.cube_half, self.config, self.table_height)
 
+    def _release(self, ids) -> None:
+        """Envs ``ids`` hold no cube (any more)."""
+        self.grasp_offset[ids], self.grasp_low_z[ids], self.grasp_lifted[ids] = np.nan, np.nan, False
+
+    def _at_fingers(self, cube: np.ndarray, tcp: np.ndarray) -> bool:
+        """Whether a cube centred at ``cube`` lies between the fingers at ``tcp`` (world, m):
+        within a cube's half width plus 1.5 cm of the TCP horizontally and 4 cm vertically."""
+        return bool(np.linalg.norm(cube[:2] - tcp[:2]) < self.cube_half + 0.015 and abs(cube[2] - tcp[2]) < 0.04)
+
     def state_dict(self) -> dict:
-        """The estimate each env holds while none can be made, and the failure count."""
-        return {"last": self.last.copy(), "failures": self.failures}
+        """The estimate each env holds while none can be made, its grasp, and the failure count."""
+        return {"last": self.last.copy(), "failures": self.failures, "grasp_offset": self.grasp_offset.copy(),
+                "grasp_low_z": self.grasp_low_z.copy(), "grasp_lifted": self.grasp_lifted.copy()}
 
     def load_state_dict(self, d: dict) -> None:
         self.last, self.failures = np.array(d["last"], copy=True), d["failures"]
+        n = len(self.last)  # checkpoints of older revisions hold no grasp
+        self.grasp_offset = np.array(d.get("grasp_offset", np.full((n, 3), np.nan)), copy=True)
+        self.grasp_low_z = np.array(d.get("grasp_low_z", np.full(n, np.nan)), copy=True)
+        self.grasp_lifted = np.array(d.get("grasp_lifted", np.zeros(n, bool)), copy=True)
 
     def reset(self, env_ids=None) -> None:
         """Forget the last estimate of ``env_ids`` (all envs if None): they start a new episode."""
         ids = np.arange(self.env.num_envs) if env_ids is None else np.asarray(env_ids, dtype=np.int64)
         self.last[ids] = self.nominal
+        self._release(ids)
         for i in ids:
             self.estimates[i] = None
 
@@ -479,13 +514,30 @@ class Perception:
         """Overwrite ``policy_obs[i, env.OBJECT_POS]`` (torch tensor or NumPy array [N, D], in place)
         for ``env_ids`` (all if None) and return the positions written, [len(env_ids), 3] (world, m)."""
         ids = np.arange(self.env.num_envs) if env_ids is None else np.asarray(env_ids, dtype=np.int64)
+        tcp = np.asarray(policy_obs[:, self.env.TCP_POS], dtype=np.float64)
+        opening = np.asarray(policy_obs[:, self.env.GRIPPER_OPENING], dtype=np.float64).reshape(-1)
         for i in ids:
             est = self.estimate(int(i))
             self.estimates[i] = est
             if est.ok:
                 self.last[i] = est.position
-            else:
-                self.failures += 1
+                self._release(i)
+                continue
+            self.failures += 1
+            if not self.held_opening[0] <= opening[i] <= self.held_opening[1]:
+                self._release(i)  # released, or never held: the cube stays where it was last placed
+                continue
+            if np.isnan(self.grasp_low_z[i]):
+                if not self._at_fingers(self.last[i], tcp[i]):
+                    continue  # closed on something else, or not where the cube was last seen
+                self.grasp_low_z[i] = tcp[i, 2]  # the grasp hides the cube
+            if not self.grasp_lifted[i]:
+                self.grasp_low_z[i] = min(self.grasp_low_z[i], tcp[i, 2])
+                if tcp[i, 2] <= self.grasp_low_z[i] + self.lift_margin:  # resting: the hand settles around it
+                    self.grasp_offset[i] = self.last[i] - tcp[i]
+                    continue
+                self.grasp_lifted[i] = True
+            self.last[i] = tcp[i] + self.grasp_offset[i]
         values = self.last[ids]
         if hasattr(policy_obs, "new_tensor"):  # torch: same dtype and device as the observation
             values = policy_obs.new_tensor(values)
