@@ -436,8 +436,8 @@ class Perception:
     the closed gripper cannot be seen (the fingers hide it, and the cluster that holds it is the
     arm's): while the gripper's opening spans a cube (``held_opening``) and the last estimate lies
     at the fingers, the cube is taken to rest where it was last seen until the hand has risen
-    ``lift_margin`` above its lowest point since the grasp, and from then on to move with the TCP
-    at the offset it had there, as a planner attaches a grasped object to the hand
+    ``lift_margin`` above its lowest point since the cube was last seen, and from then on to move
+    with the TCP at the offset it had there, as a planner attaches a grasped object to the hand
     (proprioception: the observation's own TCP position and gripper opening). Without that, a lifted cube read as still on the table: the arm_pick_place
     bench base succeeded 2 % from the estimate against 55 % from the true cube (BENCHMARKS.md). Call
     ``reset(env_ids)`` for envs that start a new episode so that an old estimate is not carried
@@ -468,6 +468,7 @@ class Perception:
         self.grasp_offset = np.full((env.num_envs, 3), np.nan)
         self.grasp_low_z = np.full(env.num_envs, np.nan)
         self.grasp_lifted = np.zeros(env.num_envs, bool)
+        self.seen_tcp = np.full((env.num_envs, 3), np.nan)  # the TCP when the cube was last seen (m, world)
         self.lift_margin = 0.005  # m
         # Openings that span the cube: from its width (fingers on two faces) to its face diagonal
         # (across two vertical edges), 5 mm of slack each way (m).
@@ -488,14 +489,15 @@ class Perception:
     def _at_fingers(self, cube: np.ndarray, tcp: np.ndarray) -> bool:
         """Whether a cube centred at ``cube`` lies between the fingers at ``tcp`` (world, m): within a
         half width of the TCP horizontally and 3 cm vertically. A cube beside the fingers, as a push
-        leaves it, is a half width plus a finger (>= 3.3 cm) away; the scripted grasp holds it within
-        ~1 cm horizontally and ~1.5 cm vertically of where the camera last saw it resting."""
+        leaves it, is a half width plus a finger (>= 3.3 cm) away; the scripted grasp closes with
+        the TCP within a few mm of the cube's centre."""
         return bool(np.linalg.norm(cube[:2] - tcp[:2]) < self.cube_half and abs(cube[2] - tcp[2]) < 0.03)
 
     def state_dict(self) -> dict:
         """The estimate each env holds while none can be made, its grasp, and the failure count."""
         return {"last": self.last.copy(), "failures": self.failures, "grasp_offset": self.grasp_offset.copy(),
-                "grasp_low_z": self.grasp_low_z.copy(), "grasp_lifted": self.grasp_lifted.copy()}
+                "grasp_low_z": self.grasp_low_z.copy(), "grasp_lifted": self.grasp_lifted.copy(),
+                "seen_tcp": self.seen_tcp.copy()}
 
     def load_state_dict(self, d: dict) -> None:
         self.last, self.failures = np.array(d["last"], copy=True), d["failures"]
@@ -503,11 +505,13 @@ class Perception:
         self.grasp_offset = np.array(d.get("grasp_offset", np.full((n, 3), np.nan)), copy=True)
         self.grasp_low_z = np.array(d.get("grasp_low_z", np.full(n, np.nan)), copy=True)
         self.grasp_lifted = np.array(d.get("grasp_lifted", np.zeros(n, bool)), copy=True)
+        self.seen_tcp = np.array(d.get("seen_tcp", np.full((n, 3), np.nan)), copy=True)
 
     def reset(self, env_ids=None) -> None:
         """Forget the last estimate of ``env_ids`` (all envs if None): they start a new episode."""
         ids = np.arange(self.env.num_envs) if env_ids is None else np.asarray(env_ids, dtype=np.int64)
         self.last[ids] = self.nominal
+        self.seen_tcp[ids] = np.nan
         self._release(ids)
         for i in ids:
             self.estimates[i] = None
@@ -522,17 +526,18 @@ class Perception:
             est = self.estimate(int(i))
             self.estimates[i] = est
             if est.ok:
-                self.last[i] = est.position
+                self.last[i], self.seen_tcp[i] = est.position, tcp[i]
                 self._release(i)
                 continue
             self.failures += 1
             if not self.held_opening[0] <= opening[i] <= self.held_opening[1]:
                 self._release(i)  # released, or never held: the cube stays where it was last placed
                 continue
-            if np.isnan(self.grasp_low_z[i]):
-                if not self._at_fingers(self.last[i], tcp[i]):
-                    continue  # closed on something else, or not where the cube was last seen
-                self.grasp_low_z[i] = tcp[i, 2]  # the grasp hides the cube
+            if np.isnan(self.grasp_low_z[i]):  # the grasp hides the cube (the hand may be rising already)
+                ref = self.seen_tcp[i] if not np.isnan(self.seen_tcp[i, 0]) else tcp[i]
+                if not self._at_fingers(self.last[i], ref):
+                    continue  # closed on something else, or the cube was not between the fingers
+                self.grasp_low_z[i], self.grasp_offset[i] = ref[2], self.last[i] - ref
             if not self.grasp_lifted[i]:
                 self.grasp_low_z[i] = min(self.grasp_low_z[i], tcp[i, 2])
                 if tcp[i, 2] <= self.grasp_low_z[i] + self.lift_margin:  # resting: the hand settles around it
