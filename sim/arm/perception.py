@@ -438,8 +438,9 @@ class Perception:
     at the fingers, the cube is taken to rest where it was last seen until the hand has risen
     ``lift_margin`` above its lowest point since the cube was last seen, and from then on to move
     with the TCP at the offset it had there, as a planner attaches a grasped object to the hand
-    (proprioception: the observation's own TCP position and gripper opening). Without that, a lifted cube read as still on the table: the arm_pick_place
-    bench base succeeded 2 % from the estimate against 55 % from the true cube (BENCHMARKS.md). Call
+    (proprioception: the observation's own TCP position and gripper opening). Without that, a
+    lifted cube read as still on the table: the arm_pick_place bench base succeeded 2 % from the
+    estimate against 55 % from the true cube (BENCHMARKS.md "Cube perception"). Call
     ``reset(env_ids)`` for envs that start a new episode so that an old estimate is not carried
     over. ``estimates[i]`` is the last estimate of env i, ``failures`` counts failed estimates.
     Needs ``env.TCP_POS`` and ``env.GRIPPER_OPENING`` (policy-observation slices) for the grasp.

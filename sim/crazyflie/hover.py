@@ -155,31 +155,6 @@ class QuadTaskConfig:
     reward: RewardConfig = field(default_factory=RewardConfig)
 
 
-def check_config(cfg: QuadTaskConfig) -> None:
-    """ValueError naming the first value no vehicle or episode can have (a NaN-making range, an
-    empty episode), before anything is simulated."""
-    if len(cfg.target) != 3:
-        raise ValueError(f"target={list(cfg.target)}: expected 3 coordinates (x, y, z in m, world)")
-    for name in ("episode_seconds", "fail_distance", "track_size", "track_speed"):
-        if not getattr(cfg, name) > 0:
-            raise ValueError(f"{name}={getattr(cfg, name)}: expected > 0")
-    if cfg.substeps < 1:
-        raise ValueError(f"substeps={cfg.substeps}: expected at least 1 RK4 step per policy period")
-    r = cfg.randomization
-    for f in fields(r):  # every range is of a positive quantity (scales of a nominal value, tau in s)
-        v = getattr(r, f.name)
-        if isinstance(v, Range) and not 0 < v.lo <= v.hi:
-            raise ValueError(f"randomization.{f.name}=[{v.lo}, {v.hi}]: expected 0 < lo <= hi")
-    for name in ("max_latency_steps", "force_std", "torque_std"):
-        if getattr(r, name) < 0:
-            raise ValueError(f"randomization.{name}={getattr(r, name)}: expected >= 0")
-    for group in ("noise", "init"):
-        for f in fields(getattr(cfg, group)):
-            v = getattr(getattr(cfg, group), f.name)
-            if not isinstance(v, bool) and v < 0:
-                raise ValueError(f"{group}.{f.name}={v}: expected >= 0")
-
-
 BACKENDS = ("torch", "mujoco", "pybullet")  # the simulators a quadrotor task runs in
 PYBULLET_EFFECTS = ("ground_effect", "drag")  # see QuadTaskConfig.pybullet_effects
 
@@ -217,6 +192,31 @@ class QuadHoverEnv(gym.vector.VectorEnv):
 
     metadata = {"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP}
 
+    @staticmethod
+    def check_config(cfg: QuadTaskConfig) -> None:
+        """ValueError naming the first value no vehicle or episode can have (a NaN-making range, an
+        empty episode), before anything is simulated."""
+        if len(cfg.target) != 3:
+            raise ValueError(f"target={list(cfg.target)}: expected 3 coordinates (x, y, z in m, world)")
+        for name in ("episode_seconds", "fail_distance", "track_size", "track_speed"):
+            if not getattr(cfg, name) > 0:
+                raise ValueError(f"{name}={getattr(cfg, name)}: expected > 0")
+        if cfg.substeps < 1:
+            raise ValueError(f"substeps={cfg.substeps}: expected at least 1 RK4 step per policy period")
+        r = cfg.randomization
+        for f in fields(r):  # every range is of a positive quantity (scales of a nominal value, tau in s)
+            v = getattr(r, f.name)
+            if isinstance(v, Range) and not 0 < v.lo <= v.hi:
+                raise ValueError(f"randomization.{f.name}=[{v.lo}, {v.hi}]: expected 0 < lo <= hi")
+        for name in ("max_latency_steps", "force_std", "torque_std"):
+            if getattr(r, name) < 0:
+                raise ValueError(f"randomization.{name}={getattr(r, name)}: expected >= 0")
+        for group in ("noise", "init"):
+            for f in fields(getattr(cfg, group)):
+                v = getattr(getattr(cfg, group), f.name)
+                if not isinstance(v, bool) and v < 0:
+                    raise ValueError(f"{group}.{f.name}={v}: expected >= 0")
+
     def __init__(
         self,
         cfg: QuadTaskConfig,
@@ -226,7 +226,7 @@ class QuadHoverEnv(gym.vector.VectorEnv):
         backend: str = "torch",
         params: CrazyflieParams = NOMINAL,
     ):
-        check_config(cfg)
+        self.check_config(cfg)
         if num_envs < 1:
             raise ValueError(f"num_envs={num_envs}: expected at least 1")
         self.cfg, self.num_envs, self.params = cfg, num_envs, params
