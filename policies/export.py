@@ -64,6 +64,14 @@ def export_run(run_dir: Path) -> dict:
         "source_revision": source_revision(), **{k: rec[k] for k in ("env_steps", "gradient_steps") if k in rec},
         "eval_success_rate": rec["eval"]["success_rate"], "policy_class": rec["policy_class"],
     }
+    # A chunked (diffusion) policy: how many of its output actions a deployment executes per query, each
+    # one control period apart, and the sampler behind them (the output's shape [N, H, A] repeats H).
+    base = getattr(policy, "base", policy)  # a DSRL policy steers a diffusion base
+    if hasattr(base, "exec_horizon"):
+        meta.update(exec_horizon=base.exec_horizon, pred_horizon=base.pred_horizon,
+                    ddim_steps=base.spec["ddim_steps"])
+    if hasattr(policy, "noise_bound"):
+        meta["noise_bound"] = policy.noise_bound
     onnx_path = out / "policy.onnx"
     export_onnx(policy, onnx_path, meta, contract)
     files = {"onnx": onnx_path}

@@ -13,8 +13,9 @@ from omegaconf import OmegaConf
 from policies import checkpoint as ckpt
 from policies.config import compose_config
 from policies.networks import Actor
+from sim.crazyflie.params import NOMINAL
 
-HOVER_ACTION = 0.334  # ~ hover rpm fraction of the nominal Crazyflie, as the trainer initialises it
+HOVER_ACTION = NOMINAL.hover_action  # the action that hovers the nominal Crazyflie, as the trainer initialises it
 
 
 def make_actor(activation: str = "tanh", seed: int = 0) -> Actor:

@@ -121,6 +121,7 @@ def test_onnx_metadata_carries_contract_and_provenance(run_dir, exported):
     assert meta["config_hash"] == config_hash(cfg)
     assert meta["source_revision"]
     assert meta["env_steps"] == "12345" and float(meta["eval_success_rate"]) == 0.5
+    assert "exec_horizon" not in meta, "an MLP actor acts once per query: no chunk to describe"
     assert OnnxPolicy(exported["onnx"]).contract["version"] == CONTRACT.version
 
 

@@ -330,6 +330,9 @@ def test_steered_policy_exports_to_onnx_with_parity(base_run, tmp_path):
     got = onnx(obs)
     assert got.shape == (200, 4, 4) and np.abs(got - ref).max() < 1e-4
     assert np.abs(ref).max() > 0.3, "parity on a policy that does something"
+    # A deployment reads how many of the chunk's actions to execute per query from the metadata.
+    assert (onnx.metadata["exec_horizon"], onnx.metadata["pred_horizon"], onnx.metadata["ddim_steps"]) == ("4", "4", "5")
+    assert float(onnx.metadata["noise_bound"]) == policy.noise_bound
     with pytest.raises(ContractError, match="another observation/action contract"):
         OnnxPolicy(run / "export/policy.onnx", CRAZYFLIE)
 
@@ -347,6 +350,7 @@ def test_unsteered_base_exports_with_a_noise_input(base_run, tmp_path):
     meta = {p.key: p.value for p in onnx_lib.load(str(base_run / "export/policy.onnx")).metadata_props}
     assert rec["gradient_steps"] == 200 and meta["gradient_steps"] == "200"
     assert "env_steps" not in rec and "env_steps" not in meta
+    assert meta["exec_horizon"] == str(policy.exec_horizon) and "noise_bound" not in meta
     obs, w = np.zeros((5, 28), np.float32), np.random.default_rng(0).standard_normal((5, 16)).astype(np.float32)
     with torch.no_grad():
         ref = policy(torch.as_tensor(obs), torch.as_tensor(w)).numpy()
