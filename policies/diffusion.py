@@ -9,7 +9,10 @@ The policy (after Chi et al., "Diffusion Policy", RSS 2023) predicts a chunk of
 - Sampling: deterministic DDIM (Song et al. 2021, eta = 0) in ``ddim_steps`` steps. The
   initial noise w [pred_horizon x act_dim] therefore determines the action chunk:
   a = pi_dp(s, w). DSRL (policies/dsrl.py) steers the frozen policy through w.
-- Denoiser: a residual MLP over (noisy chunk, normalised observation, timestep embedding).
+- Denoiser (``denoiser``): a residual MLP over (noisy chunk, normalised observation, timestep
+  embedding), or a 1-D temporal U-Net over the chunk's time axis conditioned on the same two
+  (after Chi et al.'s ConditionalUnet1D): convolutions share weights along the chunk, which
+  pays for longer chunks; at the default 4 actions the MLP is the cheaper of the two.
 - Observation normalisation: mean/std of the dataset, fixed, inside the module (exported).
   Actions are already in [-1, 1] (the action space), so predicted chunks are clipped there.
 """
@@ -41,8 +44,14 @@ class DiffusionBCConfig:
     # sets its speed: 5 steps of a 128-wide, 2-block denoiser take 12 ms for a batch of 256 on one
     # core of this machine (8 steps of 256 x 3 blocks: 53 ms).
     ddim_steps: int = 5
-    hidden: int = 128
-    blocks: int = 2  # residual blocks
+    denoiser: str = "mlp"  # "mlp" or "unet"
+    hidden: int = 128  # mlp: width
+    blocks: int = 2  # mlp: residual blocks; unet: conv blocks per level
+    # unet: channels of the first level (a multiple of 8, GroupNorm's groups), doubled at each of
+    # unet_levels levels, the chunk's length halved between them (pred_horizon divisible by
+    # 2^(unet_levels - 1)). 32 channels, 2 levels: ~0.2M weights, ~10x the mlp's time per step.
+    unet_channels: int = 32
+    unet_levels: int = 2
     time_embed: int = 32  # sinusoidal timestep embedding size
     lr: float = 1e-3
     weight_decay: float = 1e-6
@@ -109,25 +118,104 @@ class ResidualMLPDenoiser(nn.Module):
         return self.out(h)
 
 
+class FiLMConvBlock(nn.Module):
+    """Two 1-D convolutions over time (each with GroupNorm and SiLU), the conditioning as a
+    per-channel scale and shift between them, and a residual connection. [N, C_in, L] -> [N, C_out, L]."""
+
+    def __init__(self, c_in: int, c_out: int, cond: int, kernel: int = 3):
+        super().__init__()
+        self.conv1 = nn.Conv1d(c_in, c_out, kernel, padding=kernel // 2)
+        self.conv2 = nn.Conv1d(c_out, c_out, kernel, padding=kernel // 2)
+        self.norm1, self.norm2 = nn.GroupNorm(UNET_GROUPS, c_out), nn.GroupNorm(UNET_GROUPS, c_out)
+        self.film = nn.Linear(cond, 2 * c_out)
+        self.skip = nn.Conv1d(c_in, c_out, 1) if c_in != c_out else nn.Identity()
+
+    def forward(self, x: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+        h = nn.functional.silu(self.norm1(self.conv1(x)))
+        scale, shift = self.film(c)[:, :, None].chunk(2, dim=1)
+        h = nn.functional.silu(self.norm2(self.conv2(h * (1 + scale) + shift)))
+        return h + self.skip(x)
+
+
+UNET_GROUPS = 8  # GroupNorm groups in every conv block
+
+
+class TemporalUNetDenoiser(nn.Module):
+    """eps_theta(x_t, t, obs) with the chunk as a sequence of ``horizon`` actions ([N, A, H],
+    actions as channels): ``levels`` levels of FiLM conv blocks, the length halved (strided
+    convolution) and the channels doubled from one to the next, the way back up mirroring it with
+    the skip connections of the way down. x_t [N, H*A] flattened as the MLP's, obs normalised [N, D]."""
+
+    def __init__(self, act_dim: int, horizon: int, obs_dim: int, hidden: int, blocks: int, levels: int,
+                 time_embed: int):
+        super().__init__()
+        self.act_dim, self.horizon, self.time_embed = act_dim, horizon, time_embed
+        cond = obs_dim + time_embed
+        dims = [hidden * 2**i for i in range(levels)]
+
+        def stage(c_in: int, c_out: int) -> nn.ModuleList:
+            return nn.ModuleList(FiLMConvBlock(c_in if j == 0 else c_out, c_out, cond) for j in range(blocks))
+
+        self.down = nn.ModuleList(stage(act_dim if i == 0 else dims[i - 1], d) for i, d in enumerate(dims))
+        self.downsample = nn.ModuleList(nn.Conv1d(d, d, 3, stride=2, padding=1) for d in dims[:-1])
+        self.mid = stage(dims[-1], dims[-1])
+        self.upsample = nn.ModuleList(nn.ConvTranspose1d(dims[i + 1], dims[i + 1], 4, stride=2, padding=1)
+                                      for i in reversed(range(levels - 1)))
+        self.up = nn.ModuleList(stage(dims[i + 1] + dims[i], dims[i]) for i in reversed(range(levels - 1)))
+        self.out = nn.Sequential(nn.Conv1d(dims[0], dims[0], 3, padding=1), nn.GroupNorm(UNET_GROUPS, dims[0]),
+                                 nn.SiLU(), nn.Conv1d(dims[0], act_dim, 1))
+
+    def forward(self, x: torch.Tensor, t: torch.Tensor, obs: torch.Tensor) -> torch.Tensor:
+        c = torch.cat((obs, timestep_embedding(t, self.time_embed)), dim=-1)
+        h = x.reshape(-1, self.horizon, self.act_dim).transpose(1, 2)
+        skips = []
+        for i, stage in enumerate(self.down):
+            for block in stage:
+                h = block(h, c)
+            if i < len(self.downsample):
+                skips.append(h)
+                h = self.downsample[i](h)
+        for block in self.mid:
+            h = block(h, c)
+        for upsample, stage in zip(self.upsample, self.up):
+            h = torch.cat((upsample(h), skips.pop()), dim=1)
+            for block in stage:
+                h = block(h, c)
+        return self.out(h).transpose(1, 2).flatten(1)
+
+
+DENOISERS = ("mlp", "unet")
+
+
 class DiffusionPolicy(nn.Module):
-    """obs [N, D] (+ initial noise w [N, H*A]) -> executed action chunk [N, exec_horizon, A]."""
+    """obs [N, D] (+ initial noise w [N, H*A]) -> executed action chunk [N, exec_horizon, A].
+    ``hidden`` is the mlp's width or the unet's first-level channels; ``levels`` is the unet's."""
 
     takes_noise = True  # deployed unsteered, the caller draws w (the ONNX export gets a noise input)
 
     def __init__(self, obs_dim: int, act_dim: int, pred_horizon: int, exec_horizon: int, diffusion_steps: int,
-                 ddim_steps: int, hidden: int, blocks: int, time_embed: int):
+                 ddim_steps: int, hidden: int, blocks: int, time_embed: int, denoiser: str = "mlp", levels: int = 2):
         super().__init__()
         if not 1 <= exec_horizon <= pred_horizon:
             raise ValueError(f"exec_horizon {exec_horizon}: expected 1..pred_horizon ({pred_horizon})")
         if not 1 <= ddim_steps <= diffusion_steps:
             raise ValueError(f"ddim_steps {ddim_steps}: expected 1..diffusion_steps ({diffusion_steps})")
+        if denoiser not in DENOISERS:
+            raise ValueError(f"denoiser '{denoiser}': expected one of {', '.join(DENOISERS)}")
+        if denoiser == "unet":
+            if levels < 1 or pred_horizon % 2 ** (levels - 1):
+                raise ValueError(f"unet_levels {levels}: the unet halves the chunk between levels, so pred_horizon "
+                                 f"({pred_horizon}) must be divisible by 2^(unet_levels - 1) (unet_levels >= 1)")
+            if hidden < UNET_GROUPS or hidden % UNET_GROUPS:
+                raise ValueError(f"unet_channels {hidden}: expected a multiple of {UNET_GROUPS} (GroupNorm's groups)")
         self.spec = dict(obs_dim=obs_dim, act_dim=act_dim, pred_horizon=pred_horizon, exec_horizon=exec_horizon,
                          diffusion_steps=diffusion_steps, ddim_steps=ddim_steps, hidden=hidden, blocks=blocks,
-                         time_embed=time_embed)
+                         time_embed=time_embed, denoiser=denoiser, levels=levels)
         self.act_dim, self.pred_horizon, self.exec_horizon = act_dim, pred_horizon, exec_horizon
         self.latent_dim = pred_horizon * act_dim
         self.obs_norm = RunningNorm(obs_dim)
-        self.denoiser = ResidualMLPDenoiser(self.latent_dim, obs_dim, hidden, blocks, time_embed)
+        self.denoiser = (ResidualMLPDenoiser(self.latent_dim, obs_dim, hidden, blocks, time_embed) if denoiser == "mlp"
+                         else TemporalUNetDenoiser(act_dim, pred_horizon, obs_dim, hidden, blocks, levels, time_embed))
         self.register_buffer("alpha_bar", cosine_alpha_bar(diffusion_steps))
         # DDIM visits ddim_steps evenly spaced training timesteps, from the noisiest down to 0.
         self.register_buffer("ddim_t", torch.linspace(diffusion_steps - 1, 0, ddim_steps).round().long())
@@ -183,7 +271,8 @@ class DiffusionBC:
         self.obs = torch.as_tensor(demos.obs, device=device)
         self.chunks = torch.as_tensor(demos.action_chunks(cfg.pred_horizon), device=device)
         self.model = DiffusionPolicy(obs_dim, act_dim, cfg.pred_horizon, cfg.exec_horizon, cfg.diffusion_steps,
-                                     cfg.ddim_steps, cfg.hidden, cfg.blocks, cfg.time_embed).to(device)
+                                     cfg.ddim_steps, cfg.hidden if cfg.denoiser == "mlp" else cfg.unet_channels,
+                                     cfg.blocks, cfg.time_embed, cfg.denoiser, cfg.unet_levels).to(device)
         self.model.obs_norm.update(self.obs)  # fixed dataset statistics
         self.actor = copy.deepcopy(self.model).eval()  # EMA weights: what is evaluated and exported
         for p in self.actor.parameters():

@@ -14,6 +14,9 @@ def small_policy(**kw) -> DiffusionPolicy:
     return DiffusionPolicy(**{**args, **kw})
 
 
+UNET = dict(denoiser="unet", hidden=16, blocks=1)  # the temporal U-Net, small enough for a test
+
+
 def test_cosine_schedule():
     ab = cosine_alpha_bar(100)
     assert ab.shape == (100,)
@@ -25,9 +28,10 @@ def test_cosine_schedule():
     assert torch.allclose(ab[:99], ref[:99].float(), atol=1e-4)
 
 
-def test_ddim_is_deterministic_in_the_noise():
+@pytest.mark.parametrize("kw", [{}, UNET], ids=["mlp", "unet"])
+def test_ddim_is_deterministic_in_the_noise(kw):
     torch.manual_seed(0)
-    p = small_policy().eval()
+    p = small_policy(**kw).eval()
     obs = torch.randn(5, 3)
     w = torch.randn(5, p.latent_dim)
     a1, a2 = p(obs, w), p(obs, w.clone())
@@ -39,10 +43,11 @@ def test_ddim_is_deterministic_in_the_noise():
     assert full.shape == (5, 4, 2) and torch.equal(full[:, :2], a1), "executed = first exec_horizon of the chunk"
 
 
-def test_ddpm_training_fits_a_known_mapping():
+@pytest.mark.parametrize("kw", [dict(hidden=128), UNET], ids=["mlp", "unet"])
+def test_ddpm_training_fits_a_known_mapping(kw):
     """Chunk = a fixed function of the observation: after training, DDIM from any noise lands on it."""
     torch.manual_seed(0)
-    p = small_policy(hidden=128)
+    p = small_policy(**kw)
     obs = torch.rand(4096, 3) * 2 - 1
     target = torch.stack((torch.tanh(obs[:, :1] + obs[:, 1:2]), 0.5 * obs[:, 2:3]), -1).expand(-1, 4, -1).contiguous()
     p.obs_norm.update(obs)
@@ -59,3 +64,26 @@ def test_ddpm_training_fits_a_known_mapping():
         want = torch.stack((torch.tanh(test[:, :1] + test[:, 1:2]), 0.5 * test[:, 2:3]), -1).expand(-1, 4, -1)
         err = (p.sample(test, torch.randn(256, p.latent_dim)) - want).abs().mean().item()
     assert err < 0.05, f"mean |error| {err:.3f} of the sampled chunk vs the mapping it was trained on"
+
+
+def test_unet_follows_the_chunk_in_time():
+    """The U-Net reads the chunk as a sequence: with 3 levels an 8-action chunk is halved twice and
+    restored, and each output action depends on the actions near it in the noisy input."""
+    torch.manual_seed(0)
+    p = small_policy(pred_horizon=8, exec_horizon=8, levels=3, **UNET)
+    x = torch.randn(2, 16, requires_grad=True)
+    eps = p.denoiser(x, torch.tensor([10, 10]), torch.zeros(2, 3))
+    assert eps.shape == (2, 16)
+    eps[0, 0].backward()  # the first action's first component
+    assert x.grad[1].abs().max() == 0, "batch rows are independent"
+    assert x.grad[0, :4].abs().min() > 0, "it sees the neighbouring actions"
+
+
+@pytest.mark.parametrize("kw, message", [
+    (dict(denoiser="transformer"), "denoiser 'transformer': expected one of mlp, unet"),
+    (dict(UNET, levels=4), r"pred_horizon \(4\) must be divisible by 2\^\(unet_levels - 1\)"),
+    (dict(UNET, hidden=12), "unet_channels 12: expected a multiple of 8"),
+])
+def test_bad_denoiser_settings_are_named(kw, message):
+    with pytest.raises(ValueError, match=message):
+        small_policy(**kw)

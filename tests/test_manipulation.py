@@ -359,6 +359,32 @@ def test_unsteered_base_exports_with_a_noise_input(base_run, tmp_path):
         onnx(obs)
 
 
+def test_unet_base_trains_and_exports(demos, tmp_path):
+    """algo.denoiser=unet through the same trainer and export as the MLP: ONNX parity, chunk metadata."""
+    from export.onnx_policy import OnnxPolicy
+    from sim.arm.contract import CONTRACT as ARM
+
+    run = tmp_path / "unet"
+    r = cli("policies.train", "task=arm_push", "algo=diffusion_bc", f"dataset={demos}", "algo.denoiser=unet",
+            "algo.unet_channels=16", "algo.blocks=1", "algo.gradient_steps=100", "algo.updates_per_iteration=50",
+            "algo.eval_every_updates=100", f"run_dir={run}", *FAST)
+    assert r.returncode == 0, r.stdout + r.stderr
+    policy, rec = ckpt.load_policy(run)
+    assert rec["gradient_steps"] == 100 and policy.spec["denoiser"] == "unet"
+    r = cli("policies.export", str(run))
+    assert r.returncode == 0 and "ok" in r.stdout, r.stdout + r.stderr
+    onnx = OnnxPolicy(run / "export/policy.onnx", ARM)
+    obs = np.load(run / "export/parity_obs.npy")[:64]
+    w = np.random.default_rng(0).standard_normal((64, 16)).astype(np.float32)
+    with torch.no_grad():
+        ref = policy(torch.as_tensor(obs), torch.as_tensor(w)).numpy()
+    assert np.abs(onnx(obs, w) - ref).max() < 1e-4 and np.abs(ref).max() > 0.1
+    r = cli("policies.train", "task=arm_push", "algo=diffusion_bc", f"dataset={demos}", "algo.denoiser=unet",
+            "algo.unet_levels=4", f"run_dir={tmp_path / 'bad'}", *FAST)
+    assert r.returncode != 0 and "Traceback" not in r.stderr and "divisible by 2^(unet_levels - 1)" in r.stderr, r.stderr
+    assert not (tmp_path / "bad").exists()
+
+
 def test_policy_runs_from_the_perceived_cube():
     """obs_source=perception: the cube slice of the policy observation is the camera's estimate."""
     from sim.arm.base import CUBE_POS
