@@ -82,7 +82,7 @@ def policy_from_record(rec: dict, where: Path, device="cpu") -> torch.nn.Module:
     try:
         policy = classes[cls](**rec["policy_spec"]).to(device)
         policy.load_state_dict(rec["policy"])
-    except (TypeError, KeyError, RuntimeError) as e:  # e.g. saved by a revision with other networks
+    except (TypeError, KeyError, RuntimeError, ValueError) as e:  # e.g. saved by a revision with other networks
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise CheckpointError(f"{where}: its {cls} does not fit this version's networks ({first}); "
                               f"train it again") from None

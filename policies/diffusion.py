@@ -84,6 +84,18 @@ def timestep_embedding(t: torch.Tensor, dim: int) -> torch.Tensor:
     return torch.cat((ang.sin(), ang.cos()), dim=-1)
 
 
+def conditioning(obs: torch.Tensor, t: torch.Tensor, time_embed: int) -> torch.Tensor:
+    """What every denoiser layer is conditioned on: [normalised observation | timestep embedding]."""
+    return torch.cat((obs, timestep_embedding(t, time_embed)), dim=-1)
+
+
+def film(h: torch.Tensor, scale_shift: torch.Tensor) -> torch.Tensor:
+    """FiLM (Perez et al. 2018): h * (1 + scale) + shift, ``scale_shift`` = [scale | shift] along
+    h's feature axis (1: [N, F] or [N, C, L] with a [N, 2C, 1] scale_shift)."""
+    scale, shift = scale_shift.chunk(2, dim=1)
+    return h * (1 + scale) + shift
+
+
 class ResidualBlock(nn.Module):
     def __init__(self, hidden: int, cond: int):
         super().__init__()
@@ -94,8 +106,7 @@ class ResidualBlock(nn.Module):
         nn.init.zeros_(self.fc2.bias)
 
     def forward(self, x: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
-        scale, shift = self.film(c).chunk(2, dim=-1)
-        h = self.norm(x) * (1 + scale) + shift
+        h = film(self.norm(x), self.film(c))
         return x + self.fc2(nn.functional.silu(self.fc1(h)))
 
 
@@ -111,11 +122,14 @@ class ResidualMLPDenoiser(nn.Module):
         self.out = nn.Sequential(nn.LayerNorm(hidden), nn.SiLU(), nn.Linear(hidden, x_dim))
 
     def forward(self, x: torch.Tensor, t: torch.Tensor, obs: torch.Tensor) -> torch.Tensor:
-        c = torch.cat((obs, timestep_embedding(t, self.time_embed)), dim=-1)
+        c = conditioning(obs, t, self.time_embed)
         h = self.inp(torch.cat((x, c), dim=-1))
         for b in self.blocks:
             h = b(h, c)
         return self.out(h)
+
+
+UNET_GROUPS = 8  # GroupNorm groups in every conv block
 
 
 class FiLMConvBlock(nn.Module):
@@ -131,13 +145,8 @@ class FiLMConvBlock(nn.Module):
         self.skip = nn.Conv1d(c_in, c_out, 1) if c_in != c_out else nn.Identity()
 
     def forward(self, x: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
-        h = nn.functional.silu(self.norm1(self.conv1(x)))
-        scale, shift = self.film(c)[:, :, None].chunk(2, dim=1)
-        h = nn.functional.silu(self.norm2(self.conv2(h * (1 + scale) + shift)))
-        return h + self.skip(x)
-
-
-UNET_GROUPS = 8  # GroupNorm groups in every conv block
+        h = film(nn.functional.silu(self.norm1(self.conv1(x))), self.film(c)[:, :, None])
+        return nn.functional.silu(self.norm2(self.conv2(h))) + self.skip(x)
 
 
 class TemporalUNetDenoiser(nn.Module):
@@ -166,7 +175,7 @@ class TemporalUNetDenoiser(nn.Module):
                                  nn.SiLU(), nn.Conv1d(dims[0], act_dim, 1))
 
     def forward(self, x: torch.Tensor, t: torch.Tensor, obs: torch.Tensor) -> torch.Tensor:
-        c = torch.cat((obs, timestep_embedding(t, self.time_embed)), dim=-1)
+        c = conditioning(obs, t, self.time_embed)
         h = x.reshape(-1, self.horizon, self.act_dim).transpose(1, 2)
         skips = []
         for i, stage in enumerate(self.down):
@@ -189,12 +198,13 @@ DENOISERS = ("mlp", "unet")
 
 class DiffusionPolicy(nn.Module):
     """obs [N, D] (+ initial noise w [N, H*A]) -> executed action chunk [N, exec_horizon, A].
-    ``hidden`` is the mlp's width or the unet's first-level channels; ``levels`` is the unet's."""
+    Denoiser settings as in DiffusionBCConfig: ``hidden`` for the mlp, ``unet_*`` for the unet."""
 
     takes_noise = True  # deployed unsteered, the caller draws w (the ONNX export gets a noise input)
 
     def __init__(self, obs_dim: int, act_dim: int, pred_horizon: int, exec_horizon: int, diffusion_steps: int,
-                 ddim_steps: int, hidden: int, blocks: int, time_embed: int, denoiser: str = "mlp", levels: int = 2):
+                 ddim_steps: int, hidden: int, blocks: int, time_embed: int, denoiser: str = "mlp",
+                 unet_channels: int = 32, unet_levels: int = 2):
         super().__init__()
         if not 1 <= exec_horizon <= pred_horizon:
             raise ValueError(f"exec_horizon {exec_horizon}: expected 1..pred_horizon ({pred_horizon})")
@@ -203,19 +213,29 @@ class DiffusionPolicy(nn.Module):
         if denoiser not in DENOISERS:
             raise ValueError(f"denoiser '{denoiser}': expected one of {', '.join(DENOISERS)}")
         if denoiser == "unet":
-            if levels < 1 or pred_horizon % 2 ** (levels - 1):
-                raise ValueError(f"unet_levels {levels}: the unet halves the chunk between levels, so pred_horizon "
+            if unet_levels < 1 or pred_horizon % 2 ** (unet_levels - 1):
+                raise ValueError(f"unet_levels {unet_levels}: the unet halves the chunk between levels, so pred_horizon "
                                  f"({pred_horizon}) must be divisible by 2^(unet_levels - 1) (unet_levels >= 1)")
-            if hidden < UNET_GROUPS or hidden % UNET_GROUPS:
-                raise ValueError(f"unet_channels {hidden}: expected a multiple of {UNET_GROUPS} (GroupNorm's groups)")
+            if unet_channels < UNET_GROUPS or unet_channels % UNET_GROUPS:
+                raise ValueError(f"unet_channels {unet_channels}: expected a multiple of {UNET_GROUPS} (GroupNorm's groups)")
+            # Every GroupNorm normalises channels x length / groups values, the same at each level: with
+            # fewer than 4 the normalised features carry next to nothing of the input.
+            if unet_channels * pred_horizon < 4 * UNET_GROUPS:
+                raise ValueError(f"unet_channels {unet_channels} x pred_horizon {pred_horizon}: expected >= "
+                                 f"{4 * UNET_GROUPS}, so that each GroupNorm group holds 4 values or more")
+            if blocks < 1:
+                raise ValueError(f"blocks {blocks}: the unet needs at least one conv block per level")
         self.spec = dict(obs_dim=obs_dim, act_dim=act_dim, pred_horizon=pred_horizon, exec_horizon=exec_horizon,
                          diffusion_steps=diffusion_steps, ddim_steps=ddim_steps, hidden=hidden, blocks=blocks,
-                         time_embed=time_embed, denoiser=denoiser, levels=levels)
+                         time_embed=time_embed, denoiser=denoiser)
+        if denoiser == "unet":
+            self.spec.update(unet_channels=unet_channels, unet_levels=unet_levels)
         self.act_dim, self.pred_horizon, self.exec_horizon = act_dim, pred_horizon, exec_horizon
         self.latent_dim = pred_horizon * act_dim
         self.obs_norm = RunningNorm(obs_dim)
         self.denoiser = (ResidualMLPDenoiser(self.latent_dim, obs_dim, hidden, blocks, time_embed) if denoiser == "mlp"
-                         else TemporalUNetDenoiser(act_dim, pred_horizon, obs_dim, hidden, blocks, levels, time_embed))
+                         else TemporalUNetDenoiser(act_dim, pred_horizon, obs_dim, unet_channels, blocks, unet_levels,
+                                                   time_embed))
         self.register_buffer("alpha_bar", cosine_alpha_bar(diffusion_steps))
         # DDIM visits ddim_steps evenly spaced training timesteps, from the noisiest down to 0.
         self.register_buffer("ddim_t", torch.linspace(diffusion_steps - 1, 0, ddim_steps).round().long())
@@ -271,8 +291,8 @@ class DiffusionBC:
         self.obs = torch.as_tensor(demos.obs, device=device)
         self.chunks = torch.as_tensor(demos.action_chunks(cfg.pred_horizon), device=device)
         self.model = DiffusionPolicy(obs_dim, act_dim, cfg.pred_horizon, cfg.exec_horizon, cfg.diffusion_steps,
-                                     cfg.ddim_steps, cfg.hidden if cfg.denoiser == "mlp" else cfg.unet_channels,
-                                     cfg.blocks, cfg.time_embed, cfg.denoiser, cfg.unet_levels).to(device)
+                                     cfg.ddim_steps, cfg.hidden, cfg.blocks, cfg.time_embed, cfg.denoiser,
+                                     cfg.unet_channels, cfg.unet_levels).to(device)
         self.model.obs_norm.update(self.obs)  # fixed dataset statistics
         self.actor = copy.deepcopy(self.model).eval()  # EMA weights: what is evaluated and exported
         for p in self.actor.parameters():

@@ -65,7 +65,7 @@ def export_run(run_dir: Path) -> dict:
         "eval_success_rate": rec["eval"]["success_rate"], "policy_class": rec["policy_class"],
     }
     # A chunked (diffusion) policy: how many of its output actions a deployment executes per query, each
-    # one control period apart, and the sampler behind them (the output's shape [N, H, A] repeats H).
+    # one control period apart (the output's shape [N, exec_horizon, A] repeats it), and the sampler behind them.
     base = getattr(policy, "base", policy)  # a DSRL policy steers a diffusion base
     if hasattr(base, "exec_horizon"):
         meta.update(exec_horizon=base.exec_horizon, pred_horizon=base.pred_horizon,

@@ -47,7 +47,7 @@ def random_actor(seed: int = 0) -> Actor:
     """The deployable actor architecture with random weights and a plausible hover normaliser."""
     torch.manual_seed(seed)
     actor = Actor(obs_dim=CONTRACT.obs_size, act_dim=CONTRACT.action_size, hidden=[32, 32], activation="tanh",
-                  init_action=0.334)
+                  init_action=NOMINAL.hover_action)
     level = [1.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 1.0]
     std = [0.15] * 3 + [0.3] * 9 + [0.4] * 3 + [1.0] * 3 + [0.1] * 4  # m, 1, m/s, rad/s, 1
     with torch.no_grad():

@@ -284,6 +284,7 @@ def test_dsrl_refuses_a_bad_base(tmp_path, run_dir, base_run):
     spec = rec["policy_spec"]
     for name, bad in (("shapes", {**rec, "policy_spec": {**spec, "hidden": spec["hidden"] + 8}}),
                       ("argument", {**rec, "policy_spec": {**spec, "dropout": 0.1}}),
+                      ("denoiser", {**rec, "policy_spec": {**spec, "denoiser": "transformer"}}),
                       ("noconfig", {k: v for k, v in rec.items() if k != "config"})):
         old = tmp_path / f"base_{name}"
         ckpt.save_atomic(bad, old / ckpt.BEST)
@@ -379,6 +380,7 @@ def test_unet_base_trains_and_exports(demos, tmp_path):
     with torch.no_grad():
         ref = policy(torch.as_tensor(obs), torch.as_tensor(w)).numpy()
     assert np.abs(onnx(obs, w) - ref).max() < 1e-4 and np.abs(ref).max() > 0.1
+    assert onnx.metadata["exec_horizon"] == "4" and onnx.metadata["policy_class"] == "DiffusionPolicy"
     r = cli("policies.train", "task=arm_push", "algo=diffusion_bc", f"dataset={demos}", "algo.denoiser=unet",
             "algo.unet_levels=4", f"run_dir={tmp_path / 'bad'}", *FAST)
     assert r.returncode != 0 and "Traceback" not in r.stderr and "divisible by 2^(unet_levels - 1)" in r.stderr, r.stderr
