@@ -49,7 +49,7 @@ class DiffusionBCConfig:
     blocks: int = 2  # mlp: residual blocks; unet: conv blocks per level
     # unet: channels of the first level (a multiple of 8, GroupNorm's groups), doubled at each of
     # unet_levels levels, the chunk's length halved between them (pred_horizon divisible by
-    # 2^(unet_levels - 1)). 32 channels, 2 levels: ~0.2M weights, ~10x the mlp's time per step.
+    # 2^(unet_levels - 1)). 32 channels, 2 levels: ~0.2M weights, ~7x the mlp's training time (BENCHMARKS.md).
     unet_channels: int = 32
     unet_levels: int = 2
     time_embed: int = 32  # sinusoidal timestep embedding size
