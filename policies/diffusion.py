@@ -11,8 +11,9 @@ The policy (after Chi et al., "Diffusion Policy", RSS 2023) predicts a chunk of
   a = pi_dp(s, w). DSRL (policies/dsrl.py) steers the frozen policy through w.
 - Denoiser (``denoiser``): a residual MLP over (noisy chunk, normalised observation, timestep
   embedding), or a 1-D temporal U-Net over the chunk's time axis conditioned on the same two
-  (after Chi et al.'s ConditionalUnet1D): convolutions share weights along the chunk, which
-  pays for longer chunks; at the default 4 actions the MLP is the cheaper of the two.
+  (after Chi et al.'s ConditionalUnet1D, which they use on chunks of 16 actions): its convolutions
+  share weights along the chunk. At the default 4 actions it trained 7x slower than the MLP and
+  cloned the arm_push expert no better (BENCHMARKS.md).
 - Observation normalisation: mean/std of the dataset, fixed, inside the module (exported).
   Actions are already in [-1, 1] (the action space), so predicted chunks are clipped there.
 """
