@@ -5,9 +5,10 @@
 Quadrotor tasks: prints the hover criterion's success rate and errors, writes eval_<backend>.json,
 a plot of position error over time (PNG) and optionally a GIF of a few episodes rendered
 offscreen with MuJoCo, all into the run directory. Manipulation tasks (MuJoCo only): the task
-success rate over ``episodes`` episodes, written to eval_mujoco.json; ``obs_source=perception``
-runs the policy from the depth camera's cube estimate instead of the simulator's (whatever it was
-trained on), written to eval_mujoco_perception.json.
+success rate over ``episodes`` episodes, written to eval_mujoco.json, and optionally a GIF of the
+first episodes seen by the task's camera; ``obs_source=perception`` runs the policy from the depth
+camera's cube estimate instead of the simulator's (whatever it was trained on), written to
+eval_mujoco_perception.json (and .gif).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
@@ -82,6 +84,34 @@ def plot_errors(res: EvalResult, path: Path) -> None:
     plt.close(fig)
 
 
+VIDEO_EPISODES = 3  # shown side by side
+ARM_VIDEO_PX = 160  # square frames of the arm's front camera
+
+
+def save_gif(frames: list[np.ndarray], path: Path, frame_seconds: float) -> None:
+    """A GIF playing ``frame_seconds`` per frame (GIF stores whole hundredths of a second)."""
+    import imageio.v2 as imageio
+
+    imageio.mimsave(path, frames, duration=round(frame_seconds * 1000), loop=0)  # imageio's pillow writer: ms
+    print(f"video: {path}")
+
+
+def arm_video(episodes: int) -> tuple[list[np.ndarray], Callable]:
+    """Frames of the first episodes side by side, one per control step, and the callback of
+    evaluate_success that fills them; an episode that has ended holds its last frame."""
+    frames: list[np.ndarray] = []
+    shown = range(min(VIDEO_EPISODES, episodes))
+    last: dict[int, np.ndarray] = {}
+
+    def cb(env, t: int, finished: torch.Tensor) -> None:
+        for i in shown:
+            if not finished[i] or i not in last:  # a finished env already shows its next episode
+                last[i] = env.render(i, depth=False, size=ARM_VIDEO_PX)["rgb"]
+        frames.append(np.concatenate([last[i] for i in shown], axis=1))
+
+    return frames, cb
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     try:
@@ -104,10 +134,13 @@ def main(argv: list[str] | None = None) -> int:
             except ValueError as e:  # e.g. obs_source=perception for a task without a cube
                 print(f"error: task {task_cfg.name}: {e}", file=sys.stderr)
                 return 2
-        res = evaluate_success(actor, task_cfg, o["episodes"], "mujoco", o["seed"], o["device"])
+        frames, cb = arm_video(o["episodes"]) if o["video"] else ([], None)
+        res = evaluate_success(actor, task_cfg, o["episodes"], "mujoco", o["seed"], o["device"], frames_cb=cb)
         print(res.summary())
-        name = "eval_mujoco_perception.json" if task_cfg.obs_source == "perception" else "eval_mujoco.json"
-        (run_dir / name).write_text(json.dumps(res.as_dict(), indent=2))
+        name = "eval_mujoco_perception" if task_cfg.obs_source == "perception" else "eval_mujoco"
+        (run_dir / f"{name}.json").write_text(json.dumps(res.as_dict(), indent=2))
+        if frames:
+            save_gif(frames, run_dir / f"{name}.gif", get_task(task_cfg.name).contract.policy_period_s)
         return 0
     if o["obs_source"] is not None:
         print(f"error: obs_source applies to the manipulation tasks; {task_cfg.name} observes its state",
@@ -122,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             os.environ.setdefault("MUJOCO_GL", "egl")
 
-            shown = list(range(min(3, o["episodes"])))  # the first episodes, side by side
+            shown = list(range(min(VIDEO_EPISODES, o["episodes"])))  # the first episodes, side by side
 
             def cb(env, t):
                 if t % 3 == 0:  # 33 fps
@@ -135,11 +168,7 @@ def main(argv: list[str] | None = None) -> int:
         plot_errors(res, run_dir / f"eval_{o['backend']}_error.png")
         print(f"plot: {run_dir / ('eval_' + o['backend'] + '_error.png')}")
     if frames:
-        import imageio.v2 as imageio
-
-        path = run_dir / "eval_mujoco.gif"
-        imageio.mimsave(path, frames, duration=0.03)
-        print(f"video: {path}")
+        save_gif(frames, run_dir / "eval_mujoco.gif", 3 * POLICY_PERIOD)
     return 0 if res.success_rate >= SUCCESS_RATE_REQUIRED else 1
 
 

@@ -186,13 +186,15 @@ class SuccessResult:
 
 @torch.no_grad()
 def success_episodes(env, obs: dict[str, torch.Tensor],
-                     act: Callable[[dict[str, torch.Tensor], torch.Tensor], torch.Tensor]
-                     ) -> tuple[torch.Tensor, torch.Tensor]:
+                     act: Callable[[dict[str, torch.Tensor], torch.Tensor], torch.Tensor],
+                     frames_cb: Callable | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Run the first episode of each of a reset manipulation env's N envs (``obs``: its observation
     dict) to its end or the step limit. ``act(obs, finished)`` gives an action [N, A] or a chunk
     [N, H, A], whose H actions run before it is asked again (all envs together); ``finished`` [N]
-    marks the envs whose first episode has ended. Returns success [N] (the task's success held at
-    some step of the episode) and the step [N] of the first success (0 if none)."""
+    marks the envs whose first episode has ended. ``frames_cb(env, t, finished)``, if given, runs
+    after every step (an env that has just finished already holds its next episode's first state).
+    Returns success [N] (the task's success held at some step of the episode) and the step [N] of
+    the first success (0 if none)."""
     n = env.num_envs
     finished = torch.zeros(n, dtype=torch.bool)
     success = torch.zeros(n, dtype=torch.bool)
@@ -207,22 +209,24 @@ def success_episodes(env, obs: dict[str, torch.Tensor],
         steps[first] = t + 1
         success |= first
         finished |= (term | trunc).cpu()
+        if frames_cb is not None:
+            frames_cb(env, t, finished)
         if finished.all():
             break
     return success, steps
 
 
 def evaluate_success(policy: Policy, task_cfg, episodes: int = 100, backend: str = "mujoco", seed: int = 12345,
-                     device: str | torch.device = "cpu") -> SuccessResult:
+                     device: str | torch.device = "cpu", frames_cb: Callable | None = None) -> SuccessResult:
     """Run one episode in each of ``episodes`` parallel envs; an episode succeeds if the task's
-    success holds at any step of it. A policy that returns a chunk
-    [N, H, A] executes its H actions before it is queried again (all envs query together)."""
+    success holds at any step of it. A policy that returns a chunk [N, H, A] executes its H actions
+    before it is queried again (all envs query together). ``frames_cb``: see success_episodes."""
     env = get_task(task_cfg.name).env_cls(task_cfg, episodes, device=device, seed=seed, backend=backend)
     try:
         obs, _ = env.reset(seed=seed)
         with torch.random.fork_rng():  # a stochastic policy (w ~ N(0, I)) draws reproducibly, training RNG untouched
             torch.manual_seed(seed)
-            success, steps = success_episodes(env, obs, lambda o, _: policy(o["policy"]))
+            success, steps = success_episodes(env, obs, lambda o, _: policy(o["policy"]), frames_cb)
     finally:
         env.close()
     ok_steps = steps[success]

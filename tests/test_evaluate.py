@@ -163,6 +163,7 @@ def test_eval_command_writes_results_plot_and_video(tmp_path):
     """`python -m policies.eval <run> backend=mujoco video=true` with fewer episodes than the video
     shows by default: the JSON of the printed result, the error plot and a GIF of both episodes."""
     import imageio.v2 as imageio
+    from PIL import Image
 
     run = tmp_path / "run"
     (run / "checkpoints").mkdir(parents=True)
@@ -177,6 +178,9 @@ def test_eval_command_writes_results_plot_and_video(tmp_path):
     frames = imageio.mimread(run / "eval_mujoco.gif")
     assert len(frames) == 167 and frames[0].shape[:2] == (120, 2 * 160), (len(frames), frames[0].shape)
     assert np.ptp(frames[0]) > 0, "a rendered scene, not a blank image"
+    gif = Image.open(run / "eval_mujoco.gif")
+    gif.seek(1)
+    assert gif.info["duration"] == 30, "every third 10 ms step: real time"
 
     r = subprocess.run([sys.executable, "-m", "policies.eval", str(run), "episodes=0"], cwd=ROOT,
                        capture_output=True, text=True, timeout=120)

@@ -460,6 +460,24 @@ def test_eval_runs_a_state_policy_from_the_perceived_cube(base_run, run_dir):
     assert r.returncode == 2 and "obs_source applies to the manipulation tasks" in r.stderr
 
 
+def test_eval_video_of_a_manipulation_policy(base_run):
+    """policies.eval video=true on an arm task: a GIF of the first episodes side by side, one frame per
+    control step from the task's camera until every shown episode has ended, at the control rate."""
+    import imageio.v2 as imageio
+    from PIL import Image
+
+    r = cli("policies.eval", str(base_run), "episodes=2", "video=true")
+    assert r.returncode == 0 and "video:" in r.stdout, r.stdout + r.stderr
+    path = base_run / "eval_mujoco.gif"
+    frames = imageio.mimread(path)
+    assert frames[0].shape[:2] == (160, 2 * 160), frames[0].shape
+    assert 10 < len(frames) <= get_task("arm_push").default_config().episode_steps, len(frames)
+    assert np.ptp(frames[0]) > 0 and not np.array_equal(frames[0], frames[-1]), "a scene that moves"
+    gif = Image.open(path)
+    gif.seek(1)
+    assert gif.info["duration"] == 50, "20 Hz, as the arm is controlled"
+
+
 def test_dsrl_na_loads_demonstrations(base_run, demos):
     """algo.demos: every demonstration becomes decisions of exec_horizon steps in Q^A's buffer,
     an episode's last one ending the return; DSRL-SAC (whose buffer holds noises) refuses them."""

@@ -173,7 +173,9 @@ class ArmEnv(gym.vector.VectorEnv):
         self.datas = [mujoco.MjData(m) for m in self.models]
         self._ids(model)
         self.state_size = mujoco.mj_stateSize(model, STATE_SPEC)
-        self._renderer: mujoco.Renderer | None = None
+        self._renderers: dict[int, mujoco.Renderer] = {}  # by image size, px (render())
+        self._depth_scene_option = mujoco.MjvOption()  # depth renders leave the sites (goal marker) out
+        self._depth_scene_option.sitegroup[:] = 0
 
         # --- spaces
         box = gym.spaces.Box
@@ -545,22 +547,23 @@ class ArmEnv(gym.vector.VectorEnv):
         return np.clip(gain * (target - self.ee_pos) / self.ik.cfg.max_delta, -1.0, 1.0)
 
     # ================================================================ camera
-    def render(self, env_index: int = 0, rgb: bool = True, depth: bool = True) -> dict[str, np.ndarray]:
-        """Env ``env_index`` seen by the ``front`` camera at ``image_size``: ``rgb`` uint8 [H, W, 3] and
-        ``depth`` float32 [H, W], z-depth in metres (distance along the optical axis; pixels that
-        see nothing read the far clip distance, CameraParams.far). Row 0 is the top of the image.
-        The goal marker (a site) shows in RGB, not in depth: it is a drawing, not a surface."""
-        if self._renderer is None:
-            s = self.cfg.image_size
-            self._depth_scene_option = mujoco.MjvOption()
-            self._depth_scene_option.sitegroup[:] = 0
+    def render(self, env_index: int = 0, rgb: bool = True, depth: bool = True,
+               size: int | None = None) -> dict[str, np.ndarray]:
+        """Env ``env_index`` seen by the ``front`` camera, ``size`` px square (default ``image_size``,
+        the observation's camera; a video may ask for more, up to CameraParams.framebuffer's height):
+        ``rgb`` uint8 [H, W, 3] and ``depth`` float32 [H, W], z-depth in metres (distance along the
+        optical axis; pixels that see nothing read the far clip distance, CameraParams.far). Row 0
+        is the top of the image. The goal marker (a site) shows in RGB, not in depth: it is a
+        drawing, not a surface."""
+        s = size or self.cfg.image_size
+        if s not in self._renderers:
             try:
-                self._renderer = mujoco.Renderer(self.models[0], s, s)
+                self._renderers[s] = mujoco.Renderer(self.models[0], s, s)
             except Exception as e:  # no OpenGL context: say how to get one
                 raise RuntimeError(f"cannot render (MUJOCO_GL={os.environ.get('MUJOCO_GL')}): {e}. Headless rendering "
                                    "needs MUJOCO_GL=egl (GPU or Mesa) or MUJOCO_GL=osmesa, set before mujoco is "
                                    "imported") from e
-        r, out = self._renderer, {}
+        r, out = self._renderers[s], {}
         if rgb:
             r.update_scene(self.datas[env_index], camera=mdl.CAMERA)
             out["rgb"] = r.render().copy()
@@ -590,9 +593,9 @@ class ArmEnv(gym.vector.VectorEnv):
 
     def close_extras(self, **kwargs) -> None:
         """Free the offscreen renderer (OpenGL context); ``close()`` (gymnasium) calls this."""
-        if self._renderer is not None:
-            self._renderer.close()
-            self._renderer = None
+        for r in self._renderers.values():
+            r.close()
+        self._renderers.clear()
 
     # ================================================================ checkpointing
     def state_dict(self) -> dict:
