@@ -12,8 +12,8 @@ The policy (after Chi et al., "Diffusion Policy", RSS 2023) predicts a chunk of
 - Denoiser (``denoiser``): a residual MLP over (noisy chunk, normalised observation, timestep
   embedding), or a 1-D temporal U-Net over the chunk's time axis conditioned on the same two
   (after Chi et al.'s ConditionalUnet1D, which they use on chunks of 16 actions): its convolutions
-  share weights along the chunk. At the default 4 actions it trained 7x slower than the MLP and
-  cloned the arm_push expert no better (BENCHMARKS.md).
+  share weights along the chunk. At the default 4 actions each update took ~9x the MLP's time,
+  and it cloned the arm_push expert no better (BENCHMARKS.md).
 - Observation normalisation: mean/std of the dataset, fixed, inside the module (exported).
   Actions are already in [-1, 1] (the action space), so predicted chunks are clipped there.
 """
@@ -50,7 +50,7 @@ class DiffusionBCConfig:
     blocks: int = 2  # mlp: residual blocks; unet: conv blocks per level
     # unet: channels of the first level (a multiple of 8, GroupNorm's groups), doubled at each of
     # unet_levels levels, the chunk's length halved between them (pred_horizon divisible by
-    # 2^(unet_levels - 1)). 32 channels, 2 levels: ~0.2M weights, ~7x the mlp's training time (BENCHMARKS.md).
+    # 2^(unet_levels - 1)). 32 channels, 2 levels: ~0.2M weights, ~9x the mlp's time per update (BENCHMARKS.md).
     unet_channels: int = 32
     unet_levels: int = 2
     time_embed: int = 32  # sinusoidal timestep embedding size

@@ -6,7 +6,7 @@ Quadrotor tasks: prints the hover criterion's success rate and errors, writes ev
 a plot of position error over time (PNG) and optionally a GIF of a few episodes rendered
 offscreen with MuJoCo, all into the run directory. Manipulation tasks (MuJoCo only): the task
 success rate over ``episodes`` episodes, written to eval_mujoco.json, and optionally a GIF of the
-first episodes seen by the task's camera; ``obs_source=perception`` runs the policy from the depth
+first episodes seen by the front camera; ``obs_source=perception`` runs the policy from the depth
 camera's cube estimate instead of the simulator's (whatever it was trained on), written to
 eval_mujoco_perception.json (and .gif).
 """
@@ -97,8 +97,9 @@ def save_gif(frames: list[np.ndarray], path: Path, frame_seconds: float) -> None
 
 
 def arm_video(episodes: int) -> tuple[list[np.ndarray], Callable]:
-    """Frames of the first episodes side by side, one per control step, and the callback of
-    evaluate_success that fills them; an episode that has ended holds its last frame."""
+    """Frames of the first episodes side by side, one per control step until every evaluated
+    episode has ended, and the callback of evaluate_success that fills them. An ended episode holds
+    the frame of its second-to-last step: the env resets in the step that ends it."""
     frames: list[np.ndarray] = []
     shown = range(min(VIDEO_EPISODES, episodes))
     last: dict[int, np.ndarray] = {}

@@ -26,6 +26,10 @@ from .networks import Actor
 
 PARITY_TOL = 1e-5  # MLP actor
 DIFFUSION_PARITY_TOL = 1e-4  # the DDIM steps' denoiser passes (5 by default) compound float32 rounding
+# The U-Net's GroupNorms round more: on a test base (tests/test_manipulation.py), PyTorch and onnxruntime in
+# float32 were each up to 7e-5 from a float64 evaluation of the same policy, and 1.05e-4 from each other
+# (max over 20k observations), so a float32 pair may differ by twice one's own error.
+UNET_PARITY_TOL = 3e-4
 
 
 def parity_observations(policy, task_cfg, n: int = 10_000, seed: int = 0) -> np.ndarray:
@@ -90,7 +94,8 @@ def export_run(run_dir: Path) -> dict:
             ref, got = policy(torch.as_tensor(obs), noise).numpy(), onnx(obs, noise.numpy())
     err = float(np.abs(ref - got).max())
     np.save(out / "parity_obs.npy", obs)
-    tol = PARITY_TOL if isinstance(policy, Actor) else DIFFUSION_PARITY_TOL
+    tol = (PARITY_TOL if isinstance(policy, Actor)
+           else UNET_PARITY_TOL if base.spec.get("denoiser") == "unet" else DIFFUSION_PARITY_TOL)
     return {**files, "max_abs_diff": err, "n": len(obs), "tolerance": tol}
 
 

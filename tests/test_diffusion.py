@@ -68,8 +68,8 @@ def test_ddpm_training_fits_a_known_mapping(kw):
 
 def test_unet_reads_the_chunk_as_a_sequence():
     """The U-Net's first convolution sees the noisy chunk as [N, A, H] (actions as channels, time
-    along the sequence) and its output is flattened back in the chunk's own order; with 3 levels an
-    8-action chunk is halved twice and restored."""
+    along the sequence) and its output is flattened back in the chunk's own order, here through 3
+    levels (an 8-action chunk halved twice and restored)."""
     torch.manual_seed(0)
     p = small_policy(pred_horizon=8, exec_horizon=8, unet_levels=3, **UNET)
     seen = {}

@@ -374,12 +374,17 @@ def test_unet_base_trains_and_exports(demos, tmp_path):
     assert rec["gradient_steps"] == 100 and policy.spec["denoiser"] == "unet"
     r = cli("policies.export", str(run))
     assert r.returncode == 0 and "ok" in r.stdout, r.stdout + r.stderr
+    assert "tolerance 0.0003" in r.stdout, r.stdout
     onnx = OnnxPolicy(run / "export/policy.onnx", ARM)
-    obs = np.load(run / "export/parity_obs.npy")[:64]
-    w = np.random.default_rng(0).standard_normal((64, 16)).astype(np.float32)
+    obs = np.load(run / "export/parity_obs.npy")
+    w = np.random.default_rng(0).standard_normal((len(obs), 16)).astype(np.float32)
     with torch.no_grad():
         ref = policy(torch.as_tensor(obs), torch.as_tensor(w)).numpy()
-    assert np.abs(onnx(obs, w) - ref).max() < 1e-4 and np.abs(ref).max() > 0.1
+        exact = copy.deepcopy(policy).double()(torch.as_tensor(obs).double(), torch.as_tensor(w).double()).numpy()
+    got = onnx(obs, w)
+    assert np.abs(got - ref).max() < 3e-4 and np.abs(ref).max() > 0.1
+    # The export's own error is PyTorch's: onnxruntime is as close to the float64 chunk as float32 PyTorch is.
+    assert np.abs(got - exact).max() <= 2 * np.abs(ref - exact).max() + 1e-6
     assert onnx.metadata["exec_horizon"] == "4" and onnx.metadata["policy_class"] == "DiffusionPolicy"
     r = cli("policies.train", "task=arm_push", "algo=diffusion_bc", f"dataset={demos}", "algo.denoiser=unet",
             "algo.unet_levels=4", f"run_dir={tmp_path / 'bad'}", *FAST)
@@ -462,7 +467,7 @@ def test_eval_runs_a_state_policy_from_the_perceived_cube(base_run, run_dir):
 
 def test_eval_video_of_a_manipulation_policy(base_run):
     """policies.eval video=true on an arm task: a GIF of the first episodes side by side, one frame per
-    control step from the task's camera until every shown episode has ended, at the control rate."""
+    control step from the front camera until every episode has ended, at the control rate."""
     import imageio.v2 as imageio
     from PIL import Image
 
