@@ -167,6 +167,10 @@ def test_render_and_camera_info():
     frame = env.render(1)
     assert frame["rgb"].shape == (64, 64, 3) and frame["rgb"].dtype == np.uint8
     assert frame["depth"].shape == (64, 64) and frame["depth"].dtype == np.float32
+    big = env.render(1, depth=False, size=128)["rgb"]  # another size (a video's) from its own renderer
+    assert big.shape == (128, 128, 3) and np.ptp(big) > 0
+    with pytest.raises(ValueError, match="render size 481 px: expected 1..480"):
+        env.render(1, size=481)
     k, t_world_cam = env.camera_info(1)
     nominal = np.array(NOMINAL.camera.pos)
     assert 0 < np.abs(t_world_cam[:3, 3] - nominal).max() <= env.cfg.randomization.camera_pos + 1e-9  # jitter seen

@@ -557,6 +557,10 @@ class ArmEnv(gym.vector.VectorEnv):
         drawing, not a surface."""
         s = size or self.cfg.image_size
         if s not in self._renderers:
+            height = int(self.models[0].vis.global_.offheight)
+            if not 1 <= s <= height:
+                raise ValueError(f"render size {s} px: expected 1..{height} (the offscreen framebuffer, "
+                                 "CameraParams.framebuffer)")
             try:
                 self._renderers[s] = mujoco.Renderer(self.models[0], s, s)
             except Exception as e:  # no OpenGL context: say how to get one
