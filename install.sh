@@ -27,6 +27,16 @@ if [ ${#missing[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 # a new environment, or a fresh one where an interrupted run left it without pip
-.venv/bin/python -m pip --version >/dev/null 2>&1 || python3 -m venv --clear .venv
-.venv/bin/python -m pip install -q -e ".[test,deploy,perception]"
+if ! .venv/bin/python -m pip --version >/dev/null 2>&1; then
+  # The environment takes ~3.1 GB (open3d ~1 GB, torch, MuJoCo, PyBullet, ROS 2); pip needs room
+  # for a wheel and its unpacked files at once. Say so up front instead of pip's OSError half-way.
+  free_kb=$(df -Pk . | awk 'NR == 2 {print $4}')
+  if [ "$free_kb" -lt $((5 * 1024 * 1024)) ]; then
+    echo "error: $((free_kb / 1024)) MB free on the disk of $(pwd); the virtual environment needs about 5 GB while it installs" >&2
+    exit 1
+  fi
+  python3 -m venv --clear .venv
+fi
+# --no-cache-dir: no second copy of every wheel in ~/.cache/pip
+.venv/bin/python -m pip install -q --no-cache-dir -e ".[test,deploy,perception]"
 .venv/bin/python -m deploy.ament   # register the ROS 2 package robolearn in .venv (editable installs skip data-files)
