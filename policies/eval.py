@@ -96,21 +96,30 @@ def save_gif(frames: list[np.ndarray], path: Path, frame_seconds: float) -> None
     print(f"video: {path}")
 
 
-def arm_video(episodes: int) -> tuple[list[np.ndarray], Callable]:
+def arm_video(episodes: int) -> tuple[list[np.ndarray], Callable, Callable]:
     """Frames of the first episodes side by side, one per control step until every evaluated
-    episode has ended, and the callback of evaluate_success that fills them. An ended episode holds
-    the frame of its second-to-last step: the env resets in the step that ends it."""
+    episode has ended, and the two callbacks of evaluate_success that fill them (``frames_cb``,
+    ``on_episode_end``). An ended episode holds its last frame, rendered before the env resets."""
     frames: list[np.ndarray] = []
     shown = range(min(VIDEO_EPISODES, episodes))
     last: dict[int, np.ndarray] = {}
+    ended: set[int] = set()
 
-    def cb(env, t: int, finished: torch.Tensor) -> None:
+    def render(env, i: int) -> None:
+        last[i] = env.render(i, depth=False, size=ARM_VIDEO_PX)["rgb"]
+
+    def on_episode_end(env, idx: np.ndarray) -> None:
+        for i in set(idx.tolist()) & set(shown) - ended:  # the first episode's end only
+            render(env, i)
+            ended.add(i)
+
+    def frames_cb(env, t: int, finished: torch.Tensor) -> None:
         for i in shown:
-            if not finished[i] or i not in last:  # a finished env already shows its next episode
-                last[i] = env.render(i, depth=False, size=ARM_VIDEO_PX)["rgb"]
+            if i not in ended:
+                render(env, i)
         frames.append(np.concatenate([last[i] for i in shown], axis=1))
 
-    return frames, cb
+    return frames, frames_cb, on_episode_end
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -135,8 +144,9 @@ def main(argv: list[str] | None = None) -> int:
             except ValueError as e:  # e.g. obs_source=perception for a task without a cube
                 print(f"error: task {task_cfg.name}: {e}", file=sys.stderr)
                 return 2
-        frames, cb = arm_video(o["episodes"]) if o["video"] else ([], None)
-        res = evaluate_success(actor, task_cfg, o["episodes"], "mujoco", o["seed"], o["device"], frames_cb=cb)
+        frames, cb, end_cb = arm_video(o["episodes"]) if o["video"] else ([], None, None)
+        res = evaluate_success(actor, task_cfg, o["episodes"], "mujoco", o["seed"], o["device"], frames_cb=cb,
+                               on_episode_end=end_cb)
         print(res.summary())
         name = "eval_mujoco_perception" if task_cfg.obs_source == "perception" else "eval_mujoco"
         (run_dir / f"{name}.json").write_text(json.dumps(res.as_dict(), indent=2))

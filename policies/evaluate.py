@@ -217,11 +217,15 @@ def success_episodes(env, obs: dict[str, torch.Tensor],
 
 
 def evaluate_success(policy: Policy, task_cfg, episodes: int = 100, backend: str = "mujoco", seed: int = 12345,
-                     device: str | torch.device = "cpu", frames_cb: Callable | None = None) -> SuccessResult:
+                     device: str | torch.device = "cpu", frames_cb: Callable | None = None,
+                     on_episode_end: Callable | None = None) -> SuccessResult:
     """Run one episode in each of ``episodes`` parallel envs; an episode succeeds if the task's
     success holds at any step of it. A policy that returns a chunk [N, H, A] executes its H actions
-    before it is queried again (all envs query together). ``frames_cb``: see success_episodes."""
+    before it is queried again (all envs query together). ``frames_cb``: see success_episodes;
+    ``on_episode_end(env, idx)``: the env's hook of that name (sim/arm/base.py), called before
+    the envs whose episodes ended reset."""
     env = get_task(task_cfg.name).env_cls(task_cfg, episodes, device=device, seed=seed, backend=backend)
+    env.on_episode_end = on_episode_end
     try:
         obs, _ = env.reset(seed=seed)
         with torch.random.fork_rng():  # a stochastic policy (w ~ N(0, I)) draws reproducibly, training RNG untouched

@@ -87,10 +87,25 @@ def test_sparse_reward_and_termination():
     obs, _ = env.reset(seed=0)
     assert obs["policy"].shape == (4, POLICY_DIM) and obs["critic"].shape == (4, CRITIC_DIM)
     ended = np.zeros(4, dtype=bool)
+    hooked = []  # on_episode_end's view: the ended envs before their reset
+
+    def on_episode_end(e, idx):
+        hooked.append((idx.copy(), e.t[idx].copy(), e.success()[idx].copy()))
+
+    env.on_episode_end = on_episode_end
+    length = np.zeros(4, dtype=int)  # steps of each env's current episode
     for _ in range(env.max_steps):
         goal = env.goal.copy()
         obs, reward, term, trunc, info = env.step(env.expert_action())
         success = info["success"].numpy()
+        length += 1
+        if (term | trunc).any():
+            idx, steps, succeeded = hooked.pop()
+            assert np.array_equal(idx, np.flatnonzero((term | trunc).numpy()))
+            assert np.array_equal(steps, length[idx]) and np.array_equal(succeeded, term.numpy()[idx]), \
+                "the ended episodes' last state, not a reset one"
+            length[idx] = 0
+        assert not hooked, "called once per step that ends episodes"
         assert reward.dtype == torch.float32 and np.array_equal(reward.numpy(), success.astype(np.float32))
         assert np.array_equal(term.numpy(), success)  # reach has no failure termination
         if term.any():

@@ -187,6 +187,35 @@ def test_eval_command_writes_results_plot_and_video(tmp_path):
     assert r.returncode == 2 and r.stderr.strip() == "error: episodes=0: expected at least 1", r.stderr
 
 
+def test_arm_video_ends_each_episode_on_its_last_state():
+    """policies.eval's arm video: an episode that ended keeps the frame of its last state (rendered
+    before the env resets), not the one of the step before. The policy moves the hand up and down
+    by 2 cm every step, so consecutive frames differ until the time limit ends both episodes."""
+    os.environ.setdefault("MUJOCO_GL", "egl")
+    from policies.eval import ARM_VIDEO_PX, arm_video
+    from policies.evaluate import evaluate_success
+    from sim.registry import get_task
+
+    cfg = get_task("arm_reach").default_config()
+    frames, frames_cb, on_episode_end = arm_video(episodes=2)
+
+    def bob(obs: torch.Tensor) -> torch.Tensor:  # TCP z (obs 16) about 0.25 m
+        a = torch.zeros(len(obs), 4)
+        a[:, 2] = torch.where(obs[:, 16] < 0.25, 1.0, -1.0)
+        return a
+
+    last_states = []
+
+    def end(env, idx):  # what the simulator shows before the reset
+        last_states.append([env.render(i, depth=False, size=ARM_VIDEO_PX)["rgb"] for i in idx])
+        on_episode_end(env, idx)
+
+    res = evaluate_success(bob, cfg, episodes=2, frames_cb=frames_cb, on_episode_end=end)
+    assert res.success_rate == 0.0 and len(frames) == cfg.episode_steps and len(last_states) == 1
+    assert np.array_equal(frames[-1], np.concatenate(last_states[0], axis=1))
+    assert not np.array_equal(frames[-1], frames[-2]), "the last step's motion is in the video"
+
+
 def test_an_evaluation_closes_its_simulator():
     """Every PyBullet evaluation disconnects its physics client, also when it fails midway (each
     held a world of vehicles until the process ended; the closed-loop benchmark opened one per

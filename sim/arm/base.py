@@ -57,6 +57,7 @@ import ctypes.util
 import math
 import os
 from dataclasses import dataclass, field
+from typing import Callable
 
 import gymnasium as gym
 import numpy as np
@@ -174,6 +175,9 @@ class ArmEnv(gym.vector.VectorEnv):
         self._ids(model)
         self.state_size = mujoco.mj_stateSize(model, STATE_SPEC)
         self._renderers: dict[int, mujoco.Renderer] = {}  # by image size, px (render())
+        # Called as on_episode_end(env, idx) in the step that ends the episodes of envs idx, before
+        # they reset: the last state of each is still in the simulator (e.g. a video's final frame).
+        self.on_episode_end: Callable[[ArmEnv, np.ndarray], None] | None = None
         self._depth_scene_option = mujoco.MjvOption()  # depth renders leave the sites (goal marker) out
         self._depth_scene_option.sitegroup[:] = 0
 
@@ -511,6 +515,8 @@ class ArmEnv(gym.vector.VectorEnv):
             info["episode_return"] = self._tensor(self.episode_return[idx])
             info["episode_success"] = torch.from_numpy(self.succeeded[idx].copy()).to(self.device)
             info["episode_length"] = self._tensor(self.t[idx] * self.control_period)  # s
+            if self.on_episode_end is not None:
+                self.on_episode_end(self, idx)
             self._reset_envs(idx)
         return (self._observe(), self._tensor(reward), torch.from_numpy(terminated).to(self.device),
                 torch.from_numpy(truncated).to(self.device), info)
