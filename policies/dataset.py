@@ -99,8 +99,9 @@ def save(path: str | Path, episodes: list[dict[str, np.ndarray]], meta: dict) ->
 
 
 def load(path: str | Path, task: str | None = None, obs_dim: int | None = None,
-         act_dim: int | None = None) -> Demonstrations:
-    """Read a dataset; with ``task``/``obs_dim``/``act_dim`` given, refuse one made for another task."""
+         act_dim: int | None = None, critic_dim: int | None = None) -> Demonstrations:
+    """Read a dataset; with ``task``/``obs_dim``/``act_dim``/``critic_dim`` given, refuse one made
+    for another task (or, for ``critic_dim``, another critic layout: with or without latency)."""
     path = Path(path)
     if not (path / "meta.json").is_file() or not (path / "data.npz").is_file():
         raise DatasetError(f"no dataset at '{path}': expected meta.json and data.npz there "
@@ -118,6 +119,9 @@ def load(path: str | Path, task: str | None = None, obs_dim: int | None = None,
         raise DatasetError(f"{path} holds '{meta.get('task')}' demonstrations, this run is task '{task}'")
     if obs_dim is not None and demos.obs.shape[1] != obs_dim:
         raise DatasetError(f"{path}: observations have {demos.obs.shape[1]} floats, the task has {obs_dim}")
+    if critic_dim is not None and demos.critic.shape[1] != critic_dim:
+        raise DatasetError(f"{path}: privileged observations have {demos.critic.shape[1]} floats, the task has "
+                           f"{critic_dim} (collected with another randomization.max_latency_steps?)")
     if act_dim is not None and demos.action.shape[1] != act_dim:
         raise DatasetError(f"{path}: actions have {demos.action.shape[1]} floats, the task has {act_dim}")
     return demos

@@ -225,7 +225,8 @@ class DSRL:
         from .config import UserError
 
         try:
-            d = ds.load(path, task=self.env.cfg.name, obs_dim=obs_dim, act_dim=act_dim)
+            d = ds.load(path, task=self.env.cfg.name, obs_dim=obs_dim, act_dim=act_dim,
+                        critic_dim=self.env.single_observation_space["critic"].shape[0])
         except ds.DatasetError as e:
             raise UserError(str(e)) from None
         if d.meta.get("task_config", {}).get("reward_type") != self.env.cfg.reward_type:

@@ -236,6 +236,43 @@ def test_randomization_changes_and_disables():
             assert np.allclose(fixed.camera_info(i)[1][:3, 3], NOMINAL.camera.pos)
 
 
+def test_action_latency():
+    """randomization.max_latency_steps: each env applies the action issued `latency` periods before
+    (hold still before the episode's first), its latency drawn per episode and shown to the critic
+    as its last feature; resume holds the commands in flight; the default has none and 43 critic
+    features."""
+    assert make("arm_reach", 2).observation_space["critic"].shape == (2, CRITIC_DIM)
+    cfg = get_task("arm_reach").default_config()
+    cfg.randomization.max_latency_steps = 2
+    env = get_task("arm_reach").env_cls(cfg, 12, seed=3)
+    obs, _ = env.reset(seed=3)
+    assert env.observation_space["critic"].shape == (12, CRITIC_DIM + 1)
+    latency = env.latency.copy()
+    assert set(latency.tolist()) == {0, 1, 2}, latency
+    assert np.array_equal(obs["critic"][:, -1].numpy(), (latency / 2).astype(np.float32))
+    up = torch.zeros(12, 4)
+    up[:, 2] = 1.0  # one step of +2 cm in z, then hold still
+    z = [env.ee_pos[:, 2].copy()]
+    for k in range(4):
+        env.step(up if k == 0 else torch.zeros(12, 4))
+        z.append(env.ee_pos[:, 2].copy())
+    rise = np.diff(np.array(z), axis=0)  # [step, env]
+    moved = rise > 0.005
+    assert np.array_equal(moved.argmax(0), latency) and (moved.sum(0) == 1).all(), rise.round(4)
+    # Resume mid-flight: a command issued but not yet applied is in the state.
+    env.reset(seed=4)
+    env.step(up)
+    other = get_task("arm_reach").env_cls(cfg, 12, seed=9)
+    other.load_state_dict(env.state_dict())
+    for _ in range(3):
+        o1, *_ = env.step(torch.zeros(12, 4))
+        o2, *_ = other.step(torch.zeros(12, 4))
+        assert torch.equal(o1["critic"], o2["critic"])
+    cfg.randomization.max_latency_steps = -1
+    with pytest.raises(ValueError, match="max_latency_steps=-1: expected >= 0"):
+        get_task("arm_reach").env_cls(cfg, 1)
+
+
 def test_interface_errors_and_layout():
     with pytest.raises(ValueError, match="backend"):
         ArmPushEnv(get_task("arm_push").default_config(), 1, backend="torch")

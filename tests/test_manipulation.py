@@ -499,6 +499,9 @@ def test_dsrl_na_loads_demonstrations(base_run, demos):
     assert np.array_equal(first, d.action[: algo.exec_horizon])
     with pytest.raises(UserError, match="DSRL-NA only"):
         _dsrl(base_run, "sac", [f"algo.demos={demos}"])
+    # A run whose critic also sees the latency refuses demonstrations collected without it.
+    with pytest.raises(UserError, match="privileged observations have 43 floats, the task has 44"):
+        _dsrl(base_run, "na", [f"algo.demos={demos}", "task.randomization.max_latency_steps=1"])
 
 
 def test_dsrl_na_draws_a_fixed_share_of_each_batch_from_the_demonstrations(base_run, demos):

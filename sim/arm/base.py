@@ -24,6 +24,8 @@ Observation (float32), identical layout in every task so policies transfer:
                   34    cube mass scale   35 friction scale (1 = nominal)
                   36:39 cube - TCP (m)    39:42 goal - cube (m)   (zeros without a cube)
                   42    time fraction t / episode_steps
+                  43    with randomization.max_latency_steps > 0 only (critic [44]): the episode's
+                        actuation latency / max_latency_steps
     image (camera != "none"): "rgb" uint8 [3, H, W]; "depth" float32 [1, H, W] (m, z-depth);
                   "rgbd" float32 [4, H, W], RGB scaled to [0, 1] then depth in m.
 
@@ -74,8 +76,9 @@ from .control import DiffIK, IKConfig  # noqa: E402
 from .params import NOMINAL, ArmParams  # noqa: E402
 
 POLICY_DIM = 28
-CRITIC_DIM = 43
+CRITIC_DIM = 43  # without latency; 44 with randomization.max_latency_steps > 0
 ACT_DIM = 4
+HOLD_ACTION = np.array([0.0, 0.0, 0.0, -1.0])  # hold the TCP still, gripper open: the command before an episode
 # Policy observation slices (see the module docstring).
 JOINT_POS, JOINT_VEL, EE_POS, GRIPPER, CUBE_POS, CUBE_QUAT, GOAL_POS = (
     slice(0, 7), slice(7, 14), slice(14, 17), slice(17, 18), slice(18, 21), slice(21, 25), slice(25, 28))
@@ -98,6 +101,13 @@ class RandomizationConfig:
     friction_scale: tuple[float, float] = (0.7, 1.3)  # x CubeParams.friction (all cube contacts)
     camera_pos: float = 0.02  # m, uniform +- per world axis
     camera_angle: float = 2.0  # deg, uniform +- about each camera axis
+    # Actuation latency, whole control periods, uniform in 0..max_latency_steps per episode: the
+    # action applied at a step is the one issued that many periods before (before the episode's
+    # first, "hold still, gripper open"). Off by default: a Franka arm takes joint targets in its
+    # 1 kHz control loop (Franka Control Interface), ~1 ms against the 50 ms period; a policy run
+    # off-board (camera, network, GPU) can lag a period or more. With it on, the critic sees the
+    # episode's latency (one more feature, see the module docstring).
+    max_latency_steps: int = 0
 
 
 @dataclass
@@ -153,6 +163,8 @@ class ArmEnv(gym.vector.VectorEnv):
             raise ValueError(f"image_size={cfg.image_size}: expected {lo} .. {hi} px")
         if cfg.reward_type not in ("sparse", "time", "dense"):
             raise ValueError(f"reward_type='{cfg.reward_type}': expected 'sparse', 'time' or 'dense'")
+        if cfg.randomization.max_latency_steps < 0:
+            raise ValueError(f"randomization.max_latency_steps={cfg.randomization.max_latency_steps}: expected >= 0")
 
     def __init__(self, cfg: ArmTaskConfig, num_envs: int, device: str | torch.device = "cpu", seed: int = 0,
                  backend: str = "mujoco", params: ArmParams = NOMINAL):
@@ -165,6 +177,7 @@ class ArmEnv(gym.vector.VectorEnv):
         self.control_period = params.sim.control_period  # s
         self.substeps = params.sim.substeps
         self.max_steps = cfg.episode_steps
+        self.critic_dim = CRITIC_DIM + (cfg.randomization.max_latency_steps > 0)
         self.ik = DiffIK(params, self.control_period, IKConfig())
 
         # --- MuJoCo: one compiled model, copied per env (each env's randomized fields are its own)
@@ -184,7 +197,7 @@ class ArmEnv(gym.vector.VectorEnv):
         # --- spaces
         box = gym.spaces.Box
         spaces = {"policy": box(-np.inf, np.inf, (POLICY_DIM,), np.float32),
-                  "critic": box(-np.inf, np.inf, (CRITIC_DIM,), np.float32)}
+                  "critic": box(-np.inf, np.inf, (self.critic_dim,), np.float32)}
         s = cfg.image_size
         if cfg.camera == "rgb":
             spaces["image"] = box(0, 255, (3, s, s), np.uint8)
@@ -209,6 +222,9 @@ class ArmEnv(gym.vector.VectorEnv):
         self.succeeded = np.zeros(n, dtype=bool)  # success at any step of the episode
         self.expert_phase = np.zeros(n, dtype=np.int64)
         self.expert_t0 = np.zeros(n, dtype=np.int64)  # step at which the current expert phase began
+        self.latency = np.zeros(n, dtype=np.int64)  # control periods (RandomizationConfig.max_latency_steps)
+        # The actions issued, newest first: row k is the one issued k periods ago.
+        self.action_queue = np.tile(HOLD_ACTION, (n, cfg.randomization.max_latency_steps + 1, 1))
         # Snapshot of the simulator state after the last step (filled by _gather)
         self.qpos = np.zeros((n, model.nq))
         self.qvel = np.zeros((n, model.nv))
@@ -314,8 +330,11 @@ class ArmEnv(gym.vector.VectorEnv):
             self.perception.update(policy, rows)
         rel_cube = self.cube_pos - self.ee_pos if self.HAS_CUBE else np.zeros((n, 3))
         rel_goal = self.goal - self.cube_pos if self.HAS_CUBE else np.zeros((n, 3))
-        critic = np.concatenate((clean, self.cube_vel, self.mass_scale[:, None], self.friction_scale[:, None],
-                                 rel_cube, rel_goal, (self.t / self.max_steps)[:, None]), axis=-1)
+        critic = [clean, self.cube_vel, self.mass_scale[:, None], self.friction_scale[:, None], rel_cube, rel_goal,
+                  (self.t / self.max_steps)[:, None]]
+        if self.critic_dim > CRITIC_DIM:
+            critic.append((self.latency / self.cfg.randomization.max_latency_steps)[:, None])
+        critic = np.concatenate(critic, axis=-1)
         obs = {"policy": self._tensor(policy), "critic": self._tensor(critic)}
         if self.cfg.camera != "none":
             if rows is None:
@@ -367,7 +386,8 @@ class ArmEnv(gym.vector.VectorEnv):
 
     # ================================================================ shared randomization
     def randomize_physics(self, idx: np.ndarray) -> None:
-        """Cube mass/inertia and friction, camera pose: drawn if randomization is enabled, else nominal."""
+        """Cube mass/inertia and friction, camera pose, actuation latency: drawn if randomization is
+        enabled, else nominal (no latency)."""
         r, k = self.cfg.randomization, len(idx)
         if r.enabled:
             if self.HAS_CUBE:
@@ -375,9 +395,12 @@ class ArmEnv(gym.vector.VectorEnv):
                 self.friction_scale[idx] = self._uniform(k, r.friction_scale)
             dpos = r.camera_pos * (2 * self._rand((k, 3)) - 1)
             dang = np.radians(r.camera_angle) * (2 * self._rand((k, 3)) - 1)
+            if r.max_latency_steps > 0:
+                self.latency[idx] = np.floor(self._rand((k,)) * (r.max_latency_steps + 1)).astype(np.int64)
         else:
             self.mass_scale[idx] = 1.0
             self.friction_scale[idx] = 1.0
+            self.latency[idx] = 0
             dpos, dang = np.zeros((k, 3)), np.zeros((k, 3))
         for j, i in enumerate(idx):
             q, dq, out = self.nominal_cam_quat.copy(), np.zeros(4), np.zeros(4)
@@ -438,6 +461,7 @@ class ArmEnv(gym.vector.VectorEnv):
             d.qpos[self.finger_qadr] = stroke
             d.ctrl[self.arm_act] = home
             d.ctrl[self.grip_act] = stroke
+        self.action_queue[idx] = HOLD_ACTION
         self.sample_episode(idx)
         for i in idx:
             mujoco.mj_forward(self.models[i], self.datas[i])
@@ -451,7 +475,9 @@ class ArmEnv(gym.vector.VectorEnv):
         self.expert_t0[idx] = 0
 
     def step(self, action: torch.Tensor):
-        a = np.clip(torch.as_tensor(action).detach().cpu().numpy().astype(np.float64), -1.0, 1.0)
+        issued = np.clip(torch.as_tensor(action).detach().cpu().numpy().astype(np.float64), -1.0, 1.0)
+        self.action_queue = np.concatenate((issued[:, None], self.action_queue[:, :-1]), axis=1)
+        a = self.action_queue[np.arange(self.num_envs), self.latency]  # the action issued `latency` periods ago
         q = self.qpos[:, self.arm_qadr]
         pos_des = self.ik.tcp_targets(self.ee_pos, a[:, :3])
         q_target = self.ik.joint_targets(self.jac, self.ee_pos, self.ee_rot, q, pos_des)
@@ -623,14 +649,15 @@ class ArmEnv(gym.vector.VectorEnv):
         return sd
 
     _STATE_ARRAYS = ("goal", "mass_scale", "friction_scale", "cam_pos", "cam_quat", "t", "episode_return",
-                     "succeeded", "expert_phase", "expert_t0")
+                     "succeeded", "expert_phase", "expert_t0", "latency", "action_queue")
 
     def load_state_dict(self, sd: dict) -> None:
         if sd["mj"].shape != (self.num_envs, self.state_size):
             raise ValueError(f"state_dict holds {sd['mj'].shape[0]} envs of state size {sd['mj'].shape[1]}; "
                              f"this env has {self.num_envs} of size {self.state_size} (same task and num_envs needed)")
         for k in self._STATE_ARRAYS:
-            setattr(self, k, np.array(sd[k], copy=True))
+            if k in sd:  # latency and action_queue are absent in checkpoints of older revisions (no latency)
+                setattr(self, k, np.array(sd[k], copy=True))
         self.gen.set_state(sd["gen"])
         self.expert_gen.set_state(sd["expert_gen"])
         self.total_steps, self.nonfinite_resets = sd["total_steps"], sd["nonfinite_resets"]
