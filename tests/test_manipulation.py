@@ -323,7 +323,7 @@ def test_steered_policy_exports_to_onnx_with_parity(base_run, tmp_path):
         ckpt.save_atomic(rec | {"policy": policy.state_dict()}, run / ckpt.BEST)
     r = cli("policies.export", str(run))
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "ok, tolerance 0.0001" in r.stdout
+    assert "(ok: onnxruntime within" in r.stdout, r.stdout
     onnx = OnnxPolicy(run / "export/policy.onnx", ARM)
     obs = np.load(run / "export/parity_obs.npy")[:200]
     with torch.no_grad():
@@ -373,18 +373,19 @@ def test_unet_base_trains_and_exports(demos, tmp_path):
     policy, rec = ckpt.load_policy(run)
     assert rec["gradient_steps"] == 100 and policy.spec["denoiser"] == "unet"
     r = cli("policies.export", str(run))
-    assert r.returncode == 0 and "ok" in r.stdout, r.stdout + r.stderr
-    assert "tolerance 0.0003" in r.stdout, r.stdout
+    assert r.returncode == 0 and "(ok: onnxruntime within" in r.stdout, r.stdout + r.stderr
     onnx = OnnxPolicy(run / "export/policy.onnx", ARM)
     obs = np.load(run / "export/parity_obs.npy")
-    w = np.random.default_rng(0).standard_normal((len(obs), 16)).astype(np.float32)
+    # The export's parity rule: onnxruntime no farther from the float64 chunk than twice float32
+    # PyTorch is (or 1e-5), on a policy whose chunks vary; an export off by 1e-3 fails it.
+    from policies.export import parity
+
+    res = parity(policy, onnx, obs)
+    assert res["ok"] and res["onnx_error"] <= max(1e-5, 2 * res["torch_error"]), res
+    assert res["torch_error"] > 1e-6, "the U-Net's float32 rounding is what the rule allows for"
+    assert not parity(policy, lambda *x: onnx(*x) + 1e-3, obs[:500])["ok"]
     with torch.no_grad():
-        ref = policy(torch.as_tensor(obs), torch.as_tensor(w)).numpy()
-        exact = copy.deepcopy(policy).double()(torch.as_tensor(obs).double(), torch.as_tensor(w).double()).numpy()
-    got = onnx(obs, w)
-    assert np.abs(got - ref).max() < 3e-4 and np.abs(ref).max() > 0.1
-    # The export's own error is PyTorch's: onnxruntime is as close to the float64 chunk as float32 PyTorch is.
-    assert np.abs(got - exact).max() <= 2 * np.abs(ref - exact).max() + 1e-6
+        assert np.abs(policy(torch.as_tensor(obs[:100]), torch.randn(100, 16)).numpy()).max() > 0.1
     assert onnx.metadata["exec_horizon"] == "4" and onnx.metadata["policy_class"] == "DiffusionPolicy"
     r = cli("policies.train", "task=arm_push", "algo=diffusion_bc", f"dataset={demos}", "algo.denoiser=unet",
             "algo.unet_levels=4", f"run_dir={tmp_path / 'bad'}", *FAST)
