@@ -26,16 +26,23 @@ if [ ${#missing[@]} -gt 0 ]; then
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
-# a new environment, or a fresh one where an interrupted run left it without pip
-if ! .venv/bin/python -m pip --version >/dev/null 2>&1; then
-  # The environment takes ~3.1 GB (open3d ~1 GB, torch, MuJoCo, PyBullet, ROS 2); pip needs room
-  # for a wheel and its unpacked files at once. Say so up front instead of pip's OSError half-way.
-  free_kb=$(df -Pk . | awk 'NR == 2 {print $4}')
-  if [ "$free_kb" -lt $((5 * 1024 * 1024)) ]; then
-    echo "error: $((free_kb / 1024)) MB free on the disk of $(pwd); the virtual environment needs about 5 GB while it installs" >&2
+# The environment takes ~3.1 GB (open3d ~1 GB, torch, MuJoCo, PyBullet, ROS 2), and pip holds a
+# downloaded wheel in TMPDIR while it unpacks it: say so up front instead of pip's OSError half-way.
+need_free() {  # <directory> <MB> <what needs it>
+  local free_kb
+  free_kb=$(df -Pk "$1" | awk 'NR == 2 {print $4}')
+  if [ "$free_kb" -lt $(($2 * 1024)) ]; then
+    echo "error: $((free_kb / 1024)) MB free on the disk of $1; $3 needs about $2 MB" >&2
     exit 1
   fi
+}
+need_free "${TMPDIR:-/tmp}" 1024 "pip's download of the largest wheel"
+# a new environment, or a fresh one where an interrupted run left it without pip
+if ! .venv/bin/python -m pip --version >/dev/null 2>&1; then
+  need_free . 5120 "the new virtual environment"
   python3 -m venv --clear .venv
+else
+  need_free . 1024 "completing the virtual environment"  # an earlier run may have stopped half-way
 fi
 # --no-cache-dir: no second copy of every wheel in ~/.cache/pip
 .venv/bin/python -m pip install -q --no-cache-dir -e ".[test,deploy,perception]"

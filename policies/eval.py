@@ -99,7 +99,8 @@ def save_gif(frames: list[np.ndarray], path: Path, frame_seconds: float) -> None
 def arm_video(episodes: int) -> tuple[list[np.ndarray], Callable, Callable]:
     """Frames of the first episodes side by side, one per control step until every evaluated
     episode has ended, and the two callbacks of evaluate_success that fill them (``frames_cb``,
-    ``on_episode_end``). An ended episode holds its last frame, rendered before the env resets."""
+    ``on_episode_end``; the first alone would film on into the next episodes). An ended episode
+    holds its last frame, rendered before the env resets."""
     frames: list[np.ndarray] = []
     shown = range(min(VIDEO_EPISODES, episodes))
     last: dict[int, np.ndarray] = {}

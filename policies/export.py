@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import sys
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
@@ -92,9 +93,11 @@ def export_run(run_dir: Path) -> dict:
     return {**files, **parity(policy, OnnxPolicy(onnx_path, contract), obs)}
 
 
-def parity(policy, onnx: OnnxPolicy, obs: np.ndarray) -> dict:
-    """Compare the exported model with the PyTorch policy on ``obs`` (a chunked policy that takes its
-    noise as input with fixed N(0, I) draws) and both with the policy evaluated in float64:
+def parity(policy, onnx: Callable[..., np.ndarray], obs: np.ndarray) -> dict:
+    """Compare the exported model (an OnnxPolicy) with the PyTorch policy on ``obs`` (a chunked policy
+    that takes its noise as input with fixed N(0, I) draws) and both with the policy evaluated in
+    float64 (where it can be: constants computed in float32, such as the DDIM schedule, keep their
+    rounding, which the three then share):
     ``max_abs_diff`` between PyTorch and onnxruntime, ``onnx_error`` and ``torch_error`` from float64,
     and whether the export passes the rule above (``ok``, with the ``tolerance`` it applied)."""
     exact_policy = copy.deepcopy(policy).double()

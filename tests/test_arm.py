@@ -154,7 +154,8 @@ def test_exact_resume_push():
         env.step(env.expert_action(0.2))
     state = env.state_dict()
     other = make("arm_push", 3, seed=123)
-    other.load_state_dict(state)
+    # As a checkpoint of a revision before the arm's latency option (no latency, nothing in flight)
+    other.load_state_dict({k: v for k, v in state.items() if k not in ("latency", "action_queue")})
     g = torch.Generator().manual_seed(0)
     for k in range(90):  # crosses episode ends; the expert's phases and noise generator resume too
         if k % 2:
@@ -238,24 +239,29 @@ def test_randomization_changes_and_disables():
 
 def test_action_latency():
     """randomization.max_latency_steps: each env applies the action issued `latency` periods before
-    (hold still before the episode's first), its latency drawn per episode and shown to the critic
-    as its last feature; resume holds the commands in flight; the default has none and 43 critic
-    features."""
+    (hold still before the episode's first), its latency drawn per episode; the critic sees it and
+    the actions still in flight; resume holds them; the default has none and 43 critic features."""
+    from sim.arm.base import HOLD_ACTION
+
     assert make("arm_reach", 2).observation_space["critic"].shape == (2, CRITIC_DIM)
     cfg = get_task("arm_reach").default_config()
     cfg.randomization.max_latency_steps = 2
     env = get_task("arm_reach").env_cls(cfg, 12, seed=3)
     obs, _ = env.reset(seed=3)
-    assert env.observation_space["critic"].shape == (12, CRITIC_DIM + 1)
+    assert env.observation_space["critic"].shape == (12, CRITIC_DIM + 1 + 2 * 4)
     latency = env.latency.copy()
     assert set(latency.tolist()) == {0, 1, 2}, latency
-    assert np.array_equal(obs["critic"][:, -1].numpy(), (latency / 2).astype(np.float32))
+    assert np.array_equal(obs["critic"][:, CRITIC_DIM].numpy(), (latency / 2).astype(np.float32))
     up = torch.zeros(12, 4)
     up[:, 2] = 1.0  # one step of +2 cm in z, then hold still
     z = [env.ee_pos[:, 2].copy()]
     for k in range(4):
-        env.step(up if k == 0 else torch.zeros(12, 4))
+        obs, *_ = env.step(up if k == 0 else torch.zeros(12, 4))
         z.append(env.ee_pos[:, 2].copy())
+        if k == 0:  # in flight: `up` where the latency is 1 or 2, then the episode's initial hold where it is 2
+            flight = obs["critic"][:, CRITIC_DIM + 1:].numpy().reshape(12, 2, 4)
+            assert np.array_equal(flight[:, 0], np.where(latency[:, None] >= 1, up.numpy(), 0.0))
+            assert np.array_equal(flight[:, 1], np.where(latency[:, None] == 2, HOLD_ACTION, 0.0).astype(np.float32))
     rise = np.diff(np.array(z), axis=0)  # [step, env]
     moved = rise > 0.005
     assert np.array_equal(moved.argmax(0), latency) and (moved.sum(0) == 1).all(), rise.round(4)
@@ -268,6 +274,10 @@ def test_action_latency():
         o1, *_ = env.step(torch.zeros(12, 4))
         o2, *_ = other.step(torch.zeros(12, 4))
         assert torch.equal(o1["critic"], o2["critic"])
+    state = env.state_dict()
+    cfg.randomization.max_latency_steps = 1
+    with pytest.raises(ValueError, match="actions of 2 periods of latency; this env has 1"):
+        get_task("arm_reach").env_cls(cfg, 12).load_state_dict(state)
     cfg.randomization.max_latency_steps = -1
     with pytest.raises(ValueError, match="max_latency_steps=-1: expected >= 0"):
         get_task("arm_reach").env_cls(cfg, 1)

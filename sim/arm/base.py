@@ -24,8 +24,10 @@ Observation (float32), identical layout in every task so policies transfer:
                   34    cube mass scale   35 friction scale (1 = nominal)
                   36:39 cube - TCP (m)    39:42 goal - cube (m)   (zeros without a cube)
                   42    time fraction t / episode_steps
-                  43    with randomization.max_latency_steps > 0 only (critic [44]): the episode's
-                        actuation latency / max_latency_steps
+                  with randomization.max_latency_steps = L > 0 only (critic [44 + 4 L]):
+                  43    the episode's actuation latency / L
+                  44:44+4L  the actions issued and not yet applied, newest first (4 per period;
+                        zeros beyond the episode's latency)
     image (camera != "none"): "rgb" uint8 [3, H, W]; "depth" float32 [1, H, W] (m, z-depth);
                   "rgbd" float32 [4, H, W], RGB scaled to [0, 1] then depth in m.
 
@@ -76,7 +78,7 @@ from .control import DiffIK, IKConfig  # noqa: E402
 from .params import NOMINAL, ArmParams  # noqa: E402
 
 POLICY_DIM = 28
-CRITIC_DIM = 43  # without latency; 44 with randomization.max_latency_steps > 0
+CRITIC_DIM = 43  # without latency; 44 + 4 L with randomization.max_latency_steps = L > 0
 ACT_DIM = 4
 HOLD_ACTION = np.array([0.0, 0.0, 0.0, -1.0])  # hold the TCP still, gripper open: the command before an episode
 # Policy observation slices (see the module docstring).
@@ -101,12 +103,13 @@ class RandomizationConfig:
     friction_scale: tuple[float, float] = (0.7, 1.3)  # x CubeParams.friction (all cube contacts)
     camera_pos: float = 0.02  # m, uniform +- per world axis
     camera_angle: float = 2.0  # deg, uniform +- about each camera axis
-    # Actuation latency, whole control periods, uniform in 0..max_latency_steps per episode: the
-    # action applied at a step is the one issued that many periods before (before the episode's
-    # first, "hold still, gripper open"). Off by default: a Franka arm takes joint targets in its
-    # 1 kHz control loop (Franka Control Interface), ~1 ms against the 50 ms period; a policy run
-    # off-board (camera, network, GPU) can lag a period or more. With it on, the critic sees the
-    # episode's latency (one more feature, see the module docstring).
+    # Actuation latency, whole control periods, uniform in 0..max_latency_steps per episode (with
+    # ``enabled`` only; none without): the action applied at a step is the one issued that many
+    # periods before (before the episode's first, "hold still, gripper open"). Off by default: a
+    # Franka arm takes joint targets in its 1 kHz control loop (Franka Control Interface), ~1 ms
+    # against the 50 ms period; a policy run off-board (camera, network, GPU) can lag a period or
+    # more. With it on, the critic sees the episode's latency and the actions still in flight (see
+    # the module docstring); the policy sees neither.
     max_latency_steps: int = 0
 
 
@@ -177,7 +180,8 @@ class ArmEnv(gym.vector.VectorEnv):
         self.control_period = params.sim.control_period  # s
         self.substeps = params.sim.substeps
         self.max_steps = cfg.episode_steps
-        self.critic_dim = CRITIC_DIM + (cfg.randomization.max_latency_steps > 0)
+        lat = cfg.randomization.max_latency_steps
+        self.critic_dim = CRITIC_DIM + (1 + ACT_DIM * lat if lat > 0 else 0)
         self.ik = DiffIK(params, self.control_period, IKConfig())
 
         # --- MuJoCo: one compiled model, copied per env (each env's randomized fields are its own)
@@ -189,7 +193,8 @@ class ArmEnv(gym.vector.VectorEnv):
         self.state_size = mujoco.mj_stateSize(model, STATE_SPEC)
         self._renderers: dict[int, mujoco.Renderer] = {}  # by image size, px (render())
         # Called as on_episode_end(env, idx) in the step that ends the episodes of envs idx, before
-        # they reset: the last state of each is still in the simulator (e.g. a video's final frame).
+        # they reset: the last state of each is still in the simulator (e.g. a video's final frame),
+        # except for an env that went non-finite, which MuJoCo has already reset by itself.
         self.on_episode_end: Callable[[ArmEnv, np.ndarray], None] | None = None
         self._depth_scene_option = mujoco.MjvOption()  # depth renders leave the sites (goal marker) out
         self._depth_scene_option.sitegroup[:] = 0
@@ -332,8 +337,10 @@ class ArmEnv(gym.vector.VectorEnv):
         rel_goal = self.goal - self.cube_pos if self.HAS_CUBE else np.zeros((n, 3))
         critic = [clean, self.cube_vel, self.mass_scale[:, None], self.friction_scale[:, None], rel_cube, rel_goal,
                   (self.t / self.max_steps)[:, None]]
-        if self.critic_dim > CRITIC_DIM:
-            critic.append((self.latency / self.cfg.randomization.max_latency_steps)[:, None])
+        lat = self.cfg.randomization.max_latency_steps
+        if lat > 0:  # the next `latency` steps apply the newest `latency` issued actions
+            in_flight = self.action_queue[:, :lat] * (np.arange(lat) < self.latency[:, None])[:, :, None]
+            critic += [(self.latency / lat)[:, None], in_flight.reshape(n, -1)]
         critic = np.concatenate(critic, axis=-1)
         obs = {"policy": self._tensor(policy), "critic": self._tensor(critic)}
         if self.cfg.camera != "none":
@@ -655,9 +662,14 @@ class ArmEnv(gym.vector.VectorEnv):
         if sd["mj"].shape != (self.num_envs, self.state_size):
             raise ValueError(f"state_dict holds {sd['mj'].shape[0]} envs of state size {sd['mj'].shape[1]}; "
                              f"this env has {self.num_envs} of size {self.state_size} (same task and num_envs needed)")
+        if "latency" not in sd:  # a checkpoint of an older revision, which had no latency
+            sd = {**sd, "latency": np.zeros(self.num_envs, dtype=np.int64),
+                  "action_queue": np.tile(HOLD_ACTION, self.action_queue.shape[:2] + (1,))}
+        if sd["action_queue"].shape != self.action_queue.shape:
+            raise ValueError(f"state_dict holds actions of {sd['action_queue'].shape[1] - 1} periods of latency; "
+                             f"this env has {self.cfg.randomization.max_latency_steps} (same max_latency_steps needed)")
         for k in self._STATE_ARRAYS:
-            if k in sd:  # latency and action_queue are absent in checkpoints of older revisions (no latency)
-                setattr(self, k, np.array(sd[k], copy=True))
+            setattr(self, k, np.array(sd[k], copy=True))
         self.gen.set_state(sd["gen"])
         self.expert_gen.set_state(sd["expert_gen"])
         self.total_steps, self.nonfinite_resets = sd["total_steps"], sd["nonfinite_resets"]
