@@ -121,7 +121,8 @@ def load(path: str | Path, task: str | None = None, obs_dim: int | None = None,
         raise DatasetError(f"{path}: observations have {demos.obs.shape[1]} floats, the task has {obs_dim}")
     if critic_dim is not None and demos.critic.shape[1] != critic_dim:
         raise DatasetError(f"{path}: privileged observations have {demos.critic.shape[1]} floats, the task has "
-                           f"{critic_dim} (the arm's critic grows with randomization.max_latency_steps: collected with another?)")
+                           f"{critic_dim} (the arm's critic grows with randomization.max_latency_steps: "
+                           "collected with another?)")
     if act_dim is not None and demos.action.shape[1] != act_dim:
         raise DatasetError(f"{path}: actions have {demos.action.shape[1]} floats, the task has {act_dim}")
     return demos

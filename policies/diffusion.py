@@ -215,10 +215,12 @@ class DiffusionPolicy(nn.Module):
             raise ValueError(f"denoiser '{denoiser}': expected one of {', '.join(DENOISERS)}")
         if denoiser == "unet":
             if unet_levels < 1 or pred_horizon % 2 ** (unet_levels - 1):
-                raise ValueError(f"unet_levels {unet_levels}: the unet halves the chunk between levels, so pred_horizon "
-                                 f"({pred_horizon}) must be divisible by 2^(unet_levels - 1) (unet_levels >= 1)")
+                raise ValueError(f"unet_levels {unet_levels}: the unet halves the chunk between levels, so "
+                                 f"pred_horizon ({pred_horizon}) must be divisible by 2^(unet_levels - 1) "
+                                 "(unet_levels >= 1)")
             if unet_channels < UNET_GROUPS or unet_channels % UNET_GROUPS:
-                raise ValueError(f"unet_channels {unet_channels}: expected a multiple of {UNET_GROUPS} (GroupNorm's groups)")
+                raise ValueError(f"unet_channels {unet_channels}: expected a multiple of {UNET_GROUPS} "
+                                 "(GroupNorm's groups)")
             # Every GroupNorm normalises channels x length / groups values, the same at each level: with
             # fewer than 4 the normalised features carry next to nothing of the input.
             if unet_channels * pred_horizon < 4 * UNET_GROUPS:

@@ -3,9 +3,8 @@
 Writes ``<run_dir>/export/policy.onnx`` (the task's contract embedded) and, for MLP actors,
 ``policy.c`` / ``policy.h`` (C99, no heap), then checks PyTorch vs onnxruntime on 10k random
 and 10k on-distribution observations, both against the policy in float64 (``parity``), and
-prints the largest differences. Diffusion policies
-(diffusion_bc, dsrl) export to ONNX only, their DDIM loop unrolled; an unsteered one is
-checked with random noises as its second input.
+prints the largest differences. Diffusion policies (diffusion_bc, dsrl) export to ONNX only,
+their DDIM loop unrolled; an unsteered one is checked with random noises as its second input.
 """
 
 from __future__ import annotations

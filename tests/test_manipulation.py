@@ -384,9 +384,11 @@ def test_unet_base_trains_and_exports(demos, tmp_path):
     assert res["onnx_error"] <= max(1e-5, 2 * res["torch_error"]) and res["ok"], res
     assert res["torch_error"] > 1e-6, "the U-Net's float32 rounding is what the rule allows for"
     assert not parity(policy, lambda *x: onnx(*x) + 1e-3, obs[:500])["ok"]
-    w = torch.randn(100, 16, generator=torch.Generator().manual_seed(0))
+    # On other noises than the export's check used, as closely as before the rule replaced the tolerance.
+    w = np.random.default_rng(0).standard_normal((len(obs), 16)).astype(np.float32)
     with torch.no_grad():
-        assert np.abs(policy(torch.as_tensor(obs[:100]), w).numpy()).max() > 0.1
+        ref = policy(torch.as_tensor(obs), torch.as_tensor(w)).numpy()
+    assert np.abs(onnx(obs, w) - ref).max() < 3e-4 and np.abs(ref).max() > 0.1
     assert onnx.metadata["exec_horizon"] == "4" and onnx.metadata["policy_class"] == "DiffusionPolicy"
     r = cli("policies.train", "task=arm_push", "algo=diffusion_bc", f"dataset={demos}", "algo.denoiser=unet",
             "algo.unet_levels=4", f"run_dir={tmp_path / 'bad'}", *FAST)
