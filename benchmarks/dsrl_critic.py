@@ -63,11 +63,12 @@ def load_run(run: Path, seed: int = 0):
     task_cfg, algo_cfg = to_objects(cfg)
     env = get_task(task_cfg.name).env_cls(task_cfg, algo_cfg.num_envs, device="cpu", seed=seed)
     algo = make_algo("dsrl", algo_cfg, env, torch.device("cpu"), seed)
+    algo.buffer.persist(run / ckpt.REPLAY)  # where the run's replay rows are (read here, never written)
     try:
         state = ckpt.load(run / ckpt.LAST)
+        algo.load_state_dict(state["algo"])
     except ckpt.CheckpointError as e:
         raise SystemExit(f"error: {run}: {e}") from None
-    algo.load_state_dict(state["algo"])
     return task_cfg, algo_cfg, algo, state["trainer"]["env_steps"]
 
 

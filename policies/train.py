@@ -129,6 +129,8 @@ def run(cfg: DictConfig, run_dir: Path, resume_state: dict | None, t_start: floa
         algo = make_algo(algo_cfg.name, algo_cfg, env, device, cfg.seed)
     except ValueError as e:
         raise UserError(f"algo {algo_cfg.name}: {e}") from None
+    if getattr(algo, "buffer", None) is not None:  # off-policy: its replay rows go to segment files, new ones per save
+        algo.buffer.persist(run_dir / ckpt.REPLAY)
     run_dir.mkdir(parents=True, exist_ok=True)
     if resume_state is None:
         OmegaConf.save(cfg, run_dir / "config.yaml")
@@ -151,6 +153,8 @@ def run(cfg: DictConfig, run_dir: Path, resume_state: dict | None, t_start: floa
             first = str(e).strip().splitlines()[0]
             raise UserError(f"resume={run_dir}: {ckpt.LAST} does not fit this version's {algo_cfg.name} "
                             f"networks ({first}); start a new run") from None
+        except ckpt.CheckpointError as e:  # its replay rows missing or damaged
+            raise UserError(f"resume={run_dir}: {e}") from None
         env.load_state_dict(resume_state["env"])
         torch.set_rng_state(resume_state["torch_rng"])
         tr = {"passed": False, **resume_state["trainer"]}  # checkpoints of older revisions lack "passed"

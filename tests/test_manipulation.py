@@ -123,6 +123,13 @@ def test_dsrl_leaves_the_base_untouched(base_run, tmp_path, variant):
     assert trained["updates"] > 0, "the run must have updated its actor and critics"
 
 
+def _replay_rows(run: Path, total: int) -> dict[str, torch.Tensor]:
+    """The first ``total`` replay rows of a run whose ring has not wrapped, from its segment files."""
+    segments = sorted((run / ckpt.REPLAY).glob("rows_*.pt"))
+    rows = [torch.load(p) for p in segments]
+    return {k: torch.cat([r[k] for r in rows])[:total] for k in rows[0]}
+
+
 def test_dsrl_resume_is_exact_and_refuses_a_changed_base(base_run, tmp_path):
     """DSRL-NA stopped at 128 env steps and resumed to 256 ends where one run to 256 does, bit for
     bit (actor, both critics, buffer); resuming after the base's weights changed is refused."""
@@ -143,7 +150,8 @@ def test_dsrl_resume_is_exact_and_refuses_a_changed_base(base_run, tmp_path):
     for key in ("pi", "q", "qw"):
         assert all(torch.equal(a[key][k], b[key][k]) for k in a[key]), f"{key} diverged after the resume"
     assert a["buffer"]["size"] == b["buffer"]["size"] > 0
-    assert all(torch.equal(v, b["buffer"]["data"][k]) for k, v in a["buffer"]["data"].items())
+    rows_a, rows_b = (_replay_rows(run, d["buffer"]["total"]) for run, d in ((straight, a), (split, b)))
+    assert all(torch.equal(v, rows_b[k]) for k, v in rows_a.items())
     rec = torch.load(base / ckpt.BEST, weights_only=False)
     first = next(iter(rec["policy"]))
     rec["policy"][first] = rec["policy"][first] + 1e-3
