@@ -150,7 +150,7 @@ SAC_TINY = ["algo=sac", "algo.num_envs=64", "algo.batch_size=128", "algo.warmup_
 
 
 @pytest.mark.parametrize("tiny", [TINY, [*SAC_TINY, *COMMON]], ids=["ppo", "sac"])
-def test_same_seed_same_result_and_resume_is_exact(tmp_path, tiny):
+def test_same_seed_same_result_and_resume_is_exact(tmp_path, tiny, capsys):
     straight, split = tmp_path / "straight", tmp_path / "split"
     assert train_main([*tiny, f"run_dir={straight}", "max_env_steps=4096"]) == 0
     assert train_main([*tiny, f"run_dir={split}", "max_env_steps=2048"]) == 0
@@ -159,7 +159,12 @@ def test_same_seed_same_result_and_resume_is_exact(tmp_path, tiny):
     assert all(torch.equal(a[k], b[k]) for k in a), "resumed run diverged from the uninterrupted one"
     if "algo=sac" in tiny:  # the replay rows are in segment files, not in last.pt
         assert "data" not in torch.load(split / ckpt.LAST, weights_only=False)["algo"]["buffer"]
-        assert list((split / ckpt.REPLAY).glob("rows_*.pt"))
+        segments = list((split / ckpt.REPLAY).glob("rows_*.pt"))
+        assert segments
+        before = (split / ckpt.LAST).read_bytes()
+        segments[0].unlink()
+        assert train_main([f"resume={split}", "max_env_steps=6144", "progress=false"]) == 2
+        assert "are missing from" in capsys.readouterr().err and (split / ckpt.LAST).read_bytes() == before
     again = tmp_path / "again"
     assert train_main([*tiny, f"run_dir={again}", "max_env_steps=4096"]) == 0
     c = _weights(again)
