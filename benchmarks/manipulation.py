@@ -3,13 +3,18 @@
 
     python -m benchmarks.manipulation [--tasks arm_push arm_pick_place] [--methods dsrl_sac dsrl_na sac_matched]
         [--seeds 0 1 2] [--steps 50000] [--eval-every 10000] [--episodes 100] [--demos 20] [--noise 0.3]
-        [--bc-steps 10000] [--threads 1]
+        [--bc-steps 10000] [--threads 1] [--worse-share 0]
 
 Per task: collect ``--demos`` scripted-expert episodes at ``--noise`` (a deliberately small,
 noisy dataset), train one diffusion base policy on it (seed 0), then run every method for every
 seed with ``policies.train`` and read the evaluations from each run's results.json. The base
 policy's curve is flat: it is evaluated with ``--episodes`` episodes once per seed. Writes
 ``benchmarks/results/<task>_success.png`` and one section of BENCHMARKS.md per task.
+
+With ``--worse-share S`` > 0 (arm_push), a share S of the demonstrations comes from the task's worse
+operator instead (``expert_worse_share`` in sim/arm/push.py): a base whose noise chooses between two
+behaviours rather than only its jitter around one. Its runs, plot and section are separate
+(``<task>_worse<S>``, section "Manipulation: <task> from mixed demonstrators").
 
 Runs are cached: a dataset, base or method run whose output already exists under ``--work`` is
 read, not repeated (delete its directory to run it again), so a table can combine runs made at
@@ -65,8 +70,9 @@ def train(args: list[str], log: Path) -> dict:
 def base_policy(task: str, work: Path, a) -> tuple[Path, dict]:
     data = work / "data"
     if not (data / "meta.json").is_file():
+        worse = [f"task.expert_worse_share={a.worse_share}"] if a.worse_share > 0 else []
         subprocess.run([sys.executable, "-m", "policies.collect", f"task={task}", f"episodes={a.demos}",
-                        f"noise={a.noise}", "seed=0", f"out={data}", "progress=false"], cwd=ROOT, check=True)
+                        f"noise={a.noise}", "seed=0", f"out={data}", "progress=false", *worse], cwd=ROOT, check=True)
     run = work / "base"
     if not (run / "results.json").is_file():
         train([f"task={task}", "algo=diffusion_bc", f"algo.dataset={data}", f"algo.gradient_steps={a.bc_steps}",
@@ -124,6 +130,8 @@ def main() -> None:
     ap.add_argument("--noise", type=float, default=0.3)
     ap.add_argument("--bc-steps", type=int, default=10_000)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--worse-share", type=float, default=0.0,
+                    help="share of the demonstrations by the task's worse operator (arm_push)")
     ap.add_argument("--work", default=str(ROOT / "runs" / "bench_manipulation"))
     ap.add_argument("--no-write", action="store_true")
     a = ap.parse_args()
@@ -133,8 +141,10 @@ def main() -> None:
             "(from the issue): from a 30-50 % base to >= 90 % within 50k environment steps. Published "
             "reference: DSRL-NA on Robomimic Can from a 40 % base reaches about 65-75 % after 150-300k steps "
             "without demonstrations (Wagenmaker et al. 2025, independent reproduction).")
+    mixed = a.worse_share > 0
     for task in a.tasks:
-        work = Path(a.work) / task
+        name = f"{task}_worse{a.worse_share:g}" if mixed else task
+        work = Path(a.work) / name
         base_run, meta = base_policy(task, work, a)
         base = [evaluate_base(base_run, s, a.episodes) for s in a.seeds]
         print(f"{task}: base success {base}", flush=True)
@@ -155,7 +165,7 @@ def main() -> None:
                 rows.append((m, seed, res["evals"][0]["success_rate"], res["evals"][-1]["success_rate"],
                              max(e["success_rate"] for e in res["evals"]), 1000 * train_s / res["env_steps"]))
                 print(task, rows[-1], flush=True)
-        png = (work if a.no_write else OUT) / f"{task}_success.png"  # --no-write leaves the repo's results alone
+        png = (work if a.no_write else OUT) / f"{name}_success.png"  # --no-write leaves the repo's results alone
         plot(task, curves, base, a.steps, png)
         table = ("| method | seed | success at 0 steps | success at the end | best evaluation "
                  "| wall time per 1k env steps [s] |\n|---|---:|---:|---:|---:|---:|\n")
@@ -164,15 +174,17 @@ def main() -> None:
                          for m, s, z, e, b, w in rows)
         body = ("Methods: " + "; ".join(f"{m}: `{' '.join(METHODS[m])}`" for m in a.methods)
                 + f"\n\nDataset: {meta['episodes']} expert episodes at noise {meta['expert_noise']} "
-                f"({meta['successes']} successful). Base: diffusion_bc, {a.bc_steps} gradient steps. "
+                + (f"(a share {a.worse_share:g} of them by the worse operator) " if mixed else "")
+                + f"({meta['successes']} successful). Base: diffusion_bc, {a.bc_steps} gradient steps. "
                 f"{a.episodes} evaluation episodes per point, every {a.eval_every} env steps.\n\n"
                 f"![{task}](benchmarks/results/{png.name})\n\n{table}\n{note}")
         if not a.no_write:  # one section per task: a run of one task leaves the others' results alone
             cmd = (f"python -m benchmarks.manipulation --tasks {task} --methods {' '.join(a.methods)} "
                    f"--seeds {' '.join(map(str, a.seeds))} --steps {a.steps} --eval-every {a.eval_every} "
                    f"--episodes {a.episodes} --demos {a.demos} --noise {a.noise} --bc-steps {a.bc_steps} "
-                   f"--threads {a.threads}")
-            write_section(f"Manipulation: {task}", cmd, body, threads=a.threads)
+                   f"--threads {a.threads}" + (f" --worse-share {a.worse_share:g}" if mixed else ""))
+            write_section(f"Manipulation: {task}" + (" from mixed demonstrators" if mixed else ""), cmd, body,
+                          threads=a.threads)
 
 
 if __name__ == "__main__":

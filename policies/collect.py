@@ -2,6 +2,7 @@
 
     python -m policies.collect task=arm_push episodes=100 noise=0.3 [out=data/arm_push] [seed=0]
         [num_envs=16] [successful_only=false] [task.<field>=value ...]
+    python -m policies.collect task=arm_push episodes=60 noise=0.2 task.expert_worse_share=0.5   # two operators
 
 The expert is the task's own (``expert_action`` in its task file), acting on the true simulator
 state; ``noise`` is the std of Gaussian noise added to its actions (action units, clipped to
@@ -59,7 +60,10 @@ def collect(task_cfg, episodes: int, noise: float, seed: int, num_envs: int, suc
             progress: bool = True) -> tuple[list[dict[str, np.ndarray]], float]:
     """Roll the expert out in ``num_envs`` parallel envs until ``episodes`` episodes are kept.
     Returns the episodes and the control period (s)."""
-    env = get_task(task_cfg.name).env_cls(task_cfg, num_envs, seed=seed)
+    try:
+        env = get_task(task_cfg.name).env_cls(task_cfg, num_envs, seed=seed)
+    except ValueError as e:  # a task value the environment refuses
+        raise UserError(f"task {task_cfg.name}: {e}") from None
     if not hasattr(env, "expert_action"):
         raise UserError(f"task '{task_cfg.name}' has no scripted expert")
     obs, _ = env.reset(seed=seed)

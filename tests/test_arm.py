@@ -82,6 +82,37 @@ def test_scripted_expert_succeeds(task, noise):
     assert success.mean() >= 0.9, f"{task} expert at noise {noise}: {success.mean():.0%}"
 
 
+def test_worse_push_operator_misses_along_its_own_direction():
+    """expert_worse_share=1: every episode's demonstrator commits to a direction 20-35 deg off the
+    cube-to-goal line and pushes the cube along it (so it misses); 0.5 mixes the two operators."""
+    n = 16
+    env = make("arm_push", n, seed=2, expert_worse_share=1.0)
+    env.reset(seed=2)
+    assert env.worse_operator.all()
+    start, goal, direction = env.cube_pos[:, :2].copy(), env.goal[:, :2].copy(), env.worse_dir.copy()
+    line = (goal - start) / np.linalg.norm(goal - start, axis=-1, keepdims=True)
+    off = np.degrees(np.arccos(np.clip((line * direction).sum(-1), -1.0, 1.0)))
+    assert ((off > 19.9) & (off < 35.1)).all(), off
+    finished, success = np.zeros(n, dtype=bool), np.zeros(n, dtype=bool)
+    end = start.copy()
+
+    def on_episode_end(e, idx):  # the cube where each first episode ended, before the reset
+        first = idx[~finished[idx]]
+        end[first] = e.cube_pos[first, :2]
+
+    env.on_episode_end = on_episode_end
+    while not finished.all():
+        _, _, term, trunc, info = env.step(env.expert_action(0.0))
+        success |= info["success"].numpy() & ~finished
+        finished |= (term | trunc).numpy()
+    assert success.mean() <= 0.25, success
+    moved = end - start
+    heading = np.degrees(np.arccos(np.clip((moved * direction).sum(-1) / np.linalg.norm(moved, axis=-1), -1, 1)))
+    assert np.median(heading) < 12.0, heading  # the operator's way (6-7 deg here), not the goal's (20-35 deg off it)
+    mixed = make("arm_push", 200, seed=3, expert_worse_share=0.5)
+    assert 0.4 < mixed.worse_operator.mean() < 0.6
+
+
 def test_sparse_reward_and_termination():
     env = make("arm_reach", 4)
     obs, _ = env.reset(seed=0)
@@ -155,7 +186,9 @@ def test_exact_resume_push():
     state = env.state_dict()
     other = make("arm_push", 3, seed=123)
     # As a checkpoint of a revision before the arm's latency option (no latency, nothing in flight)
-    other.load_state_dict({k: v for k, v in state.items() if k not in ("latency", "action_queue")})
+    # and before the worse push operator
+    old = ("latency", "action_queue", "worse_operator", "worse_dir")
+    other.load_state_dict({k: v for k, v in state.items() if k not in old})
     g = torch.Generator().manual_seed(0)
     for k in range(90):  # crosses episode ends; the expert's phases and noise generator resume too
         if k % 2:

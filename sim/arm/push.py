@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
+import torch
 
 from .base import ArmEnv, ArmTaskConfig
 
@@ -37,6 +38,13 @@ class PushConfig(ArmTaskConfig):
     goal_distance: tuple[float, float] = (0.1, 0.25)  # m, from the cube's start (horizontal)
     success_radius: float = 0.03  # m
     reward: PushReward = field(default_factory=PushReward)
+    # A second, worse demonstrator for policies.collect, as Robomimic's multi-human datasets mix
+    # operators of different skill (Mandlekar et al. 2021). In this share of episodes the expert
+    # commits at the start to a push direction off the cube-to-goal line by an angle uniform in
+    # ``expert_worse_aim_deg`` (random sign) and pushes straight along it, never re-aiming: the
+    # cube passes the goal 3-14 cm off and the episode mostly fails. 0: the expert alone.
+    expert_worse_share: float = 0.0
+    expert_worse_aim_deg: tuple[float, float] = (20.0, 35.0)
 
 
 def default_config() -> PushConfig:
@@ -58,6 +66,20 @@ def sample_goals_on_table(env: ArmEnv, cube_xy: np.ndarray, gx, gy, dist) -> np.
 
 
 class ArmPushEnv(ArmEnv):
+    def __init__(self, cfg: PushConfig, num_envs: int, *args, **kwargs):
+        if not 0.0 <= cfg.expert_worse_share <= 1.0:
+            raise ValueError(f"expert_worse_share={cfg.expert_worse_share}: expected a share in [0, 1]")
+        self.worse_operator = np.zeros(num_envs, dtype=bool)  # this episode's demonstrator is the worse one
+        self.worse_dir = np.zeros((num_envs, 2))  # its push direction (unit, world xy)
+        super().__init__(cfg, num_envs, *args, **kwargs)
+
+    _STATE_ARRAYS = ArmEnv._STATE_ARRAYS + ("worse_operator", "worse_dir")
+
+    def load_state_dict(self, sd: dict) -> None:
+        if "worse_operator" not in sd:  # a checkpoint of an older revision: the expert alone
+            sd = {**sd, "worse_operator": np.zeros(self.num_envs, dtype=bool), "worse_dir": np.zeros((self.num_envs, 2))}
+        super().load_state_dict(sd)
+
     # ------------------------------------------------------------------ episode
     def sample_episode(self, idx: np.ndarray) -> None:
         c = self.cfg
@@ -66,6 +88,15 @@ class ArmPushEnv(ArmEnv):
         for j, i in enumerate(idx):
             self.set_cube_pose(i, xy[j], yaw[j])
             self.set_goal(i, (goal_xy[j, 0], goal_xy[j, 1], self.params.cube.half))
+        if c.expert_worse_share > 0:  # drawn from the expert's generator, and only then: tasks stay as they were
+            draw = torch.rand((len(idx), 3), generator=self.expert_gen, dtype=torch.float64).numpy()
+            lo, hi = np.deg2rad(c.expert_worse_aim_deg)
+            angle = (lo + (hi - lo) * draw[:, 1]) * np.where(draw[:, 2] < 0.5, -1.0, 1.0)
+            line = goal_xy - xy
+            line /= np.linalg.norm(line, axis=-1, keepdims=True)
+            cos, sin = np.cos(angle), np.sin(angle)
+            self.worse_operator[idx] = draw[:, 0] < c.expert_worse_share
+            self.worse_dir[idx] = np.stack((cos * line[:, 0] - sin * line[:, 1], sin * line[:, 0] + cos * line[:, 1]), -1)
 
     # ------------------------------------------------------------------ success, reward
     def goal_distance(self) -> np.ndarray:
@@ -95,7 +126,8 @@ class ArmPushEnv(ArmEnv):
     STEP = 0.015  # m, how far the push target leads the contact point per step
 
     def expert(self) -> np.ndarray:
-        """Scripted push with closed fingers, on the true state (phases above).
+        """Scripted push with closed fingers, on the true state (phases above); in the episodes of
+        the worse operator (``expert_worse_share``), along that operator's direction.
 
         Measured (first episode of 40 parallel envs, env seeds 0-4, 200 episodes per noise level):
         200/200 succeed at noise 0.0 and 200/200 at 0.1; median 33-35 steps, at most 68 of the 100.
@@ -104,6 +136,9 @@ class ArmPushEnv(ArmEnv):
         to_goal = self.goal[:, :2] - cube[:, :2]
         dist = np.linalg.norm(to_goal, axis=-1, keepdims=True)
         u = to_goal / np.maximum(dist, 1e-6)
+        worse = self.worse_operator[:, None]  # pushes along its own direction, up to the goal's projection on it
+        u = np.where(worse, self.worse_dir, u)
+        lead = np.where(worse, np.clip((to_goal * u).sum(-1, keepdims=True), 0.0, self.STEP), np.minimum(dist, self.STEP))
         behind = cube[:, :2] - self.STANDOFF * u
         rel = ee[:, :2] - cube[:, :2]
         along = (rel * u).sum(-1)  # < 0: behind the cube
@@ -119,7 +154,6 @@ class ArmPushEnv(ArmEnv):
         target[:, :2] = behind
         target[:, 2] = np.where(ph == 0, self.HIGH, self.LOW)
         push = ph == 2
-        lead = np.minimum(dist, self.STEP)
         target[push, :2] = (cube[:, :2] - (self.CONTACT - lead) * u)[push]
         # Climb before moving sideways: in phase 0 hold xy until high enough.
         low = (ph == 0) & (ee[:, 2] < self.HIGH - 0.02)
