@@ -142,6 +142,8 @@ def main() -> None:
             "reference: DSRL-NA on Robomimic Can from a 40 % base reaches about 65-75 % after 150-300k steps "
             "without demonstrations (Wagenmaker et al. 2025, independent reproduction).")
     mixed = a.worse_share > 0
+    if mixed and set(a.tasks) != {"arm_push"}:
+        ap.error("--worse-share: only arm_push has a worse operator (expert_worse_share); give --tasks arm_push")
     for task in a.tasks:
         name = f"{task}_worse{a.worse_share:g}" if mixed else task
         work = Path(a.work) / name
@@ -174,8 +176,9 @@ def main() -> None:
                          for m, s, z, e, b, w in rows)
         body = ("Methods: " + "; ".join(f"{m}: `{' '.join(METHODS[m])}`" for m in a.methods)
                 + f"\n\nDataset: {meta['episodes']} expert episodes at noise {meta['expert_noise']} "
-                + (f"(a share {a.worse_share:g} of them by the worse operator) " if mixed else "")
-                + f"({meta['successes']} successful). Base: diffusion_bc, {a.bc_steps} gradient steps. "
+                + f"({meta['successes']} successful"
+                + (f"; a share {a.worse_share:g} of them by the worse operator" if mixed else "")
+                + f"). Base: diffusion_bc, {a.bc_steps} gradient steps. "
                 f"{a.episodes} evaluation episodes per point, every {a.eval_every} env steps.\n\n"
                 f"![{task}](benchmarks/results/{png.name})\n\n{table}\n{note}")
         if not a.no_write:  # one section per task: a run of one task leaves the others' results alone

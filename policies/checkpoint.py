@@ -13,7 +13,7 @@ from .networks import Actor
 
 LAST = "checkpoints/last.pt"  # full training state, for resume
 BEST = "checkpoints/best.pt"  # actor of the confirmed pass, else of the best evaluation so far; for eval/export
-REPLAY = "checkpoints/replay"  # an off-policy run's replay rows, in segments that last.pt refers to (policies/replay.py)
+REPLAY = "checkpoints/replay"  # an off-policy run's replay rows, in segments last.pt refers to (policies/replay.py)
 
 
 class CheckpointError(Exception):

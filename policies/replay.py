@@ -49,7 +49,8 @@ class ReplayBuffer:
     def state_dict(self) -> dict:
         """The buffer's state. Persisted: first writes the rows added since the last call to a
         segment file, and deletes the segments that neither this state nor the previous one needs
-        (the previous state may still be the one on disk while this one is being written)."""
+        (the previous state may still be the one on disk while this one is being written). So a
+        persisted buffer's state is taken once per checkpoint, and that checkpoint is then written."""
         counters = {"ptr": self.ptr, "size": self.size, "total": self.total}
         if self.directory is None:
             return {"data": {k: v[: self.size].clone() for k, v in self.data.items()}, **counters}
@@ -59,6 +60,8 @@ class ReplayBuffer:
             # run writes those rows again), or overwritten in the ring before the previous state.
             if start >= self._saved or end <= self._saved - self.capacity:
                 path.unlink()
+        for partial in self.directory.glob("rows_*.pt.tmp"):  # a write that a kill interrupted
+            partial.unlink()
         start = max(self._saved, self.total - self.capacity)
         if start < self.total:
             rows = torch.arange(start, self.total, device=self.device) % self.capacity
@@ -69,37 +72,51 @@ class ReplayBuffer:
 
     def load_state_dict(self, d: dict) -> None:
         """Restore a state of :meth:`state_dict`; a persisted one reads its rows from the segment
-        files (one missing or unreadable is a :class:`policies.checkpoint.CheckpointError`; loading
-        writes and deletes no file)."""
-        self.ptr, self.size = d["ptr"], d["size"]
+        files. One missing, unreadable or of the wrong shape is a
+        :class:`policies.checkpoint.CheckpointError`; loading writes and deletes no file."""
+        size = d["size"]
         # States of older revisions lack the count; any count with the same ring position serves.
-        self.total = d.get("total", self.size if self.size < self.capacity else self.capacity + self.ptr)
-        if "data" in d:
+        total = d.get("total", size if size < self.capacity else self.capacity + d["ptr"])
+        if "data" in d:  # the rows themselves (persisted, the next state writes them all to a segment)
             for k, v in d["data"].items():
-                self.data[k][: self.size] = v.to(self.device)
-            return
+                self.data[k][:size] = v.to(self.device)
+            self._saved = total - size
+        else:
+            self._load_segments(total - size, total)
+            self._saved = total
+        self.ptr, self.size, self.total = d["ptr"], size, total
+
+    def _load_segments(self, first: int, total: int) -> None:
+        """Rows ``first``..``total`` from the segment files into the ring: the segments are found
+        (or the missing rows named) before any row is read."""
         if self.directory is None:
             raise CheckpointError("this checkpoint keeps its replay rows in segment files and no directory was given")
-        first = covered = self.total - self.size
+        needed, covered = [], first
         for start, end, path in self._segments():
-            lo, hi = max(start, first), min(end, self.total)
+            lo, hi = max(start, first), min(end, total)
             if lo >= hi:  # overwritten in the ring, or written after this state
                 continue
             if lo > covered:
                 break
+            needed.append((start, end, lo, hi, path))
+            covered = max(covered, hi)
+        if covered < total:
+            raise CheckpointError(f"the replay rows {covered:,}..{total:,} of this checkpoint are missing from "
+                                  f"{self.directory}; no file was changed")
+        for start, end, lo, hi, path in needed:
             try:
                 seg = torch.load(path, map_location="cpu", weights_only=True)
-                rows = torch.arange(lo, hi, device=self.device) % self.capacity
-                for k, v in self.data.items():
-                    v[rows] = seg[k][lo - start: hi - start].to(self.device)
+                ok = set(seg) == set(self.data) and all(v.shape == (end - start, *self.data[k].shape[1:])
+                                                         for k, v in seg.items())
             except Exception as e:  # torch raises many types for truncated/garbled files
                 raise CheckpointError(f"replay segment {path} is corrupt or unreadable ({type(e).__name__}); "
-                                      f"nothing was changed") from None
-            covered = max(covered, hi)
-        if covered < self.total:
-            raise CheckpointError(f"the replay rows {covered:,}..{self.total:,} of this checkpoint are missing from "
-                                  f"{self.directory}; nothing was changed")
-        self._saved = self.total
+                                      f"no file was changed") from None
+            if not ok:
+                raise CheckpointError(f"replay segment {path} does not hold rows {start:,}..{end:,} of this buffer; "
+                                      f"no file was changed")
+            rows = torch.arange(lo, hi, device=self.device) % self.capacity
+            for k, v in self.data.items():
+                v[rows] = seg[k][lo - start: hi - start].to(self.device)
 
     def _segments(self) -> list[tuple[int, int, Path]]:
         """(first row, end row, path) of every segment file, in order of first row."""

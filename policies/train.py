@@ -134,10 +134,6 @@ def run(cfg: DictConfig, run_dir: Path, resume_state: dict | None, t_start: floa
     run_dir.mkdir(parents=True, exist_ok=True)
     if resume_state is None:
         OmegaConf.save(cfg, run_dir / "config.yaml")
-    latest = run_dir.parent.parent / "latest" if run_dir.parent.parent.name == "runs" else None
-    if latest is not None:  # runs/latest -> this run, for the README's commands
-        latest.unlink(missing_ok=True)
-        latest.symlink_to(run_dir.resolve(), target_is_directory=True)
 
     offline = getattr(algo, "offline", False)
     budget, eval_every, unit = ((algo_cfg.gradient_steps, algo_cfg.eval_every_updates, "update") if offline
@@ -158,6 +154,10 @@ def run(cfg: DictConfig, run_dir: Path, resume_state: dict | None, t_start: floa
         env.load_state_dict(resume_state["env"])
         torch.set_rng_state(resume_state["torch_rng"])
         tr = {"passed": False, **resume_state["trainer"]}  # checkpoints of older revisions lack "passed"
+    latest = run_dir.parent.parent / "latest" if run_dir.parent.parent.name == "runs" else None
+    if latest is not None:  # runs/latest -> this run (once a resume has loaded), for the README's commands
+        latest.unlink(missing_ok=True)
+        latest.symlink_to(run_dir.resolve(), target_is_directory=True)
     writer = SummaryWriter(str(run_dir / "tb"), purge_step=tr["iteration"] or None)
     if resume_state is None:
         writer.add_text("config", f"```\n{OmegaConf.to_yaml(cfg)}\n```")

@@ -127,7 +127,9 @@ def _replay_rows(run: Path, total: int) -> dict[str, torch.Tensor]:
     """The first ``total`` replay rows of a run whose ring has not wrapped, from its segment files."""
     segments = sorted((run / ckpt.REPLAY).glob("rows_*.pt"))
     rows = [torch.load(p) for p in segments]
-    return {k: torch.cat([r[k] for r in rows])[:total] for k in rows[0]}
+    out = {k: torch.cat([r[k] for r in rows]) for k in rows[0]}
+    assert all(len(v) == total for v in out.values()), "the segments of an unwrapped ring hold its rows once"
+    return out
 
 
 def test_dsrl_resume_is_exact_and_refuses_a_changed_base(base_run, tmp_path):

@@ -13,6 +13,7 @@ import torch
 
 from policies import checkpoint as ckpt
 from policies.ppo import PPO, PPOConfig
+from policies.replay import ReplayBuffer
 from policies.train import main as train_main
 from sim.crazyflie.dynamics import POS
 from sim.crazyflie.hover import QuadHoverEnv, QuadTaskConfig
@@ -159,10 +160,10 @@ def test_same_seed_same_result_and_resume_is_exact(tmp_path, tiny, capsys):
     assert all(torch.equal(a[k], b[k]) for k in a), "resumed run diverged from the uninterrupted one"
     if "algo=sac" in tiny:  # the replay rows are in segment files, not in last.pt
         assert "data" not in torch.load(split / ckpt.LAST, weights_only=False)["algo"]["buffer"]
-        segments = list((split / ckpt.REPLAY).glob("rows_*.pt"))
+        segments = sorted((split / ckpt.REPLAY).glob("rows_*.pt"))
         assert segments
         before = (split / ckpt.LAST).read_bytes()
-        segments[0].unlink()
+        segments[-1].unlink()  # the newest segment: the checkpoint always needs it
         assert train_main([f"resume={split}", "max_env_steps=6144", "progress=false"]) == 2
         assert "are missing from" in capsys.readouterr().err and (split / ckpt.LAST).read_bytes() == before
     again = tmp_path / "again"
@@ -520,11 +521,11 @@ def test_sac_actor_step_leaves_the_critic_gradient_to_the_critic_loss():
         torch.testing.assert_close(p.grad, p0.grad, rtol=0, atol=0)
 
 
-def _fill(buf, n: int, gen: torch.Generator) -> None:
+def _fill(buf: ReplayBuffer, n: int, gen: torch.Generator) -> None:
     buf.add(**{k: torch.randn((n, *v.shape[1:]), generator=gen) for k, v in buf.data.items()})
 
 
-def _same_rows(a, b) -> bool:
+def _same_rows(a: ReplayBuffer, b: ReplayBuffer) -> bool:
     return (a.ptr, a.size, a.total) == (b.ptr, b.size, b.total) and all(
         torch.equal(a.data[k][: a.size], b.data[k][: b.size]) for k in a.data)
 
@@ -533,8 +534,6 @@ def test_replay_segments_restore_the_buffer_and_hold_only_what_a_checkpoint_need
     """A persisted buffer writes at each save only the rows added since the last one; a buffer
     loaded from any saved state holds the same rows, through the ring's wrap; segments that no
     state still needs are deleted, so the files stay within about one ring's worth."""
-    from policies.replay import ReplayBuffer
-
     shapes = {"obs": (3,), "reward": ()}
     buf, gen = ReplayBuffer(100, shapes, torch.device("cpu")), torch.Generator().manual_seed(0)
     buf.persist(tmp_path)
@@ -552,6 +551,20 @@ def test_replay_segments_restore_the_buffer_and_hold_only_what_a_checkpoint_need
         loaded.load_state_dict(state)
         assert _same_rows(buf, loaded), i
     assert buf.total == 444 and buf.ptr == 44
+    # A checkpoint of an older revision holds the rows itself; the next save puts them in segments.
+    inline = ReplayBuffer(100, shapes, torch.device("cpu"))
+    _fill(inline, 130, gen)
+    old = ReplayBuffer(100, shapes, torch.device("cpu"))
+    old.persist(tmp_path / "old")
+    old.load_state_dict({k: v for k, v in inline.state_dict().items() if k != "total"})
+    assert _same_rows(inline, old)
+    (tmp_path / "old" / "rows_000000000000_000000000100.pt.tmp").parent.mkdir(parents=True)
+    (tmp_path / "old" / "rows_000000000000_000000000100.pt.tmp").write_bytes(b"a write a kill interrupted")
+    state = old.state_dict()
+    again = ReplayBuffer(100, shapes, torch.device("cpu"))
+    again.persist(tmp_path / "old")
+    again.load_state_dict(state)
+    assert _same_rows(inline, again) and not list((tmp_path / "old").glob("*.tmp"))
 
 
 def test_replay_state_survives_a_kill_between_its_rows_and_its_checkpoint(tmp_path):
@@ -559,7 +572,6 @@ def test_replay_state_survives_a_kill_between_its_rows_and_its_checkpoint(tmp_pa
     from the checkpoint before, exactly, and goes on from there; a missing or damaged segment is
     a one-line error that changes nothing."""
     from policies.checkpoint import CheckpointError
-    from policies.replay import ReplayBuffer
 
     shapes = {"obs": (3,), "reward": ()}
     buf, gen = ReplayBuffer(64, shapes, torch.device("cpu")), torch.Generator().manual_seed(0)
@@ -582,7 +594,11 @@ def test_replay_state_survives_a_kill_between_its_rows_and_its_checkpoint(tmp_pa
     assert _same_rows(resumed, again)
 
     files = sorted(tmp_path.glob("rows_*.pt"))
-    files[-1].write_bytes(files[-1].read_bytes()[:40])
+    intact = files[-1].read_bytes()
+    torch.save({k: v[:1] for k, v in torch.load(files[-1]).items()}, files[-1])  # one row where 20 belong
+    with pytest.raises(CheckpointError, match="does not hold rows"):
+        again.load_state_dict(state)
+    files[-1].write_bytes(intact[:40])
     with pytest.raises(CheckpointError, match="corrupt or unreadable"):
         again.load_state_dict(state)
     files[-1].unlink()

@@ -69,6 +69,9 @@ class ArmPushEnv(ArmEnv):
     def __init__(self, cfg: PushConfig, num_envs: int, *args, **kwargs):
         if not 0.0 <= cfg.expert_worse_share <= 1.0:
             raise ValueError(f"expert_worse_share={cfg.expert_worse_share}: expected a share in [0, 1]")
+        lo, hi = cfg.expert_worse_aim_deg
+        if not 0.0 <= lo <= hi < 90.0:
+            raise ValueError(f"expert_worse_aim_deg={list(cfg.expert_worse_aim_deg)}: expected 0 <= low <= high < 90")
         self.worse_operator = np.zeros(num_envs, dtype=bool)  # this episode's demonstrator is the worse one
         self.worse_dir = np.zeros((num_envs, 2))  # its push direction (unit, world xy)
         super().__init__(cfg, num_envs, *args, **kwargs)
@@ -77,7 +80,8 @@ class ArmPushEnv(ArmEnv):
 
     def load_state_dict(self, sd: dict) -> None:
         if "worse_operator" not in sd:  # a checkpoint of an older revision: the expert alone
-            sd = {**sd, "worse_operator": np.zeros(self.num_envs, dtype=bool), "worse_dir": np.zeros((self.num_envs, 2))}
+            n = self.num_envs
+            sd = {**sd, "worse_operator": np.zeros(n, dtype=bool), "worse_dir": np.zeros((n, 2))}
         super().load_state_dict(sd)
 
     # ------------------------------------------------------------------ episode
@@ -96,7 +100,8 @@ class ArmPushEnv(ArmEnv):
             line /= np.linalg.norm(line, axis=-1, keepdims=True)
             cos, sin = np.cos(angle), np.sin(angle)
             self.worse_operator[idx] = draw[:, 0] < c.expert_worse_share
-            self.worse_dir[idx] = np.stack((cos * line[:, 0] - sin * line[:, 1], sin * line[:, 0] + cos * line[:, 1]), -1)
+            self.worse_dir[idx] = np.stack((cos * line[:, 0] - sin * line[:, 1],
+                                            sin * line[:, 0] + cos * line[:, 1]), -1)
 
     # ------------------------------------------------------------------ success, reward
     def goal_distance(self) -> np.ndarray:
@@ -138,7 +143,8 @@ class ArmPushEnv(ArmEnv):
         u = to_goal / np.maximum(dist, 1e-6)
         worse = self.worse_operator[:, None]  # pushes along its own direction, up to the goal's projection on it
         u = np.where(worse, self.worse_dir, u)
-        lead = np.where(worse, np.clip((to_goal * u).sum(-1, keepdims=True), 0.0, self.STEP), np.minimum(dist, self.STEP))
+        lead = np.where(worse, np.clip((to_goal * u).sum(-1, keepdims=True), 0.0, self.STEP),
+                        np.minimum(dist, self.STEP))
         behind = cube[:, :2] - self.STANDOFF * u
         rel = ee[:, :2] - cube[:, :2]
         along = (rel * u).sum(-1)  # < 0: behind the cube
