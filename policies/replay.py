@@ -23,18 +23,25 @@ class ReplayBuffer:
     def __init__(self, capacity: int, shapes: dict[str, tuple[int, ...]], device: torch.device):
         self.capacity, self.device = capacity, device
         self.data = {k: torch.zeros((capacity, *s), device=device) for k, s in shapes.items()}
-        self.ptr, self.size = 0, 0
         self.total = 0  # rows ever added; row t sits at t % capacity until overwritten
         self.directory: Path | None = None
         self._saved = 0  # self.total at the last state_dict() since persist() or a load
+
+    @property
+    def ptr(self) -> int:
+        """Where the next row goes."""
+        return self.total % self.capacity
+
+    @property
+    def size(self) -> int:
+        """Rows held."""
+        return min(self.total, self.capacity)
 
     def add(self, **batch: torch.Tensor) -> None:
         n = next(iter(batch.values())).shape[0]
         idx = (self.ptr + torch.arange(n, device=self.device)) % self.capacity
         for k, v in batch.items():
             self.data[k][idx] = v.reshape(n, *self.data[k].shape[1:]).float()
-        self.ptr = (self.ptr + n) % self.capacity
-        self.size = min(self.size + n, self.capacity)
         self.total += n
 
     def sample(self, n: int, gen: torch.Generator) -> dict[str, torch.Tensor]:
@@ -84,7 +91,7 @@ class ReplayBuffer:
         else:
             self._load_segments(total - size, total)
             self._saved = total
-        self.ptr, self.size, self.total = d["ptr"], size, total
+        self.total = total
 
     def _load_segments(self, first: int, total: int) -> None:
         """Rows ``first``..``total`` from the segment files into the ring: the segments are found
