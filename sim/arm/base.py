@@ -657,14 +657,18 @@ class ArmEnv(gym.vector.VectorEnv):
 
     _STATE_ARRAYS = ("goal", "mass_scale", "friction_scale", "cam_pos", "cam_quat", "t", "episode_return",
                      "succeeded", "expert_phase", "expert_t0", "latency", "action_queue")
+    # The arrays that checkpoints of older revisions lack, and what they load as: the feature off
+    # (here: no latency, nothing in flight).
+    _STATE_DEFAULTS: dict[str, Callable[["ArmEnv"], np.ndarray]] = {
+        "latency": lambda env: np.zeros(env.num_envs, dtype=np.int64),
+        "action_queue": lambda env: np.tile(HOLD_ACTION, env.action_queue.shape[:2] + (1,)),
+    }
 
     def load_state_dict(self, sd: dict) -> None:
         if sd["mj"].shape != (self.num_envs, self.state_size):
             raise ValueError(f"state_dict holds {sd['mj'].shape[0]} envs of state size {sd['mj'].shape[1]}; "
                              f"this env has {self.num_envs} of size {self.state_size} (same task and num_envs needed)")
-        if "latency" not in sd:  # a checkpoint of an older revision, which had no latency
-            sd = {**sd, "latency": np.zeros(self.num_envs, dtype=np.int64),
-                  "action_queue": np.tile(HOLD_ACTION, self.action_queue.shape[:2] + (1,))}
+        sd = {**{k: default(self) for k, default in self._STATE_DEFAULTS.items() if k not in sd}, **sd}
         if sd["action_queue"].shape != self.action_queue.shape:
             raise ValueError(f"state_dict holds actions of {sd['action_queue'].shape[1] - 1} periods of latency; "
                              f"this env has {self.cfg.randomization.max_latency_steps} (same max_latency_steps needed)")

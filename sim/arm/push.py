@@ -77,12 +77,9 @@ class ArmPushEnv(ArmEnv):
         super().__init__(cfg, num_envs, *args, **kwargs)
 
     _STATE_ARRAYS = ArmEnv._STATE_ARRAYS + ("worse_operator", "worse_dir")
-
-    def load_state_dict(self, sd: dict) -> None:
-        if "worse_operator" not in sd:  # a checkpoint of an older revision: the expert alone
-            n = self.num_envs
-            sd = {**sd, "worse_operator": np.zeros(n, dtype=bool), "worse_dir": np.zeros((n, 2))}
-        super().load_state_dict(sd)
+    _STATE_DEFAULTS = {**ArmEnv._STATE_DEFAULTS,  # checkpoints of older revisions: the expert alone
+                       "worse_operator": lambda env: np.zeros(env.num_envs, dtype=bool),
+                       "worse_dir": lambda env: np.zeros((env.num_envs, 2))}
 
     # ------------------------------------------------------------------ episode
     def sample_episode(self, idx: np.ndarray) -> None:
