@@ -60,6 +60,11 @@ class DSRLConfig:
     utd: float = 1.0  # gradient updates per collected decision
     warmup_steps: int = 2_000  # env steps collected before the first update
     gamma: float = 0.99  # per decision (one executed chunk)
+    # Decisions summed into each TD target: r_t + gamma r_t+1 + ... + gamma^(n-1) r_t+n-1 +
+    # gamma^n Q(s_t+n), cut short at the episode's end (Sutton 1988; Rainbow's n = 3, Hessel et
+    # al. 2018). A sparse success reward then reaches the first decisions n times sooner; the
+    # targets are those of the behaviour that collected the n decisions, not of the current actor.
+    n_step: int = 1
     tau: float = 0.005  # target network Polyak rate
     actor_lr: float = 3e-4
     critic_lr: float = 3e-4
@@ -170,6 +175,8 @@ class DSRL:
             raise UserError(f"algo.noise_bound={cfg.noise_bound}: expected b > 0 (the steering noise lies in [-b, b])")
         if not cfg.utd > 0:
             raise UserError(f"algo.utd={cfg.utd}: expected > 0 gradient updates per collected decision")
+        if not cfg.n_step >= 1:
+            raise UserError(f"algo.n_step={cfg.n_step}: expected >= 1 decisions per TD target")
         self.cfg, self.env, self.device = cfg, env, device
         torch.manual_seed(seed)
         obs_dim = env.single_observation_space["policy"].shape[0]
@@ -197,9 +204,13 @@ class DSRL:
         self.pi_opt = torch.optim.Adam(self.pi.parameters(), lr=cfg.actor_lr)
         self.q_opt = torch.optim.Adam(self.q.parameters(), lr=cfg.critic_lr)
         self.alpha_opt = torch.optim.Adam([self.log_alpha], lr=cfg.alpha_lr)
-        self.buffer = ReplayBuffer(cfg.buffer_size, {
-            "obs": (obs_dim,), "critic": (critic_dim,), "w": (latent_dim,), "chunk": (chunk_dim,), "reward": (),
-            "next_obs": (obs_dim,), "next_critic": (critic_dim,), "done": ()}, device)
+        # reward: the n-step discounted sum; next_*: the state n decisions on; discount: gamma^(decisions
+        # summed), a column only when n_step > 1 (with one decision it is gamma)
+        fields = {"obs": (obs_dim,), "critic": (critic_dim,), "w": (latent_dim,), "chunk": (chunk_dim,), "reward": (),
+                  "next_obs": (obs_dim,), "next_critic": (critic_dim,), "done": ()}
+        self.buffer = ReplayBuffer(cfg.buffer_size, fields | ({"discount": ()} if cfg.n_step > 1 else {}), device)
+        # Decisions of the last n_step - 1 collections whose n-step targets are not complete yet, oldest first.
+        self.pending: list[dict[str, torch.Tensor]] = []
         self.gen = torch.Generator(device=device)
         self.gen.manual_seed(seed + 1)
         self.return_range = env.return_range() if cfg.clip_targets and hasattr(env, "return_range") else None
@@ -221,7 +232,8 @@ class DSRL:
     # ------------------------------------------------------------------ data
     def _load_demos(self, path: str, obs_dim: int, act_dim: int) -> None:
         """Demonstrations as decisions of exec_horizon steps (a chunk cut short by the episode's
-        end is padded with its last action); an episode's last decision ends the return."""
+        end is padded with its last action), with n_step-decision returns as collect() stores them;
+        an episode's last decision ends the return."""
         from .config import UserError
 
         try:
@@ -232,20 +244,26 @@ class DSRL:
         if d.meta.get("task_config", {}).get("reward_type") != self.env.cfg.reward_type:
             raise UserError(f"algo.demos={path}: collected with reward_type "
                             f"{d.meta.get('task_config', {}).get('reward_type')}, this run uses {self.env.cfg.reward_type}")
-        h, rows = self.exec_horizon, {k: [] for k in ("obs", "critic", "chunk", "reward", "next_obs", "next_critic", "done")}
+        h, g, n_step = self.exec_horizon, self.cfg.gamma, self.cfg.n_step
+        rows = {k: [] for k in ("obs", "critic", "chunk", "reward", "next_obs", "next_critic", "done", "discount")}
         for s in d.episode_slices():
-            for t in range(s.start, s.stop, h):
-                end = min(t + h, s.stop)
-                done = end >= s.stop  # terminated or timed out (see the module docstring)
-                idx = np.minimum(np.arange(t, t + h), end - 1)
+            starts = list(range(s.start, s.stop, h))
+            r = [d.reward[t:min(t + h, s.stop)].sum() for t in starts]
+            for j, t in enumerate(starts):
+                m = min(n_step, len(starts) - j)  # decisions summed: n_step, fewer at the episode's end
+                done = j + m >= len(starts)  # terminated or timed out (see the module docstring)
+                idx = np.minimum(np.arange(t, t + h), s.stop - 1) if j + 1 == len(starts) else np.arange(t, t + h)
                 rows["obs"].append(d.obs[t])
                 rows["critic"].append(d.critic[t])
                 rows["chunk"].append(d.action[idx].reshape(-1))
-                rows["reward"].append(d.reward[t:end].sum())
-                nxt = end if not done else t  # the next state of a last decision is never used (masked)
+                rows["reward"].append(sum(r[j + i] * g**i for i in range(m)))
+                nxt = starts[j + m] if not done else t  # the next state of a last decision is never used (masked)
                 rows["next_obs"].append(d.obs[nxt])
                 rows["next_critic"].append(d.critic[nxt])
                 rows["done"].append(float(done))
+                rows["discount"].append(g**m)
+        if n_step == 1:
+            del rows["discount"]
         batch = {k: torch.as_tensor(np.stack(v), device=self.device) for k, v in rows.items()}
         n = len(batch["obs"])
         if self.cfg.demo_fraction is not None:  # a buffer of their own, re-made from the dataset on resume
@@ -296,12 +314,31 @@ class DSRL:
         if self.cfg.variant == "na":  # Q^W learns on w ~ N(0, I) (update()): normalise for those
             w_dist = torch.randn(w.shape, generator=self.gen, device=self.device)
             self.qw.obs_norm.update(torch.cat((obs["critic"], w_dist), -1))
-        keep = ~bad  # a decision that reached a non-finite state is never fed to training
-        self.buffer.add(obs=obs["policy"][keep], critic=obs["critic"][keep], w=w[keep],
-                        chunk=chunk.reshape(n, -1)[keep], reward=reward[keep], next_obs=nxt["policy"][keep],
-                        next_critic=nxt["critic"][keep], done=ended[keep].float())  # time-outs end returns too
+        self.pending.append(dict(obs=obs["policy"], critic=obs["critic"], w=w, chunk=chunk.reshape(n, -1),
+                                 reward=torch.zeros(n, device=self.device),
+                                 open=torch.ones(n, dtype=torch.bool, device=self.device)))
+        self._store(reward, ended, bad, nxt)
         self.decisions += n
         return reward
+
+    def _store(self, reward: torch.Tensor, ended: torch.Tensor, bad: torch.Tensor, nxt: dict[str, torch.Tensor]) -> None:
+        """Add this decision's reward to the pending decisions of each env and store those now
+        complete: n_step decisions old, or their episode ended here (time-outs end returns too, see
+        the module's text). A decision that reached a non-finite state, and the pending ones it
+        continues, are never fed to training."""
+        g, n_step = self.cfg.gamma, self.cfg.n_step
+        for age, p in enumerate(reversed(self.pending)):  # age: decisions before this one in p's sum
+            p["reward"] += torch.where(p["open"], reward * g**age, torch.zeros_like(reward))
+            close = p["open"] & (ended | bad) if age + 1 < n_step else p["open"]
+            keep = close & ~bad
+            if keep.any():
+                row = {k: p[k][keep] for k in ("obs", "critic", "w", "chunk", "reward")}
+                if n_step > 1:
+                    row["discount"] = torch.full((int(keep.sum()),), g ** (age + 1), device=self.device)
+                self.buffer.add(**row, next_obs=nxt["policy"][keep], next_critic=nxt["critic"][keep],
+                                done=ended[keep].float())
+            p["open"] = p["open"] & ~close
+        self.pending = [p for p in self.pending if p["open"].any()]
 
     def _q_action_input(self, w: torch.Tensor, chunk: torch.Tensor) -> torch.Tensor:
         return w if self.cfg.variant == "sac" else chunk.reshape(len(chunk), -1)
@@ -309,15 +346,16 @@ class DSRL:
     # ------------------------------------------------------------------ learning
     @torch.no_grad()
     def td_target(self, b: dict[str, torch.Tensor]) -> torch.Tensor:
-        """r + gamma (1 - done) min_i Q'_i(s', next), next = w' ~ pi_w(s') (DSRL-SAC) or the base's
-        action chunk from it (DSRL-NA); clipped to the task's return range if it has one."""
+        """r + gamma^n (1 - done) min_i Q'_i(s', next) for a row of n decisions (n_step, fewer at an
+        episode's end), next = w' ~ pi_w(s') (DSRL-SAC) or the base's action chunk from it
+        (DSRL-NA); clipped to the task's return range if it has one."""
         w2, _ = self._sample_w(b["next_obs"])
         if self.cfg.variant == "sac":
             q_next = self.q_target(torch.cat((b["next_critic"], w2), -1)).min(-1).values
         else:  # Q^A of the action the steered base takes next
             a2 = self.base.sample(b["next_obs"], w2)[:, : self.exec_horizon].reshape(len(w2), -1)
             q_next = self.q_target(torch.cat((b["next_critic"], a2), -1)).min(-1).values
-        target = b["reward"] + self.cfg.gamma * (1 - b["done"]) * q_next
+        target = b["reward"] + b.get("discount", self.cfg.gamma) * (1 - b["done"]) * q_next
         if self.return_range is not None:  # a value outside the task's return range is an error
             target = target.clamp(*self.return_range)
         return target
@@ -382,7 +420,7 @@ class DSRL:
     def train_iteration(self) -> dict[str, float]:
         reward = self.collect()
         metrics = {"reward": reward.mean().item()}
-        if self.env.total_steps >= self.cfg.warmup_steps:
+        if self.env.total_steps >= self.cfg.warmup_steps and self.buffer.size > 0:  # n-step rows come n decisions late
             self.owed_updates += self.cfg.utd * self.env.num_envs  # fractions carry over
             while self.owed_updates >= 1.0:
                 metrics.update(self.update())
@@ -396,7 +434,7 @@ class DSRL:
              "q_opt": self.q_opt.state_dict(), "alpha_opt": self.alpha_opt.state_dict(),
              "buffer": self.buffer.state_dict(), "gen": self.gen.get_state(), "obs": self.obs,
              "decisions": self.decisions, "updates": self.updates, "owed_updates": self.owed_updates,
-             "base_digest": self.base_digest}
+             "base_digest": self.base_digest, "pending": [dict(p) for p in self.pending]}
         if self.cfg.variant == "na":
             d.update(qw=self.qw.state_dict(), qw_opt=self.qw_opt.state_dict())
         return d
@@ -419,6 +457,7 @@ class DSRL:
         self.gen.set_state(d["gen"])
         self.obs = d["obs"]
         self.decisions, self.updates, self.owed_updates = d["decisions"], d["updates"], d["owed_updates"]
+        self.pending = [dict(p) for p in d.get("pending", [])]  # none before n_step existed
         if self.cfg.variant == "na":
             self.qw.load_state_dict(d["qw"])
             self.qw_opt.load_state_dict(d["qw_opt"])
