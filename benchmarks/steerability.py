@@ -13,6 +13,10 @@ evaluation seed, one episode per parallel env):
 - The luck control: w = 0 in every run, with only the observation-noise stream changed (the
   environment's generator reseeded after the initial states are drawn). Its best of k is what
   chance alone gives; where it is close to the draws' best of k, those say little about steering.
+- Where the noise decides, if anywhere: the same draws' first-query noise with w = 0 at every later
+  query, and one draw held at every query of the episode. Best of k above the luck control's means
+  the first decision's (or an episode-wide) noise chooses the outcome, which a steering policy
+  could learn from the initial state alone.
 - Greedy steering with a perfect one-chunk model (``--greedy K``): at every query, simulate K
   candidate noises (w = 0 and K - 1 draws) for one executed chunk from a saved simulator state, and
   execute the one with the best outcome (a success first, a failure last, else the most shaped
@@ -195,14 +199,26 @@ def main() -> None:
     def run(noise, **kw) -> np.ndarray:
         return episodes(base, task_cfg, a.episodes, a.seed, noise, **kw)
 
+    def first_query(w: torch.Tensor):
+        """w [n, latent] at the episodes' first query, w = 0 at every later one."""
+        queries = []
+
+        def noise(obs: dict) -> torch.Tensor:
+            queries.append(1)
+            return w if len(queries) == 1 else zeros(obs)
+        return noise
+
     zero = run(zeros)
-    draws, luck = [], []
+    draws, first, held, luck = [], [], [], []
     for k in range(a.draws):
         gen = torch.Generator().manual_seed(1000 + k)
         draws.append(run(lambda obs, g=gen: torch.randn(len(obs["policy"]), base.latent_dim, generator=g)))
+        w = torch.randn(a.episodes, base.latent_dim, generator=gen.manual_seed(1000 + k))  # the draws' first noise
+        first.append(run(first_query(w)))
+        held.append(run(lambda obs, w=w: w))
         luck.append(run(zeros, stream=2000 + k))
-        print(f"draw {k}: {draws[-1].mean() * 100:.0f}%, w = 0 with noise stream {k}: {luck[-1].mean() * 100:.0f}%",
-              flush=True)
+        print(f"draw {k}: {draws[-1].mean() * 100:.0f}%, its first noise only {first[-1].mean() * 100:.0f}%, held "
+              f"{held[-1].mean() * 100:.0f}%, w = 0 with noise stream {k}: {luck[-1].mean() * 100:.0f}%", flush=True)
     greedy: dict[int, list[float]] = {}
     for k in a.greedy:
         for r in range(a.greedy_runs):
@@ -223,13 +239,15 @@ def main() -> None:
             print(f"closest to the expert among {k}" + (f", fitted in [-{bound}, {bound}]" if bound is not None else "")
                   + f", run {r}: {rates[-1] * 100:.0f}%, squared distance per action {dists[-1]:.3f}", flush=True)
     s, z = np.array(draws), np.array(luck)
+    cols = [s, np.array(first), np.array(held), z]
     shown = [k for k in range(a.draws) if k + 1 in (1, 2, 4, 8, 16, 32) or k + 1 == a.draws]
     pct = lambda v: f"{v * 100:.0f}%"  # noqa: E731
-    table = ("| measure | w ~ N(0, I) draws | w = 0, other observation noise (luck control) |\n|---|---:|---:|\n"
-             f"| mean over {a.draws} runs (min-max) | {pct(s.mean())} ({pct(s.mean(1).min())}-{pct(s.mean(1).max())}) "
-             f"| {pct(z.mean())} ({pct(z.mean(1).min())}-{pct(z.mean(1).max())}) |\n"
-             + "".join(f"| some run among the first {k + 1} succeeds | {pct(best_of_k(s)[k])} "
-                       f"| {pct(best_of_k(z)[k])} |\n" for k in shown))
+    table = ("| measure | w ~ N(0, I) draws | the draw's first noise, then w = 0 | the draw's first noise held "
+             "| w = 0, other observation noise (luck control) |\n|---|---:|---:|---:|---:|\n"
+             f"| mean over {a.draws} runs (min-max) | "
+             + " | ".join(f"{pct(c.mean())} ({pct(c.mean(1).min())}-{pct(c.mean(1).max())})" for c in cols) + " |\n"
+             + "".join(f"| some run among the first {k + 1} succeeds | "
+                       + " | ".join(pct(best_of_k(c)[k]) for c in cols) + " |\n" for k in shown))
     greedy_rows = "".join(f"| greedy steering among {k} noises per query (true one-chunk outcomes): mean of "
                           f"{len(v)} runs (min-max) | {pct(np.mean(v))} ({pct(min(v))}-{pct(max(v))}) | |\n"
                           for k, v in greedy.items())
@@ -248,7 +266,9 @@ def main() -> None:
             "The 'some run' rows are best-of-k oracles over whole episodes. The luck control keeps w = 0 and "
             "changes only the observation noise: where its best of k is close to the draws', the draws' "
             "best of k measures how sensitive the outcome is to any perturbation, not how much choosing the "
-            "noise can gain. The greedy rows choose the noise at every query by simulating each candidate's "
+            "noise can gain. The first-noise and held columns use each draw's first noise only at the first "
+            "query (w = 0 after) or at every query: a best of k above the luck control's means that noise, "
+            "chosen once from the initial state, decides the outcome. The greedy rows choose the noise at every query by simulating each candidate's "
             "chunk from the true simulator state (a success first, a failure last, else the most shaped "
             "progress): a myopic measure of what the base's noise can steer one decision at a time, not an "
             "optimum and not a learned policy. The expert rows choose, among candidates drawn the same way, "
