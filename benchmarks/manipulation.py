@@ -42,6 +42,8 @@ METHODS = {  # method -> policies.train overrides (besides task, seed, budgets)
     # keeps the actor near w = 0: without it DSRL-NA learned on arm_reach and lost on arm_push (BENCHMARKS.md)
     "dsrl_sac_noprior": ["algo=dsrl", "algo.variant=sac", "algo.noise_prior=false"],
     "dsrl_na_noprior": ["algo=dsrl", "algo.variant=na", "algo.noise_prior=false"],
+    # TD targets over 3 decisions: ahead of dsrl_na_noprior on every arm_reach seed (BENCHMARKS.md)
+    "dsrl_na_noprior_n3": ["algo=dsrl", "algo.variant=na", "algo.noise_prior=false", "algo.n_step=3"],
     "sac": ["algo=sac"],  # SAC's defaults, the quadrotor's (the tables before 2026-11-25 ran these)
     # SAC from scratch with DSRL's budget and networks: one update per 4 env steps (DSRL: one per
     # decision, a chunk of 4 actions), batch 256, 256x256 networks, LayerNorm critics, learning
@@ -53,6 +55,7 @@ METHODS = {  # method -> policies.train overrides (besides task, seed, budgets)
             "algo.gamma=0.9975"],
 }
 DEFAULT_METHODS = ["dsrl_sac", "dsrl_na", "sac_matched"]
+COLORS = ("tab:blue", "tab:orange", "tab:green", "tab:purple", "tab:brown", "tab:pink", "tab:olive", "tab:cyan")
 
 
 def train(args: list[str], log: Path) -> dict:
@@ -104,7 +107,7 @@ def plot(task: str, curves: dict, base: list[float], steps: int, path: Path) -> 
     fig, ax = plt.subplots(figsize=(7, 4.2))
     ax.axhspan(min(base), max(base), color="gray", alpha=0.2)
     ax.axhline(np.mean(base), color="gray", ls="--", label=f"base, w ~ N(0, I) ({np.mean(base) * 100:.0f}%)")
-    for (name, runs), color in zip(curves.items(), ("tab:blue", "tab:orange", "tab:green", "tab:purple", "tab:brown")):
+    for (name, runs), color in zip(curves.items(), COLORS):
         x = np.array([e["env_steps"] for e in runs[0]["evals"]])
         ys = np.array([[e["success_rate"] for e in r["evals"]][: len(x)] for r in runs])
         ax.plot(x, ys.mean(0), color=color, lw=2, label=f"{name} (mean of {len(runs)} seeds)")
@@ -141,6 +144,8 @@ def main() -> None:
             "(from the issue): from a 30-50 % base to >= 90 % within 50k environment steps. Published "
             "reference: DSRL-NA on Robomimic Can from a 40 % base reaches about 65-75 % after 150-300k steps "
             "without demonstrations (Wagenmaker et al. 2025, independent reproduction).")
+    if len(set(a.methods)) != len(a.methods) or len(a.methods) > len(COLORS):
+        ap.error(f"--methods: give each method once, at most {len(COLORS)} (one plot colour each)")
     mixed = a.worse_share > 0
     if mixed and set(a.tasks) != {"arm_push"}:
         ap.error("--worse-share: only arm_push has a worse operator (expert_worse_share); give --tasks arm_push")

@@ -355,6 +355,15 @@ def test_dsrl_benchmarks_refuse_a_run_of_another_kind(tmp_path, run_dir, base_ru
         assert r.returncode != 0 and expected in r.stderr and "Traceback" not in r.stderr, (module, r.stderr)
 
 
+def test_manipulation_benchmark_refuses_bad_options_before_running(tmp_path):
+    """benchmarks.manipulation checks its options before it collects or trains anything."""
+    for args, expected in ((["--methods", "dsrl_sac", "dsrl_sac"], "give each method once"),
+                           (["--tasks", "arm_reach", "--worse-share", "0.5"], "only arm_push has a worse operator")):
+        r = cli("benchmarks.manipulation", *args, "--work", str(tmp_path), "--no-write")
+        assert r.returncode == 2 and expected in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert not any(tmp_path.iterdir())
+
+
 def test_steered_policy_exports_to_onnx_with_parity(base_run, tmp_path):
     from export.onnx_policy import ContractError, OnnxPolicy
     from sim.arm.contract import CONTRACT as ARM
