@@ -328,8 +328,9 @@ class DSRL:
         continues, are never fed to training."""
         g, n_step = self.cfg.gamma, self.cfg.n_step
         for age, p in enumerate(reversed(self.pending)):  # age: decisions before this one in p's sum
-            p["reward"] += torch.where(p["open"], reward * g**age, torch.zeros_like(reward))
-            close = p["open"] & (ended | bad) if age + 1 < n_step else p["open"]
+            # not in place: a state_dict() taken earlier holds these tensors
+            p["reward"] = p["reward"] + torch.where(p["open"], reward * g**age, torch.zeros_like(reward))
+            close = p["open"] & ended if age + 1 < n_step else p["open"]  # a non-finite state ends its episode too
             keep = close & ~bad
             if keep.any():
                 row = {k: p[k][keep] for k in ("obs", "critic", "w", "chunk", "reward")}

@@ -186,15 +186,20 @@ def test_dsrl_never_stores_a_nonfinite_decision(base_run):
 def test_dsrl_n_step_rows_sum_the_one_step_rows(base_run):
     """algo.n_step=3 collects what n_step=1 does and stores, for every decision, the discounted sum
     of its next 3 decisions' rewards with the state after them, cut short where the episode ends
-    (success or time-out); decisions whose 3 successors are not collected yet stay pending."""
-    one, three = (_dsrl(base_run, "sac", ["task.reward_type=dense", "task.episode_steps=24", *o])
+    (here mid-chunk, at different decisions in different envs); decisions whose 3 successors are not
+    collected yet stay pending. A decision that reaches a non-finite state is stored by neither, and
+    with n_step 3 neither are the decisions of that env whose returns it would continue."""
+    one, three = (_dsrl(base_run, "sac", ["task.reward_type=dense", "task.episode_steps=22", *o])
                   for o in ([], ["algo.n_step=3"]))
-    T, n, g = 20, one.env.num_envs, one.cfg.gamma
+    T, n, g = 24, one.env.num_envs, one.cfg.gamma
+    for algo in (one, three):  # episode clocks staggered: episodes end mid-chunk, envs at different decisions
+        algo.env.t[:] = np.arange(n) * 5 % 22
     for _ in range(T):
         one.collect()
         three.collect()
     assert one.buffer.size == T * n and "discount" not in one.buffer.data  # no decision was lost
     rows = {k: v[: T * n].reshape(T, n, *v.shape[1:]) for k, v in one.buffer.data.items()}  # [decision, env]
+    assert len({tuple(np.flatnonzero(rows["done"][:, e].numpy())) for e in range(n)}) == n
     expected = []
     for e in range(n):
         for t in range(T):
@@ -203,18 +208,30 @@ def test_dsrl_n_step_rows_sum_the_one_step_rows(base_run):
                 m += 1
             if m < 3 and not rows["done"][t + m - 1, e]:
                 continue  # pending: its successors are not collected yet
-            ret = sum(g**i * rows["reward"][t + i, e].item() for i in range(m))
-            expected.append((t, e, m, ret))
+            expected.append((t, e, m))
     got = {k: v[: three.buffer.size] for k, v in three.buffer.data.items()}
     assert three.buffer.size == len(expected) == T * n - sum(int(p["open"].sum()) for p in three.pending)
-    assert 0 < rows["done"].sum() < T * n and len(three.pending) == 2
-    for t, e, m, ret in expected:
+    assert len(three.pending) == 2
+    for t, e, m in expected:
         i = (got["obs"] == rows["obs"][t, e]).all(-1).nonzero()[:, 0]
         assert len(i) == 1, "each decision is stored once"
-        i = i.item()
-        assert torch.equal(got["w"][i], rows["w"][t, e]) and torch.equal(got["next_obs"][i], rows["next_obs"][t + m - 1, e])
-        assert got["done"][i] == rows["done"][t + m - 1, e] and got["discount"][i] == pytest.approx(g**m)
+        i, last = i.item(), t + m - 1
+        for k in ("critic", "w", "chunk"):
+            assert torch.equal(got[k][i], rows[k][t, e]), k
+        for k in ("next_obs", "next_critic", "done"):
+            assert torch.equal(got[k][i], rows[k][last, e]), k
+        assert got["discount"][i] == pytest.approx(g**m)
+        ret = sum(g**q * rows["reward"][t + q, e].item() for q in range(m))
         assert got["reward"][i].item() == pytest.approx(ret, rel=1e-5, abs=1e-6)
+    # env 1 diverges in its next decision: that decision and its 2 pending ones are never stored
+    pending_1 = [p["obs"][1] for p in three.pending if p["open"][1]]
+    first_new = three.buffer.size
+    three.env.datas[1].qvel[:] = np.nan
+    three.collect()
+    assert len(pending_1) == 2 and three.env.nonfinite_resets == 1 and three.buffer.size > first_new
+    new_obs = three.buffer.data["obs"][first_new: three.buffer.size]
+    assert not any((new_obs == o).all(-1).any() for o in pending_1) and not any(p["open"][1] for p in three.pending)
+    assert all(torch.isfinite(v[: three.buffer.size]).all() for v in three.buffer.data.values())
 
 
 @pytest.mark.parametrize("reward_type, bounds", [("time", (-1.0, 0.0)), ("sparse", (0.0, 1.0)), ("dense", None)])
@@ -567,6 +584,11 @@ def test_dsrl_na_loads_demonstrations(base_run, demos):
     assert b3["done"].sum().item() == sum(min(3, k) for k in per_episode) and min(per_episode) >= 3
     assert b3["reward"].sum().item() == pytest.approx(d.episode_success().sum() * (1 + g + g * g), rel=1e-5)
     assert torch.allclose(b3["discount"][b3["done"] == 0], torch.tensor(g**3))
+    # a row's next state is the observation 3 decisions (12 steps) on
+    first = d.episode_slices()[0]
+    assert torch.equal(b3["obs"][0], torch.as_tensor(d.obs[first.start]))
+    assert torch.equal(b3["next_obs"][0], torch.as_tensor(d.obs[first.start + 3 * three.exec_horizon]))
+    assert torch.equal(b3["next_critic"][1], torch.as_tensor(d.critic[first.start + 4 * three.exec_horizon]))
     with pytest.raises(UserError, match="DSRL-NA only"):
         _dsrl(base_run, "sac", [f"algo.demos={demos}"])
     # A run whose critic also sees the latency refuses demonstrations collected without it.
