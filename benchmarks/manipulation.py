@@ -42,7 +42,8 @@ METHODS = {  # method -> policies.train overrides (besides task, seed, budgets)
     # keeps the actor near w = 0: without it DSRL-NA learned on arm_reach and lost on arm_push (BENCHMARKS.md)
     "dsrl_sac_noprior": ["algo=dsrl", "algo.variant=sac", "algo.noise_prior=false"],
     "dsrl_na_noprior": ["algo=dsrl", "algo.variant=na", "algo.noise_prior=false"],
-    # TD targets over 3 decisions: ahead of dsrl_na_noprior on every arm_reach seed (BENCHMARKS.md)
+    # TD targets over 3 decisions: ahead of dsrl_na_noprior on every arm_reach seed at 50k steps, behind
+    # it at 150k (BENCHMARKS.md)
     "dsrl_na_noprior_n3": ["algo=dsrl", "algo.variant=na", "algo.noise_prior=false", "algo.n_step=3"],
     "sac": ["algo=sac"],  # SAC's defaults, the quadrotor's (the tables before 2026-11-25 ran these)
     # SAC from scratch with DSRL's budget and networks: one update per 4 env steps (DSRL: one per

@@ -63,7 +63,9 @@ class DSRLConfig:
     # Decisions summed into each TD target: r_t + gamma r_t+1 + ... + gamma^(n-1) r_t+n-1 +
     # gamma^n Q(s_t+n), cut short at the episode's end (Sutton 1988; Rainbow's n = 3, Hessel et
     # al. 2018). A sparse success reward then reaches the first decisions n times sooner; the
-    # targets are those of the behaviour that collected the n decisions, not of the current actor.
+    # targets are those of the behaviour that collected the n decisions, not of the current actor,
+    # which they undervalue as it improves: on arm_reach n = 3 was ahead at 50k steps and behind
+    # at 150k (BENCHMARKS.md).
     n_step: int = 1
     tau: float = 0.005  # target network Polyak rate
     actor_lr: float = 3e-4
