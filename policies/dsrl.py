@@ -254,7 +254,7 @@ class DSRL:
             for j, t in enumerate(starts):
                 m = min(n_step, len(starts) - j)  # decisions summed: n_step, fewer at the episode's end
                 done = j + m >= len(starts)  # terminated or timed out (see the module docstring)
-                idx = np.minimum(np.arange(t, t + h), s.stop - 1) if j + 1 == len(starts) else np.arange(t, t + h)
+                idx = np.minimum(np.arange(t, t + h), s.stop - 1)  # the last chunk padded with its last action
                 rows["obs"].append(d.obs[t])
                 rows["critic"].append(d.critic[t])
                 rows["chunk"].append(d.action[idx].reshape(-1))
@@ -330,8 +330,9 @@ class DSRL:
         continues, are never fed to training."""
         g, n_step = self.cfg.gamma, self.cfg.n_step
         for age, p in enumerate(reversed(self.pending)):  # age: decisions before this one in p's sum
-            # not in place: a state_dict() taken earlier holds these tensors
-            p["reward"] = p["reward"] + torch.where(p["open"], reward * g**age, torch.zeros_like(reward))
+            # Closed slots add on too, but are never stored again. Not in place: a state_dict()
+            # taken earlier holds these tensors.
+            p["reward"] = p["reward"] + reward * g**age
             close = p["open"] & ended if age + 1 < n_step else p["open"]  # a non-finite state ends its episode too
             keep = close & ~bad
             if keep.any():
