@@ -23,14 +23,14 @@ most 26 bytes of log data):
             (gyro: body frame FLU, deg/s -> rad/s here)
 Blocks sampled in the same firmware tick (timestamps within 5 ms) form one state, published as
 odom (nav_msgs/Odometry, pose world, twist body per REP 105, stamped with the receipt time on this
-node's clock), which the safety layer then checks like any other state.
+node's clock) whatever its values, which this node's subscription then checks like any other state:
+a non-finite or implausible estimate fails safe in the same tick, and the recording shows it.
 rotor_cmd carries what the offboard copy of the policy commands from the streamed state: a shadow
 for recording and comparison with the onboard log (rlpolicy.a1..a4), not what the motors get.
 """
 
 from __future__ import annotations
 
-import math
 import sys
 import threading
 
@@ -41,7 +41,7 @@ from sim.crazyflie.params import GRAVITY
 from .policy_node import ControllerNode, load_onnx_policy
 from .ros import CONTROL_PUB_QOS, ODOM, WORLD_FRAME, param, run_node
 from .safety import Command, Mode
-from .state import InvalidState, State, fill_odometry, make_state
+from .state import State, fill_odometry
 
 LOG_PERIOD_MS = 10
 LOG_BLOCKS: dict[str, list[tuple[str, str]]] = {
@@ -55,13 +55,16 @@ PAIR_TOLERANCE_MS = 5
 
 
 def state_from_log(pose: dict, attitude: dict, stamp: float) -> State:
-    """Two log blocks (cflib data dicts) -> checked State; raises InvalidState."""
+    """Two log blocks (cflib data dicts) -> State in SI units, NOT checked: the bridge publishes every
+    sample as odom and its own subscription checks it like any other state (make_state), so a bad
+    sample reaches the safety layer in order, in the same tick, and the recording keeps it."""
     g = attitude
-    return make_state(
-        (pose["stateEstimate.x"], pose["stateEstimate.y"], pose["stateEstimate.z"]),
-        (g["stateEstimate.qw"], g["stateEstimate.qx"], g["stateEstimate.qy"], g["stateEstimate.qz"]),
-        (pose["stateEstimate.vx"], pose["stateEstimate.vy"], pose["stateEstimate.vz"]),
-        tuple(math.radians(g[f"gyro.{a}"]) for a in "xyz"),
+    return State(
+        np.array([pose["stateEstimate.x"], pose["stateEstimate.y"], pose["stateEstimate.z"]], dtype=np.float64),
+        np.array([g["stateEstimate.qw"], g["stateEstimate.qx"], g["stateEstimate.qy"], g["stateEstimate.qz"]],
+                 dtype=np.float64),
+        np.array([pose["stateEstimate.vx"], pose["stateEstimate.vy"], pose["stateEstimate.vz"]], dtype=np.float64),
+        np.radians(np.array([g[f"gyro.{a}"] for a in "xyz"], dtype=np.float64)),
         stamp,
     )
 
@@ -145,12 +148,8 @@ class CrazyflieBridge(ControllerNode):
     def _on_log(self, timestamp_ms: int, data: dict, conf) -> None:
         stamp = self.get_clock().now().nanoseconds * 1e-9
         with self._lock:
-            try:
-                state = self._assembler.feed(conf.name, timestamp_ms, data, stamp)
-            except InvalidState as e:
-                self.rejected[e.reason] = self.rejected.get(e.reason, 0) + 1
-                return
-        if state is not None:
+            state = self._assembler.feed(conf.name, timestamp_ms, data, stamp)
+        if state is not None:  # checked where every odom is, on the executor (ControllerNode._on_odom)
             self._odom_pub.publish(fill_odometry(self._odom_msg(), state, WORLD_FRAME, self.robot))
 
     # ------------------------------------------------------------------ actuation

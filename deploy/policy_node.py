@@ -31,6 +31,7 @@ with the policy on the emulated MCU.
 from __future__ import annotations
 
 import json
+import math
 import sys
 import time
 from collections import deque
@@ -118,6 +119,8 @@ class ControllerNode(Node):
             auto_arm=bool(param(self, "auto_arm", d.auto_arm, "arm on the first valid state")),
         )
         self.clock_timeout = float(param(self, "clock_timeout", 0.5, "sim time: wall s without /clock = dead"))
+        if not self.clock_timeout > 0.0 or not math.isfinite(self.clock_timeout):  # NaN would never fire
+            raise ValueError(f"parameter clock_timeout={self.clock_timeout}: expected a positive time (s)")
         policy, contract = make_policy(str(Path(policy_path).expanduser()))
         self.period = float(contract["policy_period_s"])
         self.rpm_max = float(contract["rpm_max"])

@@ -48,10 +48,17 @@ def ensure_ament_prefix() -> None:
 
 
 def param(node: Node, name: str, default, description: str = ""):
-    """Declare a ROS parameter and return its value (lists come back as Python lists)."""
+    """Declare a ROS parameter and return its value (lists come back as Python lists). A value of
+    another type than the default's (ROS 2 types parameters strictly: 1 is not a double) raises
+    ValueError, which run_node prints as one line."""
     from rcl_interfaces.msg import ParameterDescriptor
+    from rclpy.exceptions import ParameterException
 
-    value = node.declare_parameter(name, default, ParameterDescriptor(description=description)).value
+    try:
+        value = node.declare_parameter(name, default, ParameterDescriptor(description=description)).value
+    except ParameterException as e:
+        example = {float: " (write 1.0, not 1)", list: " (write [0.0, 0.0, 1.0], not [0, 0, 1])"}.get(type(default), "")
+        raise ValueError(f"parameter {name}: expected a {type(default).__name__}{example}; {e}") from None
     return list(value) if isinstance(value, (list, tuple, np.ndarray)) else value
 
 

@@ -13,12 +13,17 @@ Modes and rules, checked on every tick:
             output) switches to FAILSAFE in the same tick. Actions are clipped to [-1, max_action].
   FAILSAFE  controlled descent: every rotor at the speed giving ``descent_thrust_ratio`` of the
             hover thrust (a fixed, attitude-neutral command: with no trustworthy state there is
-            nothing to close a loop on) for the time a fall from the last valid height takes at
-            that deceleration, or until a valid state shows the vehicle below ``landed_height``;
-            then the rotors are cut and the mode is DISARMED: flying again needs re-arming.
+            nothing to close a loop on), so the vehicle sinks at (1 - ratio) g, for the time the
+            last valid height and vertical velocity take to reach the floor at that acceleration
+            (a vehicle climbing when the failsafe starts rises first), or until a valid state shows
+            it below ``landed_height``; then the rotors are cut and the mode is DISARMED: flying
+            again needs re-arming. Valid states that still show it in the air (a geofence failsafe
+            keeps receiving them) extend the descent to their own fall time, up to twice the first
+            estimate (a state that is fresh but wrong must not keep the rotors spinning forever).
             On the ground (or with no valid state ever) the rotors are cut at once.
             Recovery: while still descending, ``recover_count`` consecutive valid states inside
-            the geofence hand control back to the policy without re-arming.
+            the geofence (a stale gap or a state outside starts the count again) hand control
+            back to the policy without re-arming.
   ESTOP     ``estop()`` (std_srvs/Trigger): rotors cut at once, latched until ``arm()``.
 ``disarm()`` (SetBool false) in flight is a controlled descent without recovery; on the ground it
 cuts the rotors.
@@ -39,6 +44,7 @@ from sim.crazyflie.params import GRAVITY, NOMINAL, CrazyflieParams, rpm_to_actio
 from .state import State, observation
 
 IDLE_ACTION = -1.0  # action -1 = 0 rpm (contract: rpm = (a + 1) / 2 * rpm_max)
+SPIN_DOWN_S = 0.3  # s added to a failsafe descent's fall time: the rotors' spin-down
 
 
 class Mode(str, Enum):
@@ -64,6 +70,19 @@ class SafetyConfig:
     auto_arm: bool = False
 
     def __post_init__(self):
+        # Every comparison with NaN is false: a NaN limit would silently turn its rule off.
+        finite = {"target": self.target, "stale_timeout": self.stale_timeout, "ground_height": self.ground_height,
+                  "landed_height": self.landed_height, "geofence_min": self.geofence_min,
+                  "geofence_max": self.geofence_max}
+        for name, value in finite.items():
+            if not np.isfinite(np.asarray(value, float)).all():
+                raise ValueError(f"{name} {value}: expected finite values")
+        if not self.stale_timeout > 0.0:
+            raise ValueError(f"stale_timeout {self.stale_timeout}: expected a positive time (s)")
+        if not self.landed_height >= 0.0:
+            raise ValueError(f"landed_height {self.landed_height}: expected a height >= 0 (m)")
+        if int(self.recover_count) != self.recover_count or self.recover_count < 1:
+            raise ValueError(f"recover_count {self.recover_count}: expected a whole number >= 1")
         lo, hi = np.asarray(self.geofence_min, float), np.asarray(self.geofence_max, float)
         if lo.shape != (3,) or hi.shape != (3,) or not (lo < hi).all():
             raise ValueError(f"geofence_min {list(lo)} must be below geofence_max {list(hi)} on every axis")
@@ -97,7 +116,7 @@ class SafeController:
         self._latest_time = -math.inf  # time it was received (s, the caller's clock)
         self._input_error: str | None = "no state received yet"
         self._good_streak = 0
-        self._descent_end = math.inf
+        self._descent_end = self._descent_cap = math.inf
         self._may_recover = True
         self._auto_arm_pending = cfg.auto_arm
         self._policy_error = ""
@@ -109,7 +128,9 @@ class SafeController:
             self._input_error, self._good_streak = error or "invalid state", 0
             return
         self._latest, self._latest_time, self._input_error = state, now, None
-        self._good_streak += 1
+        # Recovery counts consecutive valid states inside the geofence; tick() restarts the count
+        # at a stale gap.
+        self._good_streak = self._good_streak + 1 if self._inside(state.pos) else 0
 
     def state_problem(self, now: float) -> str | None:
         """Why the current state must not be flown on, or None."""
@@ -119,9 +140,12 @@ class SafeController:
         if age > self.cfg.stale_timeout:
             return f"stale: last state {age * 1e3:.0f} ms old (limit {self.cfg.stale_timeout * 1e3:.0f} ms)"
         p = self._latest.pos
-        if (p < self.cfg.geofence_min).any() or (p > self.cfg.geofence_max).any():
+        if not self._inside(p):
             return f"geofence: position {np.round(p, 2).tolist()} m outside the box"
         return None
+
+    def _inside(self, pos: np.ndarray) -> bool:
+        return bool((pos >= self.cfg.geofence_min).all() and (pos <= self.cfg.geofence_max).all())
 
     @property
     def latest(self) -> State | None:
@@ -157,6 +181,8 @@ class SafeController:
     def tick(self, now: float) -> Command:
         """One policy period: decide the mode, return the rotor command."""
         problem = self.state_problem(now)
+        if problem is not None:
+            self._good_streak = 0
         if self.mode is Mode.DISARMED and self._auto_arm_pending and problem is None:
             self.arm(now)
         if self.mode is Mode.FAILSAFE:
@@ -206,12 +232,21 @@ class SafeController:
         if h is None or h < self.cfg.landed_height:
             self._set(Mode.DISARMED, f"{why}; on the ground: rotors cut, re-arm to fly")
             return
-        # Time to sink h at the constant descent deceleration, plus the rotors' spin-down.
-        self._descent_end = now + math.sqrt(2.0 * h / self.descent_accel) + 0.3
+        fall = self._fall_time()
+        self._descent_end, self._descent_cap = now + fall, now + 2.0 * fall
         self._set(Mode.FAILSAFE, f"{why}; controlled descent from {h:.2f} m")
+
+    def _fall_time(self) -> float:
+        """Time (s) from the last valid state to the floor, sinking at the descent acceleration from
+        its height h and vertical velocity v (world z, m/s; up > 0): the root of h + v t - a t^2 / 2 = 0,
+        plus the rotors' spin-down."""
+        h, v, a = max(self.height(), 0.0), float(self._latest.vel[2]), self.descent_accel
+        return (v + math.sqrt(v * v + 2.0 * a * h)) / a + SPIN_DOWN_S
 
     def _update_failsafe(self, problem: str | None, now: float) -> None:
         fresh_height = self.height() if problem is None or problem.startswith("geofence") else None
+        if fresh_height is not None and fresh_height >= self.cfg.landed_height:  # still in the air
+            self._descent_end = min(max(self._descent_end, now + self._fall_time()), self._descent_cap)
         if now >= self._descent_end or (fresh_height is not None and fresh_height < self.cfg.landed_height):
             self._set(Mode.DISARMED, f"{self.reason}; landed: rotors cut, re-arm to fly")
         elif self._may_recover and problem is None and self._good_streak >= self.cfg.recover_count:

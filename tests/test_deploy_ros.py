@@ -141,6 +141,20 @@ def test_hover_hil(prefix):
 # safety with real processes
 
 
+@pytest.mark.parametrize("params, message", [
+    (dict(stale_timeout=1), "parameter stale_timeout: expected a float (write 1.0, not 1)"),
+    (dict(stale_timeout=".nan"), "stale_timeout nan: expected finite values"),
+    (dict(clock_timeout="-1.0"), "parameter clock_timeout=-1.0: expected a positive time (s)"),
+    (dict(recover_count=0), "recover_count 0: expected a whole number >= 1"),
+])
+def test_bad_parameters_are_one_error_line(seeded_policy, params, message):
+    with world() as w:
+        proc = w.start(*w.node_cmd("policy_node", policy=seeded_policy, **params), name="policy")
+        assert proc.wait(timeout=60) == 2, w.output(proc)
+        out = w.output(proc)
+    assert f"error: {message}" in out and "Traceback" not in out, out
+
+
 def test_failsafe_when_the_simulator_dies(seeded_policy):
     with world() as w:
         rec = Observed(w)

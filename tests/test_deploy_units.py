@@ -188,6 +188,72 @@ def test_failsafe_descent_ends_disarmed_after_the_fall_time():
     assert c.tick(5.0).mode is Mode.DISARMED  # no automatic re-arm after landing
 
 
+def test_failsafe_descent_of_a_climbing_vehicle_lasts_until_it_can_reach_the_floor():
+    c, _ = armed_controller()
+    c.on_state(make_state([0, 0, 1.0], [1, 0, 0, 0], [0, 0, 1.0], [0, 0, 0], 0.0), 0.0)  # climbing at 1 m/s
+    assert c.tick(0.1).mode is Mode.FAILSAFE  # stale
+    a = (1 - c.cfg.descent_thrust_ratio) * GRAVITY
+    fall = (1.0 + math.sqrt(1.0 + 2 * a * 1.0)) / a + 0.3  # rises, then sinks from its apex: 3.1 s
+    assert fall > math.sqrt(2 * 1.0 / a) + 0.3 + 1.0  # 1.7 s from rest
+    assert c.tick(0.1 + fall - 0.01).mode is Mode.FAILSAFE
+    assert c.tick(0.1 + fall + 0.01).mode is Mode.DISARMED
+
+
+def test_failsafe_with_fresh_states_descends_until_they_show_the_floor():
+    """A geofence failsafe keeps receiving valid states: those above the floor extend the descent
+    (a disturbance can slow the sink), up to twice the first estimate; one below landed_height ends it."""
+    c, _ = armed_controller()
+    a = (1 - c.cfg.descent_thrust_ratio) * GRAVITY
+    first = math.sqrt(2 * 1.0 / a) + 0.3
+    t, z = 0.0, 1.0
+    while True:  # sinking at a / 2 only: it reaches the floor after the first estimate
+        c.on_state(hover_state(t, pos=[2.0, 0.0, z]), t)
+        mode = c.tick(t).mode
+        if z < c.cfg.landed_height:
+            break
+        assert mode is Mode.FAILSAFE, (t, z)
+        t += 0.01
+        z = 1.0 - 0.25 * a * t * t
+    assert mode is Mode.DISARMED and "landed" in c.reason and first < t < 2 * first
+    c, _ = armed_controller()  # a state that stays fresh but never sinks: the cap ends the descent
+    for k in range(1000):
+        t = 0.01 * k
+        c.on_state(hover_state(t, pos=[2.0, 0.0, 1.0]), t)
+        if c.tick(t).mode is Mode.DISARMED:
+            break
+    assert 2 * first - 0.02 <= t <= 2 * first + 0.02
+
+
+def test_recovery_needs_consecutive_valid_states_inside_the_geofence():
+    c, _ = armed_controller()
+    for k in range(1, 6):  # five states outside the fence
+        c.on_state(hover_state(pos=[2.0, 0.0, 1.0]), 0.01 * k)
+        assert c.tick(0.01 * k).mode is Mode.FAILSAFE
+    for k in range(6, 8):  # two inside are not three
+        c.on_state(hover_state(), 0.01 * k)
+        assert c.tick(0.01 * k).mode is Mode.FAILSAFE
+    assert c.tick(0.2).mode is Mode.FAILSAFE  # stale gap: the count starts again
+    for k, t in enumerate((0.21, 0.22, 0.23)):
+        c.on_state(hover_state(), t)
+        assert c.tick(t).mode is (Mode.ARMED if k == 2 else Mode.FAILSAFE)
+    c, _ = armed_controller()  # states bunched between two ticks: one outside, then two inside
+    c.on_state(hover_state(pos=[2.0, 0.0, 1.0]), 0.01)
+    assert c.tick(0.01).mode is Mode.FAILSAFE
+    for t, x in ((0.014, 2.0), (0.016, 0.0), (0.018, 0.0)):
+        c.on_state(hover_state(pos=[x, 0.0, 1.0]), t)
+    assert c.tick(0.02).mode is Mode.FAILSAFE
+    c.on_state(hover_state(), 0.025)
+    assert c.tick(0.03).mode is Mode.ARMED
+
+
+@pytest.mark.parametrize("bad", [dict(stale_timeout=math.nan), dict(stale_timeout=0.0), dict(landed_height=math.nan),
+                                 dict(ground_height=math.inf), dict(target=(0.0, math.nan, 1.0)),
+                                 dict(recover_count=0), dict(recover_count=2.5)])
+def test_safety_config_refuses_limits_that_would_switch_a_rule_off(bad):
+    with pytest.raises(ValueError, match=next(iter(bad))):
+        SafetyConfig(**bad)
+
+
 def test_failsafe_on_the_ground_cuts_at_once_and_estop_latches():
     c, _ = armed_controller()
     c.on_state(hover_state(z=0.01), 0.0)
@@ -344,8 +410,22 @@ def test_log_packets_become_si_state():
     assert np.allclose(st.pos, [0.5, -0.25, 1.0]) and np.allclose(st.vel, [0.1, 0.2, -0.3])  # world, m, m/s
     assert np.allclose(st.quat, [s, 0.0, 0.0, s])  # (w, x, y, z) from the firmware's qx, qy, qz, qw
     assert np.allclose(st.omega, [math.pi / 2, -math.pi, math.pi / 4])  # deg/s -> rad/s
-    with pytest.raises(InvalidState):
-        state_from_log(pose, log_pair(gyro_dps=(math.nan, 0, 0))[1], 0.0)
+
+
+@pytest.mark.parametrize("bad, reason", [(dict(gyro_dps=(math.nan, 0, 0)), "nonfinite"),
+                                         (dict(q_xyzw=(0.0, 0.0, 0.0, 0.5)), "out_of_range")])
+def test_a_bad_onboard_estimate_is_published_and_rejected_by_the_odom_check(bad, reason):
+    """The bridge publishes every sample; the check on its odom subscription rejects a bad one."""
+    from nav_msgs.msg import Odometry
+
+    pose, att = log_pair(**bad)
+    a = StateAssembler()
+    a.feed("pose", 1000, pose, 1.0)
+    st = a.feed("attitude", 1000, att, 1.0)
+    assert st is not None
+    with pytest.raises(InvalidState) as e:
+        state_from_odometry(fill_odometry(Odometry(), st, "world", "cf1"))
+    assert e.value.reason == reason
 
 
 def test_blocks_pair_by_firmware_timestamp():
