@@ -140,6 +140,7 @@ class PilStats:
     max_abs_diff: float = 0.0  # largest |MCU - onnxruntime| over steps with rc == 0
     instructions: list[float] = field(default_factory=list)  # per policy_step
     seconds: float = 0.0  # wall time spent exchanging frames with QEMU
+    late_answers: int = 0  # answers to an exchange that had timed out, dropped when they arrived
 
     @property
     def seconds_per_step(self) -> float:
@@ -149,7 +150,8 @@ class PilStats:
         ins = np.asarray(self.instructions) if self.instructions else np.zeros(1)
         return (f"{self.steps} MCU steps, {self.errors} errors, max |MCU - onnxruntime| {self.max_abs_diff:.2e}, "
                 f"instructions/step mean {ins.mean():.0f} (min {ins.min():.0f}, max {ins.max():.0f}), "
-                f"{self.seconds_per_step * 1e3:.2f} ms wall per exchange")
+                f"{self.seconds_per_step * 1e3:.2f} ms wall per exchange"
+                + (f", {self.late_answers} late answers dropped" if self.late_answers else ""))
 
 
 def qemu_command(elf: Path, *extra: str) -> list[str]:
@@ -281,6 +283,11 @@ class McuPolicy:
             self.send_bytes(b"".join(encode_frame(FRAME_OBS, s, obs[i].tobytes()) for s, i in zip(seqs, rows)))
             for s, i in zip(seqs, rows):
                 f = self.read_frame()
+                # An answer to an earlier exchange that timed out (QEMU stalled by a loaded host) arrives
+                # late, ahead of this one's: drop it, or every later exchange would read the one before.
+                while f.type == FRAME_ACTION and 0 < (s - f.seq) & 0xFF < 128:
+                    self.stats.late_answers += 1
+                    f = self.read_frame()
                 if f.type != FRAME_ACTION or f.seq != s or len(f.payload) != 24:
                     raise self._error(f"expected the action for frame {s}, got type {chr(f.type)!r} seq {f.seq}")
                 rc, a0, a1, a2, a3, t = struct.unpack("<i4fI", f.payload)
