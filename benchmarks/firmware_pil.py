@@ -28,6 +28,8 @@ PRETRAINED = ROOT / "policies/pretrained/quad_hover"
 def main() -> None:
     run_dir = Path(sys.argv[1]) if len(sys.argv) > 1 else PRETRAINED
     export = export_run(run_dir)
+    if not export["ok"]:
+        sys.exit(f"error: the export of {run_dir} failed its check (files in {export['onnx'].parent}): {export}")
     export_dir = export["onnx"].parent
     with tempfile.TemporaryDirectory() as build:
         sizes = cross_sizes(export_dir, Path(build))

@@ -8,6 +8,9 @@ PyTorch/onnxruntime to float rounding.
 
 from __future__ import annotations
 
+import shutil
+import subprocess
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +22,10 @@ from sim.crazyflie.contract import CONTRACT
 
 class UnsupportedLayerError(Exception):
     pass
+
+
+DRIVER = Path(__file__).with_name("policy_driver.c")  # policy_step over a file of observations
+DRIVER_OUT = np.dtype([("rc", "<i4"), ("action", "<f4", (CONTRACT.action_size,))])
 
 
 ACTIVATION_C = {nn.Tanh: "tanhf(v)", nn.ReLU: "(v > 0.0f ? v : 0.0f)", nn.ELU: "(v > 0.0f ? v : expf(v) - 1.0f)"}
@@ -46,10 +53,10 @@ def _layers(actor: nn.Module) -> list[tuple[np.ndarray, np.ndarray, str | None]]
 
 def generate_c(actor: nn.Module, out_dir: Path, header_note: str = "") -> tuple[Path, Path]:
     """Write policy.h and policy.c for ``actor`` (policies.networks.Actor) into ``out_dir``."""
-    if getattr(actor, "state_dependent_std", False):
-        # The deterministic action only uses the mean half of the last layer.
-        raise UnsupportedLayerError("actors with a state-dependent std head: export the mean head only (not implemented)")
     layers = _layers(actor)
+    if getattr(actor, "state_dependent_std", False):  # SAC: the last layer gives (mean, log std)
+        w, b, act = layers[-1]
+        layers[-1] = [w[: actor.act_dim], b[: actor.act_dim], act]  # the deployed action is tanh(mean)
     if any(a is not None and a != layers[0][2] for _, _, a in layers):
         raise UnsupportedLayerError("mixed activations are not supported by the C generator")
     if layers[-1][2] is not None:
@@ -207,3 +214,24 @@ int policy_self_test(float tol)
 """)
     c.write_text("".join(parts))
     return h, c
+
+
+def run_on_host(c_dir: Path, obs: np.ndarray) -> tuple[int, np.ndarray] | None:
+    """Compile ``c_dir``'s policy.c with the host's C compiler (as C99, -O2, no fast-math: as the
+    firmware builds it) and run policy_step on every row of ``obs`` [N, 22]. Returns the boot
+    self-test's result and the (rc, action) records [N], or None without a C compiler."""
+    cc = next((c for c in ("gcc", "cc", "clang") if shutil.which(c)), None)
+    if cc is None:
+        return None
+    with tempfile.TemporaryDirectory(prefix="policy_c_") as tmp:
+        exe, obs_file, out_file = Path(tmp) / "driver", Path(tmp) / "obs.bin", Path(tmp) / "out.bin"
+        build = subprocess.run([cc, "-std=c99", "-O2", f"-I{c_dir}", str(c_dir / "policy.c"), str(DRIVER), "-o",
+                                str(exe), "-lm"], capture_output=True, text=True)
+        if build.returncode != 0:
+            raise UnsupportedLayerError(f"the generated C does not compile with {cc}:\n{build.stderr[-2000:]}")
+        np.ascontiguousarray(obs, dtype="<f4").tofile(obs_file)
+        run = subprocess.run([str(exe), str(obs_file), str(out_file)], capture_output=True, text=True, timeout=120)
+        if run.returncode != 0:
+            raise UnsupportedLayerError(f"the generated C's driver failed (exit {run.returncode}): {run.stderr[-500:]}")
+        self_test = int(run.stdout.split("self_test ")[1].split()[0])
+        return self_test, np.fromfile(out_file, dtype=DRIVER_OUT)

@@ -95,11 +95,23 @@ class OnnxPolicy:
         self.contract = json.loads(self.metadata["contract"])
 
     def __call__(self, obs: np.ndarray, noise: np.ndarray | None = None) -> np.ndarray:
-        """Action [N, A] (or chunk [N, H, A]); an unsteered diffusion policy needs ``noise`` [N, H*A]."""
-        feed = {INPUT: np.asarray(obs, dtype=np.float32).reshape(-1, self.obs_size)}
+        """Action [N, A] (or chunk [N, H, A]) for observations [N, D] or one observation [D]; an
+        unsteered diffusion policy needs ``noise`` [N, H*A] too."""
+        feed = {INPUT: _rows(obs, self.obs_size, "observation")}
         if self.noise_size:
             if noise is None:
                 raise ContractError(f"this model is a diffusion policy without a steering actor: pass noise "
                                     f"[N, {self.noise_size}] (w ~ N(0, I) samples the base policy)")
-            feed[NOISE] = np.asarray(noise, dtype=np.float32).reshape(-1, self.noise_size)
+            feed[NOISE] = _rows(noise, self.noise_size, "noise")
+            if len(feed[NOISE]) != len(feed[INPUT]):
+                raise ContractError(f"{len(feed[INPUT])} observations but {len(feed[NOISE])} noises")
         return self.session.run([OUTPUT], feed)[0]
+
+
+def _rows(x, size: int, what: str) -> np.ndarray:
+    """``x`` as float32 rows [N, size]: one vector [size] or a batch [N, size], nothing reshaped
+    across rows (22 observations of 21 floats must not become 21 of 22)."""
+    a = np.asarray(x, dtype=np.float32)
+    if a.ndim not in (1, 2) or a.shape[-1] != size:
+        raise ContractError(f"expected {what}s of {size} floats ([{size}] or [N, {size}]), got shape {list(a.shape)}")
+    return a.reshape(-1, size)

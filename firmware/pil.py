@@ -271,7 +271,10 @@ class McuPolicy:
 
         Returns actions [N, 4], return codes [N] and SysTick ticks [N]. Frames are pipelined:
         up to FRAMES_PER_WRITE observations are written before their answers are read."""
-        obs = np.ascontiguousarray(obs, dtype=np.float32).reshape(-1, CONTRACT.obs_size)
+        obs = np.ascontiguousarray(obs, dtype=np.float32)
+        if obs.ndim not in (1, 2) or obs.shape[-1] != CONTRACT.obs_size:
+            raise PilError(f"expected observations of {CONTRACT.obs_size} floats, got shape {list(obs.shape)}")
+        obs = obs.reshape(-1, CONTRACT.obs_size)
         n = len(obs)
         actions = np.empty((n, CONTRACT.action_size), np.float32)
         rcs = np.empty(n, np.int32)

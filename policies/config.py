@@ -16,7 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 import torch
 
-from sim.registry import TASKS, get_task
+from sim.registry import TASKS, UnknownTaskError, get_task
 
 from .diffusion import DiffusionBCConfig
 from .dsrl import DSRLConfig
@@ -163,10 +163,16 @@ def _first_lines(e: Exception) -> str:
 
 
 def to_objects(cfg: DictConfig) -> tuple[Any, Any]:
-    """Typed task and algorithm config objects from a composed or saved (plain) config."""
-    task = OmegaConf.merge(OmegaConf.structured(get_task(cfg.task.name).config_cls), cfg.task)
-    algo = OmegaConf.merge(OmegaConf.structured(ALGOS[cfg.algo.name]), cfg.algo)
-    return OmegaConf.to_object(task), OmegaConf.to_object(algo)
+    """Typed task and algorithm config objects from a composed or saved (plain) config; a saved one
+    that this version's config classes do not accept (a key or task of another revision) raises
+    UserError."""
+    try:
+        task = OmegaConf.merge(OmegaConf.structured(get_task(cfg.task.name).config_cls), cfg.task)
+        algo = OmegaConf.merge(OmegaConf.structured(ALGOS[cfg.algo.name]), cfg.algo)
+        return OmegaConf.to_object(task), OmegaConf.to_object(algo)
+    except (OmegaConfBaseException, UnknownTaskError, KeyError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise UserError(f"the run's config does not fit this version's config classes ({first})") from None
 
 
 def config_hash(cfg: DictConfig) -> str:

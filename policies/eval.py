@@ -128,10 +128,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         run_dir, o = parse(argv)
         actor, rec = ckpt.load_policy(run_dir, o["device"])
+        task_cfg, _ = to_objects(OmegaConf.create(rec["config"]))
     except (UserError, ckpt.CheckpointError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    task_cfg, _ = to_objects(OmegaConf.create(rec["config"]))
     if o["effects"] is not None:
         task_cfg.pybullet_effects = o["effects"]
     if get_task(task_cfg.name).criterion == "success":

@@ -1,7 +1,8 @@
 """Export a trained run: ``python -m policies.export <run_dir>``.
 
-Writes ``<run_dir>/export/policy.onnx`` (the task's contract embedded) and, for MLP actors,
-``policy.c`` / ``policy.h`` (C99, no heap), then checks PyTorch vs onnxruntime on 10k random
+Writes ``<run_dir>/export/policy.onnx`` (the task's contract embedded) and, for MLP actors of
+the quadrotor tasks (PPO's, or SAC's mean head), ``policy.c`` / ``policy.h`` (C99, no heap, for the
+Crazyflie's MCU), then checks PyTorch vs onnxruntime on 10k random
 and 10k on-distribution observations, both against the policy in float64 (``parity``), and
 prints the largest differences. Diffusion policies (diffusion_bc, dsrl) export to ONNX only,
 their DDIM loop unrolled; an unsteered one is checked with random noises as its second input.
@@ -10,6 +11,7 @@ their DDIM loop unrolled; an unsteered one is checked with random noises as its 
 from __future__ import annotations
 
 import copy
+import shutil
 import sys
 from pathlib import Path
 from typing import Callable
@@ -18,12 +20,13 @@ import numpy as np
 import torch
 from omegaconf import OmegaConf
 
-from export.c_codegen import UnsupportedLayerError, generate_c
+from export.c_codegen import UnsupportedLayerError, generate_c, run_on_host
 from export.onnx_policy import ContractError, OnnxPolicy, export_onnx, source_revision
+from sim.crazyflie.contract import CONTRACT as CRAZYFLIE_CONTRACT
 from sim.registry import get_task
 
 from . import checkpoint as ckpt
-from .config import config_hash, to_objects
+from .config import UserError, config_hash, to_objects
 from .networks import Actor
 
 # Parity rule: onnxruntime's output may be no farther from the same policy evaluated in float64 than
@@ -33,6 +36,9 @@ from .networks import Actor
 # GroupNorms to ~7e-5 in each of PyTorch and onnxruntime, which then differ by up to 1.05e-4 (a test
 # base, 20k observations): a fixed tolerance on their difference would have to be set per network.
 PARITY_FLOOR = 1e-5
+# The generated C (tanhf/expf of the host's libm, float32 as in PyTorch) against onnxruntime: the
+# bound its own self-test uses on the MCU; measured 3-5e-7.
+C_TOLERANCE = 1e-5
 
 
 def parity_observations(policy, task_cfg, n: int = 10_000, seed: int = 0) -> np.ndarray:
@@ -61,11 +67,15 @@ def parity_observations(policy, task_cfg, n: int = 10_000, seed: int = 0) -> np.
 
 
 def export_run(run_dir: Path) -> dict:
+    """Export the run's best policy into ``<run_dir>/export``, check it and return the check's
+    figures and the files. The files are written into ``export.tmp`` and take the place of
+    ``export`` only if the checks pass; a failed export is left in ``export.failed`` to inspect."""
     policy, rec = ckpt.load_policy(run_dir)
     cfg = OmegaConf.create(rec["config"])
     task_cfg, _ = to_objects(cfg)
     contract = get_task(task_cfg.name).contract
-    out = run_dir / "export"
+    out = run_dir / "export.tmp"
+    shutil.rmtree(out, ignore_errors=True)
     meta = {
         "task": task_cfg.name, "algo": cfg.algo.name, "config_hash": config_hash(cfg),
         "source_revision": source_revision(), **{k: rec[k] for k in ("env_steps", "gradient_steps") if k in rec},
@@ -79,17 +89,37 @@ def export_run(run_dir: Path) -> dict:
                     ddim_steps=base.spec["ddim_steps"])
     if hasattr(policy, "noise_bound"):
         meta["noise_bound"] = policy.noise_bound
-    onnx_path = out / "policy.onnx"
-    export_onnx(policy, onnx_path, meta, contract)
-    files = {"onnx": onnx_path}
-    if isinstance(policy, Actor):
+    export_onnx(policy, out / "policy.onnx", meta, contract)
+    names = {"onnx": "policy.onnx"}
+    if isinstance(policy, Actor) and contract == CRAZYFLIE_CONTRACT:  # C is for the Crazyflie's MCU
         generate_c(policy, out, header_note=f"task {task_cfg.name}, config {meta['config_hash']}, "
                                             f"rev {meta['source_revision']}")
-        files.update(c=out / "policy.c", h=out / "policy.h")
+        names.update(c="policy.c", h="policy.h")
 
     obs = parity_observations(policy, task_cfg)
     np.save(out / "parity_obs.npy", obs)
-    return {**files, **parity(policy, OnnxPolicy(onnx_path, contract), obs)}
+    onnx = OnnxPolicy(out / "policy.onnx", contract)
+    res = parity(policy, onnx, obs)
+    if "c" in names:
+        res.update(c_parity(out, obs, onnx(obs)))
+        res["ok"] = res["ok"] and res["c_ok"] is not False
+    dest = run_dir / ("export" if res["ok"] else "export.failed")
+    shutil.rmtree(dest, ignore_errors=True)
+    out.rename(dest)
+    return {**{k: dest / name for k, name in names.items()}, **res}
+
+
+def c_parity(c_dir: Path, obs: np.ndarray, onnx_actions: np.ndarray) -> dict:
+    """The generated C, built for this host, against onnxruntime on ``obs`` (finite observations):
+    every step returns 0, the embedded self-test passes, and no action is farther than C_TOLERANCE
+    (``c_ok`` None where no C compiler is installed)."""
+    ran = run_on_host(c_dir, obs)
+    if ran is None:
+        return {"c_ok": None}
+    self_test, out = ran
+    diff = float(np.abs(out["action"] - onnx_actions).max())
+    return {"c_ok": self_test == 0 and bool((out["rc"] == 0).all()) and diff <= C_TOLERANCE,
+            "c_max_abs_diff": diff, "c_self_test": self_test, "c_errors": int((out["rc"] != 0).sum())}
 
 
 def parity(policy, onnx: Callable[..., np.ndarray], obs: np.ndarray) -> dict:
@@ -120,14 +150,27 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         res = export_run(Path(argv[0]))
-    except (ckpt.CheckpointError, UnsupportedLayerError, ContractError) as e:
+    except (ckpt.CheckpointError, UnsupportedLayerError, ContractError, UserError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except OSError as e:  # e.g. export/ not writable
+        print(f"error: cannot write the export: {e}", file=sys.stderr)
+        return 2
     print(f"wrote {', '.join(str(res[k]) for k in ('onnx', 'c', 'h') if k in res)}")
+    onnx_ok = res["onnx_error"] <= res["tolerance"]
     print(f"parity PyTorch vs onnxruntime on {res['n']} observations: max |diff| = {res['max_abs_diff']:.2e}; "
           f"from the policy in float64: onnxruntime {res['onnx_error']:.2e}, PyTorch {res['torch_error']:.2e} "
-          f"({'ok' if res['ok'] else 'FAILED'}: onnxruntime within {res['tolerance']:.2e} = "
+          f"({'ok' if onnx_ok else 'FAILED'}: onnxruntime within {res['tolerance']:.2e} = "
           f"max({PARITY_FLOOR:g}, 2 x PyTorch's))")
+    if res.get("c_ok") is None and "c" in res:
+        print("C not checked on this host: no C compiler (gcc, cc or clang) found")
+    elif "c" in res:
+        print(f"parity C (built for this host) vs onnxruntime: max |diff| = {res['c_max_abs_diff']:.2e}, "
+              f"{res['c_errors']} error codes, self-test {res['c_self_test']} "
+              f"({'ok' if res['c_ok'] else 'FAILED'}: within {C_TOLERANCE:g}, no error code, self-test 0)")
+    if not res["ok"]:
+        print(f"error: the export failed its check; its files are in {res['onnx'].parent} (export/ is unchanged)",
+              file=sys.stderr)
     return 0 if res["ok"] else 1
 
 

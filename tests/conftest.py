@@ -18,12 +18,14 @@ from sim.crazyflie.params import NOMINAL
 HOVER_ACTION = NOMINAL.hover_action  # the action that hovers the nominal Crazyflie, as the trainer initialises it
 
 
-def make_actor(activation: str = "tanh", seed: int = 0) -> Actor:
+def make_actor(activation: str = "tanh", seed: int = 0, obs_dim: int = 22, state_dependent_std: bool = False) -> Actor:
     """Actor with seeded weights large enough that actions span [-1, 1] (a fresh Actor's output
     layer is ~0, which would make every parity check trivially pass), and a normaliser whose
-    mean and variance differ per feature so a wrong normalisation shows up."""
+    mean and variance differ per feature so a wrong normalisation shows up. ``state_dependent_std``:
+    SAC's actor, whose last layer also gives the log std."""
     torch.manual_seed(seed)
-    actor = Actor(obs_dim=22, act_dim=4, hidden=[32, 32], activation=activation, init_action=HOVER_ACTION)
+    actor = Actor(obs_dim=obs_dim, act_dim=4, hidden=[32, 32], activation=activation, init_action=HOVER_ACTION,
+                  state_dependent_std=state_dependent_std)
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for m in actor.net:
@@ -31,8 +33,8 @@ def make_actor(activation: str = "tanh", seed: int = 0) -> Actor:
                 m.weight.copy_(torch.randn(m.weight.shape, generator=g) * 1.5 / math.sqrt(m.in_features))
                 m.bias.copy_(0.2 * torch.randn(m.bias.shape, generator=g))
         norm = actor.obs_norm
-        norm.mean.copy_(0.5 * torch.randn(22, generator=g))
-        norm.var.copy_(torch.empty(22).uniform_(0.05, 4.0, generator=g))
+        norm.mean.copy_(0.5 * torch.randn(obs_dim, generator=g))
+        norm.var.copy_(torch.empty(obs_dim).uniform_(0.05, 4.0, generator=g))
         norm.count.fill_(1e5)
     return actor.eval()
 

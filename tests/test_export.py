@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -22,7 +23,7 @@ import torch
 from omegaconf import OmegaConf
 from torch import nn
 
-from export.c_codegen import UnsupportedLayerError, generate_c
+from export.c_codegen import DRIVER, DRIVER_OUT, UnsupportedLayerError, generate_c
 from export.onnx_policy import ContractError, OnnxPolicy
 from policies import checkpoint as ckpt
 from policies.config import config_hash
@@ -37,7 +38,6 @@ N = 10_000  # parity_observations: N random then N on-distribution observations
 STRICT = ["-std=c99", "-Wall", "-Wextra", "-Werror", "-Wdouble-promotion"]
 SANITIZE = ["-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-fno-omit-frame-pointer", "-g"]
 SANITIZER_ENV = {**os.environ, "ASAN_OPTIONS": "detect_leaks=1", "UBSAN_OPTIONS": "print_stacktrace=1"}
-DRIVER_OUT = np.dtype([("rc", "<i4"), ("action", "<f4", (CONTRACT.action_size,))])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -167,6 +167,14 @@ def test_onnx_policy_refuses_wrong_input_size(tmp_path):
         OnnxPolicy(path)
 
 
+def test_onnx_policy_refuses_observations_of_the_wrong_size(exported):
+    policy = OnnxPolicy(exported["onnx"])
+    assert policy(np.zeros(CONTRACT.obs_size)).shape == (1, CONTRACT.action_size)
+    for shape in ([22, 21], [21], [2, 3, 22]):  # 22 x 21 floats must not pass as 21 x 22
+        with pytest.raises(ContractError, match=rf"expected observations of 22 floats .* got shape \{shape}"):
+            policy(np.zeros(shape))
+
+
 def test_onnx_policy_refuses_missing_or_garbled_file(tmp_path):
     with pytest.raises(ContractError, match="no ONNX model at .*policies.export"):
         OnnxPolicy(tmp_path / "missing.onnx")
@@ -182,7 +190,7 @@ def test_onnx_policy_refuses_missing_or_garbled_file(tmp_path):
 @pytest.mark.parametrize("cc", ["gcc", "clang"])
 def test_c_compiles_strict_and_matches_onnxruntime(exported, tmp_path, cc):
     out_dir = exported["c"].parent
-    exe = compile_c(cc, [*STRICT, "-O2"], [exported["c"], C_DIR / "policy_driver.c"], out_dir, tmp_path / "driver")
+    exe = compile_c(cc, [*STRICT, "-O2"], [exported["c"], DRIVER], out_dir, tmp_path / "driver")
     obs = exported["obs"]
     out, stdout = run_driver(exe, obs, tmp_path)
     assert "self_test 0\n" in stdout
@@ -204,7 +212,7 @@ def test_c_links_only_single_precision_math(exported, tmp_path):
 def test_c_under_sanitizers_on_edge_inputs(exported, tmp_path):
     consts = header_constants(exported["h"])
     out_dir = exported["c"].parent
-    exe = compile_c("gcc", [*STRICT, "-O1", *SANITIZE], [exported["c"], C_DIR / "policy_driver.c"], out_dir,
+    exe = compile_c("gcc", [*STRICT, "-O1", *SANITIZE], [exported["c"], DRIVER], out_dir,
                     tmp_path / "driver_san")
     bad, huge = edge_observations(exported["obs"])
     obs = np.concatenate((exported["obs"], bad, huge))
@@ -245,13 +253,38 @@ def test_c_fuzz_any_observation_gives_bounded_action_or_safe_error(exported, tmp
 def test_c_other_activations_match_pytorch(exported, tmp_path, activation):
     actor = make_actor(activation, seed=1)
     _, c = generate_c(actor, tmp_path)
-    exe = compile_c("gcc", [*STRICT, "-O2"], [c, C_DIR / "policy_driver.c"], tmp_path, tmp_path / "driver")
+    exe = compile_c("gcc", [*STRICT, "-O2"], [c, DRIVER], tmp_path, tmp_path / "driver")
     obs = exported["obs"]
     out, stdout = run_driver(exe, obs, tmp_path)
     assert "self_test 0\n" in stdout and (out["rc"] == 0).all()
     with torch.no_grad():
         ref = actor(torch.as_tensor(obs)).numpy()
     assert np.abs(out["action"] - ref).max() <= 1e-5
+
+
+@pytest.mark.parametrize("task", ["quad_hover", "arm_push"])
+def test_sac_actors_export_and_only_the_quadrotor_gets_c(tmp_path, task):
+    """SAC's actor has a (mean, log std) head: its C is the mean half. C is for the Crazyflie's MCU:
+    an arm policy exports to ONNX only. Both are parity-checked."""
+    from policies.config import compose_config
+    from sim.registry import get_task
+
+    cfg = compose_config([f"task={task}", "algo=sac"])
+    actor = make_actor(obs_dim=get_task(task).contract.obs_size, state_dependent_std=True)
+    OmegaConf.save(cfg, tmp_path / "config.yaml")
+    ckpt.save_atomic(ckpt.policy_record(actor, cfg, {"success_rate": 0.5, "episodes": 10}, steps=1), tmp_path / ckpt.BEST)
+    res = export_run(tmp_path)
+    assert res["ok"], res
+    if task != "quad_hover":
+        assert "c" not in res and not (tmp_path / "export" / "policy.c").exists()
+        return
+    exe = compile_c("gcc", [*STRICT, "-O2"], [res["c"], DRIVER], res["c"].parent, tmp_path / "drv")
+    obs = np.load(tmp_path / "export" / "parity_obs.npy")
+    out, stdout = run_driver(exe, obs, tmp_path)
+    assert "self_test 0\n" in stdout and (out["rc"] == 0).all()
+    with torch.no_grad():
+        ref = actor(torch.as_tensor(obs)).numpy()
+    assert np.abs(ref).max() > 0.5 and np.abs(out["action"] - ref).max() <= 1e-5
 
 
 # ---------------------------------------------------------------------------------------------
@@ -274,6 +307,33 @@ def test_cli_corrupt_checkpoint_prints_one_error_line(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error:") and "corrupt" in err[0]
     assert not (tmp_path / "export").exists()
+
+
+@pytest.mark.parametrize("cli", ["policies.export", "policies.eval"])
+def test_cli_config_of_another_revision_prints_one_error_line(run_dir, tmp_path, cli):
+    rec = torch.load(run_dir / ckpt.BEST, weights_only=False)
+    rec["config"]["task"]["a_key_of_another_revision"] = 1.0
+    ckpt.save_atomic(rec, tmp_path / ckpt.BEST)
+    r = subprocess.run([sys.executable, "-m", cli, str(tmp_path)], capture_output=True, text=True, cwd=REPO,
+                       timeout=120)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
+    assert "does not fit this version" in lines[0] and "a_key_of_another_revision" in lines[0]
+
+
+def test_a_failed_check_leaves_the_last_good_export_in_place(run_dir, tmp_path, monkeypatch, capsys):
+    import policies.export as pe
+
+    d = tmp_path / "run"
+    shutil.copytree(run_dir, d, ignore=shutil.ignore_patterns("export*"))
+    assert main([str(d)]) == 0
+    (d / "export" / "marker").write_text("the export that passed")
+    assert "parity C (built for this host) vs onnxruntime" in capsys.readouterr().out
+    monkeypatch.setattr(pe, "C_TOLERANCE", -1.0)  # no C can pass: the check fails
+    assert main([str(d)]) == 1
+    assert "export failed its check" in capsys.readouterr().err
+    assert (d / "export" / "marker").is_file() and (d / "export.failed" / "policy.c").is_file()
+    assert not (d / "export.tmp").exists()
 
 
 def _swap_activation(actor):

@@ -8,6 +8,7 @@ closed loop on the shipped policy in policies/pretrained/quad_hover/ and is skip
 
 import math
 import os
+import re
 import signal
 import shutil
 from pathlib import Path
@@ -99,6 +100,21 @@ def test_controller_adapter_compiles_with_firmware_flags(export_dir, build_dir):
     build.make("adapter-check", build_dir, POLICY_DIR=export_dir)
 
 
+@requires("arm-none-eabi-gcc")
+@pytest.mark.parametrize("define, value, message", [("POLICY_OBS_DIM", "23", "observation size"),
+                                                    ("POLICY_ACT_DIM", "3", "action size"),
+                                                    ("POLICY_PERIOD_MS", "20", "period")])
+def test_controller_adapter_refuses_a_policy_header_of_other_sizes(export_dir, build_dir, tmp_path, define, value,
+                                                                   message):
+    (tmp_path / "policy.c").write_text((export_dir / "policy.c").read_text())
+    header = (export_dir / "policy.h").read_text()
+    changed = re.sub(rf"#define {define} \d+", f"#define {define} {value}", header)
+    assert changed != header
+    (tmp_path / "policy.h").write_text(changed)
+    with pytest.raises(build.BuildError, match=message):
+        build.make("adapter-check", build_dir, POLICY_DIR=tmp_path)
+
+
 @requires("arm-none-eabi-gcc", "arm-none-eabi-size")
 def test_cross_build_fits_the_stm32f405(export_dir, build_dir):
     sizes = build.cross_sizes(export_dir, build_dir)
@@ -134,6 +150,8 @@ def test_link_resynchronises_and_rejects_bad_input(mcu):
     actions, rcs, _ = mcu.exchange(obs[None])
     assert rcs[0] == 1
     assert (actions[0] == -1.0).all()
+    with pytest.raises(pil.PilError, match=r"observations of 22 floats, got shape \[22, 21\]"):
+        mcu.exchange(np.zeros((22, 21), np.float32))  # not 21 observations of 22
 
 
 def test_an_answer_that_comes_too_late_does_not_shift_the_next_ones(mcu):

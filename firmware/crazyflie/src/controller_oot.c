@@ -34,6 +34,14 @@
 #include "cf_vehicle.h"
 #include "policy.h"
 
+/* The exported policy must fit this glue: with a header of other sizes the build would still
+ * compile (array parameters decay to pointers) and policy_step would read past the observation or
+ * leave inputs out. The glue runs it at RATE_100_HZ. */
+_Static_assert(POLICY_OBS_DIM == CFP_OBS_DIM, "policy.h: observation size is not the glue's CFP_OBS_DIM");
+_Static_assert(POLICY_ACT_DIM == CFP_ACT_DIM && CFP_ACT_DIM == STABILIZER_NR_OF_MOTORS,
+               "policy.h: action size is not the glue's CFP_ACT_DIM (one per motor)");
+_Static_assert(POLICY_PERIOD_MS == 10, "policy.h: period is not the 10 ms (RATE_100_HZ) the adapter runs it at");
+
 /* Setpoints older than this stop the policy: inside the firmware's own 500 ms commander watchdog,
  * so the handover to the PID happens before the supervisor starts levelling out. */
 #define DEADMAN_MS 300u

@@ -1,4 +1,5 @@
-/* Test driver for the generated policy: runs policy_step on every observation of a binary file.
+/* Host driver for the generated policy (policies.export's check, the tests): runs policy_step on
+ * every observation of a binary file.
  *
  * usage: policy_driver <obs.bin> <out.bin>
  *   obs.bin: float32 rows of POLICY_OBS_DIM (native byte order)
