@@ -10,7 +10,8 @@ Publishes    rotor_cmd (std_msgs/Float32MultiArray: 4 rotor speed setpoints in r
              and watchdog ticks; on every mode change and at 10 Hz)
 Services     arm (std_srvs/SetBool), emergency_stop (std_srvs/Trigger)
 Rules        deploy/safety.py. Every received state is checked (finite, plausible, header stamp
-             within stale_timeout of this node's clock, world frame) before it can reach the policy.
+             within stale_timeout of this node's clock, pose in the world frame, twist in the body frame
+             named by the robot parameter) before it can reach the policy.
 
 Timing: one control tick per policy period (contract, 10 ms) on the node's clock: a steady wall
 clock, or /clock with use_sim_time:=true. The safety layer runs on that clock too: under sim time a
@@ -174,6 +175,9 @@ class ControllerNode(Node):
         try:
             if msg.header.frame_id != self.world_frame:
                 raise InvalidState("malformed", f"pose frame '{msg.header.frame_id}', expected '{self.world_frame}'")
+            if msg.child_frame_id != self.robot:  # the twist must be in this vehicle's body frame (REP 105)
+                raise InvalidState("malformed", f"twist frame '{msg.child_frame_id}', expected the body frame "
+                                                f"'{self.robot}'")
             state = state_from_odometry(msg)
             age = self.get_clock().now().nanoseconds * 1e-9 - stamp_seconds(msg.header.stamp)
             if abs(age) > self.stale_timeout:
@@ -197,7 +201,10 @@ class ControllerNode(Node):
         else:
             response.success, response.message = True, self.controller.disarm(now)
         self.get_logger().info(f"arm({request.data}): {response.message}")
-        self._tick()
+        # Status now; the mode's rotor command follows at the next tick (within a period): a tick
+        # here would run the policy twice in one period.
+        c = self.controller
+        self._publish_status(Command(c.prev_action.copy(), c.mode, c.reason))
         return response
 
     def _on_estop(self, request, response):

@@ -75,14 +75,27 @@ def bag_path(path: str, robot: str) -> Path:
     return p
 
 
+def open_new(path: Path, numbered: bool):
+    """(path, file) opened for writing only where no file is: a recording is never overwritten. With
+    ``numbered`` (a name made from the time) a taken name gets _1, _2, ...: two recorders started in
+    the same second."""
+    for k in range(1000 if numbered else 1):
+        candidate = path if k == 0 else path.with_name(f"{path.stem}_{k}{path.suffix}")
+        try:
+            return candidate, candidate.open("xb")
+        except FileExistsError:
+            continue
+    raise ValueError(f"{path} exists: give another path= (recordings are never overwritten)")
+
+
 class Recorder(Node):
     def __init__(self):
         super().__init__("recorder")
         from mcap.writer import CompressionType, Writer
 
         robot = param(self, "robot", "cf1", "robot name, used in the default file name")
-        self.path = bag_path(param(self, "path", "bags", "a .mcap file or a directory"), robot)
-        self._file = self.path.open("wb")
+        where = param(self, "path", "bags", "a .mcap file or a directory")
+        self.path, self._file = open_new(bag_path(where, robot), numbered=Path(where).suffix != ".mcap")
         self.writer = Writer(self._file, compression=CompressionType.ZSTD)
         self.writer.start(profile="ros2", library="robolearn deploy.recorder")
         self.channels: dict[str, int] = {}

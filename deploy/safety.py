@@ -158,11 +158,15 @@ class SafeController:
 
     # ------------------------------------------------------------------ services
     def arm(self, now: float) -> tuple[bool, str]:
+        if self.mode is Mode.ARMED:  # the policy flies on, its previous action untouched
+            return True, "already armed"
         problem = self.state_problem(now)
         if problem is not None:
             return False, f"refused to arm: {problem}"
+        if self.mode is not Mode.FAILSAFE:  # rotors idle: as at the start of a training episode
+            self.prev_action = np.full(ACT_DIM, self.hover_action)
+        # (from a failsafe descent the rotors still turn: the previous action is the descent command)
         self._set(Mode.ARMED, "armed")
-        self.prev_action = np.full(ACT_DIM, self.hover_action)  # as at the start of a training episode
         self._auto_arm_pending = False
         return True, "armed"
 

@@ -244,11 +244,13 @@ def test_stale_nan_out_of_range_states_failsafe_and_recover(seeded_policy):
                 return
             msg = {"nan": odom_msg(pos=(math.nan, 0.0, 1.0), stamp_ns=now),
                    "out_of_range": odom_msg(vel=(40.0, 0.0, 0.0), stamp_ns=now)}.get(kind, odom_msg(stamp_ns=now))
+            if kind == "malformed":  # a twist in another frame than the body's
+                msg.child_frame_id = "world"
             pub.publish(msg)
 
         node.create_timer(PERIOD, publish)
         w.spin_until(lambda: rec.mode() == "armed", 60, "the policy node to arm")
-        for kind in ("stale", "nan", "out_of_range"):
+        for kind in ("stale", "nan", "out_of_range", "malformed"):
             fault["kind"] = kind
             t0 = time.monotonic()
             w.spin_until(lambda: rec.seen_mode("failsafe", t0), 2, f"failsafe on {kind} states")

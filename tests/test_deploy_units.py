@@ -267,6 +267,21 @@ def test_failsafe_on_the_ground_cuts_at_once_and_estop_latches():
     assert c.arm(0.05)[0] and c.tick(0.05).mode is Mode.ARMED
 
 
+def test_arming_in_flight_keeps_the_previous_action():
+    c, policy = armed_controller()
+    policy.out = np.full(4, 0.3)
+    c.tick(0.0)
+    assert c.arm(0.0) == (True, "already armed") and np.allclose(c.prev_action, 0.3)
+    c.on_state(hover_state(pos=[2.0, 0.0, 1.0]), 0.01)
+    assert c.tick(0.01).mode is Mode.FAILSAFE
+    c.on_state(hover_state(), 0.02)
+    assert c.arm(0.02)[0] and np.allclose(c.prev_action, c.descent_action)  # the rotors' last command
+    c.disarm(0.03)
+    c.on_state(hover_state(z=0.0), 0.04)
+    assert c.tick(0.04).mode is Mode.DISARMED
+    assert c.arm(0.04)[0] and np.allclose(c.prev_action, c.hover_action)  # from the ground: as in training
+
+
 def test_disarm_in_flight_descends_without_recovery():
     c, _ = armed_controller()
     c.disarm(0.0)
@@ -449,6 +464,18 @@ def test_descent_setpoint_follows_the_simulated_failsafe():
 
 # ---------------------------------------------------------------------------------------------
 # recorder schema
+
+
+def test_recordings_are_never_overwritten(tmp_path):
+    from deploy.recorder import open_new
+
+    name = tmp_path / "cf1_20261126_120000.mcap"  # two recorders started in the same second
+    (p1, f1), (p2, f2) = open_new(name, numbered=True), open_new(name, numbered=True)
+    f1.write(b"first")
+    f1.close(), f2.close()
+    assert p1 == name and p2.name == "cf1_20261126_120000_1.mcap" and name.read_bytes() == b"first"
+    with pytest.raises(ValueError, match="never overwritten"):
+        open_new(name, numbered=False)  # a path the user named
 
 
 def test_recorder_schema_decodes_real_messages(tmp_path):
