@@ -15,6 +15,7 @@ this bridge streams setpoints, chosen by the same safety layer (deploy/safety.py
              and the firmware's own dead-man (300 ms, then the stock controller, then the
              supervisor's 2 s stop) takes over
   DISARMED / ESTOP  stop setpoint (motors off)
+  shutdown   (Ctrl-C, SIGTERM) in flight: the descent of a disarm first, on its timer, then the stop setpoint
 
 State: the onboard estimate is streamed in two log blocks every 10 ms (one radio packet holds at
 most 26 bytes of log data):
@@ -33,6 +34,7 @@ from __future__ import annotations
 
 import sys
 import threading
+import time
 
 import numpy as np
 
@@ -52,6 +54,9 @@ LOG_BLOCKS: dict[str, list[tuple[str, str]]] = {
 LOG_TYPE_BYTES = {"float": 4, "FP16": 2}
 MAX_LOG_BLOCK_BYTES = 26  # CRTP log data packet: 30 bytes minus block id and 3-byte timestamp
 PAIR_TOLERANCE_MS = 5
+# A descent at shutdown ends by this time (s), inside the launch runner's 5 s from SIGINT to SIGTERM:
+# from the geofence's 2.5 m ceiling at rest it takes 2.6 s.
+LANDING_LIMIT_S = 4.5
 
 
 def state_from_log(pose: dict, attitude: dict, stamp: float) -> State:
@@ -174,8 +179,24 @@ class CrazyflieBridge(ControllerNode):
     def close(self) -> None:
         super().close()
         if self.connected:
+            self.descend_before_stop()
             self.cf.commander.send_stop_setpoint()
         self.cf.close_link()
+
+    def descend_before_stop(self) -> None:
+        """Stopped in flight (Ctrl-C, SIGTERM): the controlled descent of a disarm, then the caller's
+        stop setpoint, which alone would cut the motors at height. No state arrives any more (the
+        executor has stopped), so the descent runs on its timer, bounded below the launch runner's
+        SIGINT-to-SIGTERM time."""
+        c = self.controller
+        if c.mode not in (Mode.ARMED, Mode.FAILSAFE):
+            return
+        c.disarm(self._now())
+        deadline = time.monotonic() + LANDING_LIMIT_S
+        while c.mode is Mode.FAILSAFE and time.monotonic() < deadline:
+            now = self._now()
+            self.actuate(c.tick(now), now)
+            time.sleep(self.period)
 
 
 def main(args: list[str] | None = None) -> int:

@@ -456,6 +456,42 @@ def test_blocks_pair_by_firmware_timestamp():
     assert np.allclose(back.vel, st.vel)
 
 
+def test_stopping_the_bridge_in_flight_descends_before_the_motors_stop():
+    """Ctrl-C with the vehicle at 1 m: setpoints sink along the failsafe profile to the floor over the
+    fall time; only then does close() send the stop setpoint."""
+    import time as clock
+
+    from deploy.crazyflie_bridge import CrazyflieBridge
+
+    class Commander:
+        def __init__(self):
+            self.sent = []
+
+        def send_position_setpoint(self, x, y, z, yaw):
+            self.sent.append((clock.monotonic(), z))
+
+        def send_stop_setpoint(self):
+            self.sent.append((clock.monotonic(), "stop"))
+
+    bridge = object.__new__(CrazyflieBridge)  # no ROS node, no radio: the descent logic alone
+    bridge.controller, _ = armed_controller()
+    bridge.cf = type("Crazyflie", (), {"commander": Commander()})()
+    bridge.connected, bridge.period, bridge._failsafe_from = True, 0.01, None
+    bridge.ratio, bridge.ground = bridge.controller.cfg.descent_thrust_ratio, 0.0
+    bridge._now = clock.monotonic
+    bridge.controller.on_state(hover_state(t=clock.monotonic()), clock.monotonic())
+    bridge.descend_before_stop()
+    bridge.cf.commander.send_stop_setpoint()
+    sent = bridge.cf.commander.sent
+    first_stop = next(i for i, (_, z) in enumerate(sent) if z == "stop")
+    heights = [z for _, z in sent[:first_stop]]
+    fall = math.sqrt(2 * 1.0 / ((1 - bridge.ratio) * GRAVITY)) + 0.3
+    assert heights[0] > 0.99 and heights[-1] == 0.0 and all(a >= b for a, b in zip(heights, heights[1:]))
+    assert fall - 0.05 <= sent[first_stop][0] - sent[0][0] <= fall + 0.2
+    assert all(z == "stop" for _, z in sent[first_stop:])
+    assert bridge.controller.mode is Mode.DISARMED
+
+
 def test_descent_setpoint_follows_the_simulated_failsafe():
     assert descent_setpoint(1.0, 0.0, 0.9, 0.0) == 1.0
     assert descent_setpoint(1.0, 1.0, 0.9, 0.0) == pytest.approx(1.0 - 0.05 * GRAVITY)
