@@ -326,10 +326,20 @@ class DSRL:
     def _store(self, reward: torch.Tensor, ended: torch.Tensor, bad: torch.Tensor, nxt: dict[str, torch.Tensor]) -> None:
         """Add this decision's reward to the pending decisions of each env and store those now
         complete: n_step decisions old, or their episode ended here (time-outs end returns too, see
-        the module's text). A decision that reached a non-finite state, and the pending ones it
-        continues, are never fed to training."""
+        the module's text). A decision that reached a non-finite state is never fed to training; the
+        earlier decisions of that env still pending are stored cut short before it, bootstrapped from
+        the (finite) state it started from."""
         g, n_step = self.cfg.gamma, self.cfg.n_step
+        start = self.pending[-1]  # this decision: its observations are where it started
         for age, p in enumerate(reversed(self.pending)):  # age: decisions before this one in p's sum
+            cut = p["open"] & bad if age > 0 else None
+            if cut is not None and cut.any():  # p's sum so far, age decisions, continued by Q at `start`
+                k = int(cut.sum())
+                self.buffer.add(**{key: p[key][cut] for key in ("obs", "critic", "w", "chunk", "reward")},
+                                discount=torch.full((k,), g**age, device=self.device),
+                                next_obs=start["obs"][cut], next_critic=start["critic"][cut],
+                                done=torch.zeros(k, device=self.device))
+                p["open"] = p["open"] & ~cut
             # Closed slots add on too, but are never stored again. Not in place: a state_dict()
             # taken earlier holds these tensors.
             p["reward"] = p["reward"] + reward * g**age

@@ -187,8 +187,8 @@ def test_dsrl_n_step_rows_sum_the_one_step_rows(base_run):
     """algo.n_step=3 collects what n_step=1 does and stores, for every decision, the discounted sum
     of its next 3 decisions' rewards with the state after them, cut short where the episode ends
     (here mid-chunk, at different decisions in different envs); decisions whose 3 successors are not
-    collected yet stay pending. A decision that reaches a non-finite state is stored by neither, and
-    with n_step 3 neither are the decisions of that env whose returns it would continue."""
+    collected yet stay pending. A decision that reaches a non-finite state is stored by neither; with
+    n_step 3 the pending decisions of that env are stored cut short before it."""
     one, three = (_dsrl(base_run, "sac", ["task.reward_type=dense", "task.episode_steps=22", *o])
                   for o in ([], ["algo.n_step=3"]))
     T, n, g = 24, one.env.num_envs, one.cfg.gamma
@@ -223,14 +223,25 @@ def test_dsrl_n_step_rows_sum_the_one_step_rows(base_run):
         assert got["discount"][i] == pytest.approx(g**m)
         ret = sum(g**q * rows["reward"][t + q, e].item() for q in range(m))
         assert got["reward"][i].item() == pytest.approx(ret, rel=1e-5, abs=1e-6)
-    # env 1 diverges in its next decision: that decision and its 2 pending ones are never stored
-    pending_1 = [p["obs"][1] for p in three.pending if p["open"][1]]
+    # env 1 diverges in its next decision: that decision is never stored; its 2 pending ones are,
+    # with the rewards they have summed, bootstrapped from where the diverging decision started
+    pending_1 = [(p["obs"][1], p["reward"][1].item(), age) for age, p in enumerate(reversed(three.pending), 1)
+                 if p["open"][1]]
+    start_1 = (three.obs["policy"][1].clone(), three.obs["critic"][1].clone())
     first_new = three.buffer.size
     three.env.datas[1].qvel[:] = np.nan
     three.collect()
     assert len(pending_1) == 2 and three.env.nonfinite_resets == 1 and three.buffer.size > first_new
-    new_obs = three.buffer.data["obs"][first_new: three.buffer.size]
-    assert not any((new_obs == o).all(-1).any() for o in pending_1) and not any(p["open"][1] for p in three.pending)
+    new = {k: v[first_new: three.buffer.size] for k, v in three.buffer.data.items()}
+    assert not (new["obs"] == start_1[0]).all(-1).any(), "the diverging decision is not stored"
+    for obs, reward, age in pending_1:
+        i = (new["obs"] == obs).all(-1).nonzero()[:, 0]
+        assert len(i) == 1
+        i = i.item()
+        assert new["reward"][i].item() == reward and new["discount"][i].item() == pytest.approx(g**age)
+        assert torch.equal(new["next_obs"][i], start_1[0]) and torch.equal(new["next_critic"][i], start_1[1])
+        assert new["done"][i] == 0
+    assert not any(p["open"][1] for p in three.pending)
     assert all(torch.isfinite(v[: three.buffer.size]).all() for v in three.buffer.data.values())
 
 
