@@ -107,10 +107,12 @@ def evaluate_hover(
     """Run ``episodes`` parallel episodes of 5 s with the deterministic ``policy`` (obs -> action).
     The task (target, track, simulator substeps) is ``task_cfg``'s; the criterion's conditions are
     not: the initial states, domain randomization and observation noise are the task's defaults
-    whatever the run trained with, so a pass means the same for every run."""
+    whatever the run trained with (and its termination distance the criterion's 1 m), so a pass means
+    the same for every run."""
     cfg = copy.deepcopy(task_cfg)
     criterion = get_task(cfg.name).default_config()
     cfg.init, cfg.randomization, cfg.noise = criterion.init, criterion.randomization, criterion.noise
+    cfg.fail_distance = MAX_DISTANCE  # a run's own (stricter) termination would end episodes the criterion keeps
     cfg.episode_seconds = EPISODE_SECONDS + 1.0  # no autoreset inside the window
     env = get_task(cfg.name).env_cls(cfg, episodes, device=device, seed=seed, backend=backend)
     try:

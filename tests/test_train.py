@@ -98,6 +98,25 @@ def test_one_reset_row_is_observed_bit_for_bit_like_the_batch():
         assert all(torch.equal(one[k][0], batch[k][i]) for k in batch), i
 
 
+@pytest.mark.parametrize("backend", ["torch", "mujoco", "pybullet"])
+def test_a_nan_action_resets_its_environment_alone(backend):
+    """In every simulator a non-finite action fails and resets its own environment; the others fly on
+    (MuJoCo holds all vehicles in one MjData, which it would reset as a whole)."""
+    env = QuadHoverEnv(QuadTaskConfig(compile=False), 3, seed=0, backend=backend)
+    env.reset(seed=0)
+    hover = torch.full((3, 4), env.hover_action)
+    for _ in range(5):
+        env.step(hover)
+    before = env.backend.state[1:].clone()
+    hover[0] = float("nan")
+    obs, reward, term, trunc, info = env.step(hover)
+    env.close()
+    assert term.tolist() == [True, False, False] and info["nonfinite"].tolist() == [True, False, False]
+    assert env.t.tolist() == [0, 6, 6] and torch.isfinite(reward).all()
+    moved = (env.backend.state[1:, POS] - before[:, POS]).norm(dim=-1)
+    assert (moved < 0.05).all(), moved  # one 10 ms step from where they were, not sent back to a start
+
+
 def test_nonfinite_state_is_reset_and_counted():
     env = QuadHoverEnv(QuadTaskConfig(), 4)
     env.reset(seed=0)

@@ -171,6 +171,12 @@ class MujocoBackend:
         ``torque_body`` [N, 3] N m (body), all held over the step.
         """
         cmd, f_ext, t_ext = (x.detach().to("cpu", torch.float64).numpy() for x in (rpm_cmd, force_world, torque_body))
+        # One MjData holds every vehicle, and a non-finite force makes MuJoCo reset all of it: a
+        # vehicle with a non-finite input is stepped without it and reported non-finite, as the other
+        # backends report it, so that the environment resets that one alone.
+        bad = ~(np.isfinite(cmd).all(1) & np.isfinite(f_ext).all(1) & np.isfinite(t_ext).all(1))
+        if bad.any():
+            cmd, f_ext, t_ext = (np.where(bad[:, None], 0.0, x) for x in (cmd, f_ext, t_ext))
         h = self.model.opt.timestep
         for _ in range(self.substeps):
             mujoco.mj_kinematics(self.model, self.data)  # xmat: body->world rotation of the current state
@@ -189,6 +195,8 @@ class MujocoBackend:
             mujoco.mj_step(self.model, self.data)
             self._rpm += (cmd - self._rpm) * self._lag
         self.state = self._read_state()
+        if bad.any():
+            self.state[torch.as_tensor(bad, device=self.device)] = float("nan")
         return self.state
 
     def render(self, env_ids, width: int = 320, height: int = 240, targets: np.ndarray | None = None) -> np.ndarray:
