@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
@@ -20,6 +21,7 @@ from sim.registry import TASKS, UnknownTaskError, get_task
 
 from .diffusion import DiffusionBCConfig
 from .dsrl import DSRLConfig
+from .networks import ACTIVATIONS
 from .ppo import PPOConfig
 from .sac import SACConfig
 
@@ -94,14 +96,30 @@ DEFAULT_TASK = next(d.task for d in OmegaConf.load(CONFIG_DIR / "config.yaml").d
 
 # Short forms on the command line: base=<run> for algo.base=<run> (dsrl), dataset=<dir> for algo.dataset=<dir>.
 SHORTHANDS = {"base": "algo.base", "dataset": "algo.dataset"}
+# Algorithm settings (in the algorithms that have them) that must be at least 1, and those that must
+# lie in a range (lo, hi, whether lo itself is allowed): outside them a run would fail later, halfway,
+# or learn nothing without saying so.
+ALGO_COUNTS = ("num_envs", "gradient_steps", "eval_every_updates", "horizon", "epochs", "minibatches",
+               "batch_size", "buffer_size", "updates_per_iteration")
+ALGO_RANGES = {"gamma": (0.0, 1.0, True), "gae_lambda": (0.0, 1.0, True), "tau": (0.0, 1.0, False),
+               "clip": (0.0, math.inf, False), "lr": (0.0, math.inf, False), "actor_lr": (0.0, math.inf, False),
+               "critic_lr": (0.0, math.inf, False), "alpha_lr": (0.0, math.inf, False),
+               "init_alpha": (0.0, math.inf, False)}
+
+
+def expand_shorthands(overrides: list[str]) -> list[str]:
+    """base=<run> -> algo.base=<run>, dataset=<dir> -> algo.dataset=<dir>; other overrides as given."""
+    return [SHORTHANDS[o.split("=", 1)[0]] + "=" + o.split("=", 1)[1] if o.split("=", 1)[0] in SHORTHANDS
+            and "=" in o else o for o in overrides]
 
 
 def compose_config(overrides: list[str]) -> DictConfig:
     """Compose the run config from YAML + command-line overrides, validated against the schemas."""
-    overrides = [SHORTHANDS[o.split("=", 1)[0]] + "=" + o.split("=", 1)[1] if o.split("=", 1)[0] in SHORTHANDS
-                 and "=" in o else o for o in overrides]
+    overrides = expand_shorthands(overrides)
     for o in overrides:
         key, _, value = o.partition("=")
+        if key.lstrip("+~").startswith("hydra."):  # Hydra's own settings: this entry point has its own run_dir
+            raise UserError(f"override '{o}': hydra.* settings are not used here (the run directory is run_dir=)")
         if key == "task" and value not in TASKS:
             raise UserError(f"unknown task '{value}'. Valid tasks: {', '.join(sorted(TASKS))}")
         if key == "algo" and value not in ALGOS:
@@ -125,14 +143,25 @@ def compose_config(overrides: list[str]) -> DictConfig:
     if len(set(cfg.confirm_backends)) < len(cfg.confirm_backends):
         raise UserError(f"confirm_backends={list(cfg.confirm_backends)}: name each simulator once")
     counts = {k: cfg[k] for k in ("confirm_episodes", "eval_episodes", "threads", "max_env_steps", "eval_every_steps")}
-    for key in ("num_envs", "gradient_steps", "eval_every_updates"):  # in the algorithms that have them
+    for key in ALGO_COUNTS:  # in the algorithms that have them
         if key in cfg.algo:
             counts[f"algo.{key}"] = cfg.algo[key]
     for key, value in counts.items():
         if value < 1:
             raise UserError(f"{key}={value}: expected at least 1")
+    for key, (lo, hi, closed_lo) in ALGO_RANGES.items():
+        if key in cfg.algo:
+            v = cfg.algo[key]
+            if not ((v >= lo if closed_lo else v > lo) and v <= hi):
+                raise UserError(f"algo.{key}={v}: expected a value in {'[' if closed_lo else '('}{lo:g}, {hi:g}]")
+    if "activation" in cfg.algo and cfg.algo.activation not in ACTIVATIONS:
+        raise UserError(f"algo.activation={cfg.algo.activation}: expected one of {', '.join(ACTIVATIONS)}")
+    if not 0.0 <= cfg.stop_at_success <= 1.0:
+        raise UserError(f"stop_at_success={cfg.stop_at_success}: expected a success rate in [0, 1] (0: never stop early)")
     if not cfg.max_seconds > 0:
         raise UserError(f"max_seconds={cfg.max_seconds}: expected > 0")
+    if not cfg.checkpoint_every_seconds > 0:
+        raise UserError(f"checkpoint_every_seconds={cfg.checkpoint_every_seconds}: expected > 0")
     check_device(cfg.device)
     return cfg
 

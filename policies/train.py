@@ -25,7 +25,8 @@ from tqdm import tqdm
 from sim.registry import get_task
 
 from . import checkpoint as ckpt
-from .config import RESUMABLE_OVERRIDES, UserError, check_device, compose_config, config_hash, diff_keys, to_objects
+from .config import (RESUMABLE_OVERRIDES, UserError, check_device, compose_config, config_hash, diff_keys,
+                     expand_shorthands, to_objects)
 from .evaluate import evaluate, evaluate_backends
 
 _IMPORTED = time.time()
@@ -74,6 +75,8 @@ def prepare(argv: list[str]) -> tuple[DictConfig, Path, dict | None]:
         return cfg, run_dir, None
 
     run_dir = Path(resume)
+    if any(a.split("=", 1)[0] == "run_dir" for a in argv):
+        raise UserError(f"resume={resume} continues that run in its own directory: leave run_dir= out")
     saved_path = run_dir / "config.yaml"
     if not saved_path.is_file():
         raise UserError(f"resume={resume}: no config.yaml there; expected a run directory made by policies.train")
@@ -90,8 +93,10 @@ def prepare(argv: list[str]) -> tuple[DictConfig, Path, dict | None]:
     new, old = OmegaConf.to_container(cfg), OmegaConf.to_container(saved)
     for k in RESUMABLE_OVERRIDES:
         old[k] = new[k]
-    explicit = {a.split("=", 1)[0].lstrip("+") for a in argv}
-    bad = [k for k in diff_keys(new, old) if k in explicit or k.split(".")[0] in explicit]
+    explicit = {a.split("=", 1)[0].lstrip("+") for a in expand_shorthands(argv)}
+    # a key given on the command line, or inside one given whole (task.reward={...}, task=...)
+    bad = [k for k in diff_keys(new, old) if any(k == e or k.startswith(e + ".") for e in explicit)
+           or k.split(".")[0] in explicit]
     if bad:
         raise UserError(f"resume={resume}: cannot change {', '.join(bad)} of an existing run "
                         f"(only {', '.join(sorted(RESUMABLE_OVERRIDES - {'resume'}))} may change)")
@@ -110,6 +115,17 @@ def prepare(argv: list[str]) -> tuple[DictConfig, Path, dict | None]:
     if state.get("config_hash") != config_hash(merged):
         raise UserError(f"resume={resume}: checkpoint was written by a different config than {saved_path}")
     return merged, run_dir, state
+
+
+def pass_holds(tr: dict, cfg: DictConfig) -> bool:
+    """Whether the run's confirmed pass (``tr``: the trainer state) meets this config's stop rule: a
+    resumed run may ask for a higher bar or a stricter confirmation than the one it passed."""
+    if not tr["passed"] or cfg.stop_at_success <= 0:
+        return False
+    done = tr.get("passed_with", {})  # runs of older revisions recorded neither
+    return (tr.get("passed_at", cfg.stop_at_success) >= cfg.stop_at_success
+            and set(cfg.confirm_backends) <= set(done.get("backends", cfg.confirm_backends))
+            and done.get("episodes", cfg.confirm_episodes) >= cfg.confirm_episodes)
 
 
 def run(cfg: DictConfig, run_dir: Path, resume_state: dict | None, t_start: float) -> dict:
@@ -154,11 +170,15 @@ def run(cfg: DictConfig, run_dir: Path, resume_state: dict | None, t_start: floa
         env.load_state_dict(resume_state["env"])
         torch.set_rng_state(resume_state["torch_rng"])
         tr = {"passed": False, **resume_state["trainer"]}  # checkpoints of older revisions lack "passed"
+        if tr["evals"]:  # a shorter eval interval given on resume applies from the last evaluation on
+            tr["next_eval"] = min(tr["next_eval"], tr["evals"][-1][steps_key] + eval_every)
     latest = run_dir.parent.parent / "latest" if run_dir.parent.parent.name == "runs" else None
     if latest is not None:  # runs/latest -> this run (once a resume has loaded), for the README's commands
         latest.unlink(missing_ok=True)
         latest.symlink_to(run_dir.resolve(), target_is_directory=True)
-    writer = SummaryWriter(str(run_dir / "tb"), purge_step=tr["iteration"] or None)
+    # A resumed run drops the events logged after its checkpoint (they are logged again); every event's
+    # step is in env steps (gradient steps offline), those up to the checkpoint's stay.
+    writer = SummaryWriter(str(run_dir / "tb"), purge_step=tr["env_steps"] + 1 if resume_state is not None else None)
     if resume_state is None:
         writer.add_text("config", f"```\n{OmegaConf.to_yaml(cfg)}\n```")
 
@@ -199,6 +219,7 @@ def run(cfg: DictConfig, run_dir: Path, resume_state: dict | None, t_start: floa
             ckpt.save_atomic(ckpt.policy_record(algo.actor, cfg, rec, tr["env_steps"], steps_key), run_dir / ckpt.BEST)
         if reached:
             tr["passed"], tr["passed_at"] = True, cfg.stop_at_success
+            tr["passed_with"] = {"backends": list(cfg.confirm_backends), "episodes": cfg.confirm_episodes}
         if reached and tr["time_to_success"] is None:
             tr["time_to_success"] = time.time() - t_start if resume_state is None else None
         confirm = (" | new episodes: " + ", ".join(f"{b} {v * 100:.0f}%" for b, v in rec["confirm"].items())
@@ -216,10 +237,9 @@ def run(cfg: DictConfig, run_dir: Path, resume_state: dict | None, t_start: floa
     # it, which then replaces best.pt.)
     done = None
     if resume_state is not None:
-        passed_at = tr.get("passed_at", cfg.stop_at_success)  # runs of older revisions lack it
-        if tr["passed"] and 0 < cfg.stop_at_success <= passed_at:
-            done = (f"it passed at stop_at_success={passed_at}; a higher stop_at_success trains on to a pass "
-                    f"at that bar")
+        if pass_holds(tr, cfg):
+            done = (f"it passed at stop_at_success={tr.get('passed_at', cfg.stop_at_success)}; a higher "
+                    f"stop_at_success (or a stricter confirmation) trains on to a pass at that bar")
         elif tr["env_steps"] >= budget or tr["seconds"] >= cfg.max_seconds:
             more = ("start a new run with a larger algo.gradient_steps, or raise max_seconds" if offline
                     else "raise max_env_steps or max_seconds")
@@ -227,6 +247,8 @@ def run(cfg: DictConfig, run_dir: Path, resume_state: dict | None, t_start: floa
         if done:
             bar.write(f"resume={run_dir}: nothing to train at {tr['env_steps']:,} {unit}s: {done}")
     stop = done is not None
+    if stop and not tr["evals"]:  # killed before its first evaluation, its budget now spent: evaluate it once
+        success, _ = evaluate_and_keep_best()
     if not stop and cfg.eval_at_start and not tr["evals"]:  # the starting point of a learning curve
         success, stop = evaluate_and_keep_best()
     while not stop:
@@ -260,7 +282,7 @@ def run(cfg: DictConfig, run_dir: Path, resume_state: dict | None, t_start: floa
     writer.close()
 
     results = {"run_dir": str(run_dir), steps_key: tr["env_steps"], "train_seconds": tr["seconds"],
-               "best_success": tr["best_success"], "passed": tr["passed"],
+               "best_success": tr["best_success"], "passed": pass_holds(tr, cfg),
                "time_to_success_s": tr["time_to_success"],
                "eval_seconds": tr["eval_seconds"], "evals": tr["evals"]}
     (run_dir / "results.json").write_text(json.dumps(results, indent=2))

@@ -1,5 +1,6 @@
 """Trainer behaviour: learning signal, determinism, kill-and-resume, clear errors on bad input."""
 
+import json
 import os
 import signal
 import subprocess
@@ -177,6 +178,11 @@ def test_same_seed_same_result_and_resume_is_exact(tmp_path, tiny, capsys):
     assert train_main([f"resume={split}", "max_env_steps=4096", "progress=false"]) == 0
     a, b = _weights(straight), _weights(split)
     assert all(torch.equal(a[k], b[k]) for k in a), "resumed run diverged from the uninterrupted one"
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    curves = [EventAccumulator(str(d / "tb")).Reload() for d in (straight, split)]
+    steps = [[e.step for e in c.Scalars("train/reward")] for c in curves]
+    assert sorted(set(steps[1])) == steps[0], "TensorBoard must keep the curve from before the resume"
     if "algo=sac" in tiny:  # the replay rows are in segment files, not in last.pt
         assert "data" not in torch.load(split / ckpt.LAST, weights_only=False)["algo"]["buffer"]
         segments = sorted((split / ckpt.REPLAY).glob("rows_*.pt"))
@@ -349,6 +355,18 @@ def test_a_pass_is_confirmed_in_every_simulator(tmp_path, monkeypatch):
     (["not_a_key=1"], "not_a_key"),
     (["algo.lr=fast"], "algo.lr=fast"),
     (["algo=dqn"], "unknown algo 'dqn'"),
+    # values that would fail halfway through a run (after writing it) or learn nothing without saying so
+    (["algo.minibatches=0"], "algo.minibatches=0: expected at least 1"),
+    (["algo.horizon=0"], "algo.horizon=0: expected at least 1"),
+    (["algo.activation=foo"], "algo.activation=foo: expected one of tanh, relu, elu"),
+    (["algo=sac", "algo.buffer_size=0"], "algo.buffer_size=0: expected at least 1"),
+    (["algo=sac", "algo.batch_size=0"], "algo.batch_size=0: expected at least 1"),
+    (["algo=sac", "algo.tau=1.5"], "algo.tau=1.5: expected a value in (0, 1]"),
+    (["algo=sac", "algo.init_alpha=0"], "algo.init_alpha=0.0: expected a value in (0, inf]"),
+    (["algo.gamma=1.2"], "algo.gamma=1.2: expected a value in [0, 1]"),
+    (["stop_at_success=1.5"], "stop_at_success=1.5: expected a success rate in [0, 1]"),
+    (["checkpoint_every_seconds=0"], "checkpoint_every_seconds=0.0: expected > 0"),
+    (["hydra.run.dir=/tmp/x"], "hydra.* settings are not used here"),
     (["device=gpu0"], "device=gpu0: expected a torch device such as cpu, cuda or cuda:1"),
     (["device=mps"], "device=mps: expected cpu or cuda"),
     pytest.param(["device=cuda"], "device=cuda: this machine has no CUDA device",
@@ -413,6 +431,10 @@ def test_resume_errors_overwrite_nothing(tmp_path):
 
     res = _run_cli(f"resume={run}", "seed=7")
     assert res.returncode == 2 and "cannot change seed" in res.stderr and "Traceback" not in res.stderr
+    res = _run_cli(f"resume={run}", "task.reward={position:2.0}")  # a dict given whole changes its keys
+    assert res.returncode == 2 and "cannot change task.reward.position" in res.stderr, res.stderr
+    res = _run_cli(f"resume={run}", f"run_dir={tmp_path / 'elsewhere'}")
+    assert res.returncode == 2 and "leave run_dir= out" in res.stderr and not (tmp_path / "elsewhere").exists()
 
     res = _run_cli(*TINY, f"run_dir={run}")
     assert res.returncode == 2 and "already holds a run" in res.stderr
@@ -439,6 +461,23 @@ def test_resume_errors_overwrite_nothing(tmp_path):
     (run / "config.yaml").write_text(saved)
 
 
+def test_resume_takes_a_new_eval_interval_and_evaluates_a_run_never_evaluated(tmp_path):
+    run = tmp_path / "run"
+    assert train_main([*TINY, f"run_dir={run}", "max_env_steps=1024", "eval_every_steps=100000000"]) == 0
+    res = _run_cli(f"resume={run}", "max_env_steps=3072", "eval_every_steps=1024")
+    assert res.returncode == 0, res.stderr
+    evals = json.loads((run / "results.json").read_text())["evals"]
+    assert [e["env_steps"] for e in evals] == [1024, 2048, 3072], "the new interval counts from the last evaluation"
+    # Killed before its first evaluation, resumed with its budget spent: it is evaluated, once.
+    state = torch.load(run / ckpt.LAST, weights_only=False)
+    state["trainer"]["evals"], state["trainer"]["best_success"] = [], -1.0
+    ckpt.save_atomic(state, run / ckpt.LAST)
+    (run / ckpt.BEST).unlink()
+    res = _run_cli(f"resume={run}")
+    assert res.returncode == 0 and "nothing to train" in res.stdout and "-100.0%" not in res.stdout, res.stdout
+    assert (run / ckpt.BEST).is_file() and len(json.loads((run / "results.json").read_text())["evals"]) == 1
+
+
 def test_resuming_a_finished_run_trains_nothing(tmp_path):
     """A run whose budget is spent, resumed without a new budget, leaves its checkpoints as they
     were (it used to train one more iteration); with a larger budget it goes on."""
@@ -458,11 +497,20 @@ def test_resuming_a_finished_run_trains_nothing(tmp_path):
     ckpt.save_atomic(state, run / ckpt.LAST)
     last = (run / ckpt.LAST).read_bytes()
     res = _run_cli(f"resume={run}", "max_env_steps=4096", "stop_at_success=0.5")
-    assert res.returncode in (0, 1) and "nothing to train at 2,048 steps: it passed at stop_at_success=0.5" in res.stdout
-    assert (run / ckpt.LAST).read_bytes() == last
+    assert res.returncode == 0 and "nothing to train at 2,048 steps: it passed at stop_at_success=0.5" in res.stdout
+    assert "(a pass of 0.5 confirmed" in res.stdout and (run / ckpt.LAST).read_bytes() == last
+    # A stricter confirmation than the pass had (it had none recorded: this config's) trains on.
+    state["trainer"]["passed_with"] = {"backends": ["torch"], "episodes": 100}
+    ckpt.save_atomic(state, run / ckpt.LAST)
+    res = _run_cli(f"resume={run}", "max_env_steps=3072", "stop_at_success=0.5", "confirm_backends=[torch,mujoco]",
+                   "progress=false")
+    assert "nothing to train" not in res.stdout and "Traceback" not in res.stderr, res.stdout + res.stderr
+    assert torch.load(run / ckpt.LAST, weights_only=False)["trainer"]["env_steps"] == 3072
+    # A raised bar trains on; ending its budget below the bar, it reports no pass (the old one was at 0.5).
     res = _run_cli(f"resume={run}", "max_env_steps=4096", "stop_at_success=0.99", "progress=false")
-    assert res.returncode in (0, 1) and "Traceback" not in res.stderr, res.stderr
+    assert res.returncode == 1 and "(no pass of 0.99 confirmed" in res.stdout, res.stdout + res.stderr
     assert torch.load(run / ckpt.LAST, weights_only=False)["trainer"]["env_steps"] == 4096
+    assert json.loads((run / "results.json").read_text())["passed"] is False
 
 
 def test_track_reference_is_consistent():
