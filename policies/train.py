@@ -10,6 +10,7 @@ with its own budget and evaluation interval (``gradient_steps``, ``eval_every_up
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import sys
@@ -148,6 +149,7 @@ def run(cfg: DictConfig, run_dir: Path, resume_state: dict | None, t_start: floa
     if getattr(algo, "buffer", None) is not None:  # off-policy: its replay rows go to segment files, new ones per save
         algo.buffer.persist(run_dir / ckpt.REPLAY)
     run_dir.mkdir(parents=True, exist_ok=True)
+    lock = lock_run_dir(run_dir)  # held until this function returns
     if resume_state is None:
         OmegaConf.save(cfg, run_dir / "config.yaml")
 
@@ -286,7 +288,22 @@ def run(cfg: DictConfig, run_dir: Path, resume_state: dict | None, t_start: floa
                "time_to_success_s": tr["time_to_success"],
                "eval_seconds": tr["eval_seconds"], "evals": tr["evals"]}
     (run_dir / "results.json").write_text(json.dumps(results, indent=2))
+    lock.close()
     return results
+
+
+def lock_run_dir(run_dir: Path):
+    """An exclusive lock on ``run_dir`` (the open file; closing it releases the lock, as does the end
+    of the process): a second policies.train there, started before the first one's checkpoint or
+    resuming a run still going, stops with one line instead of training over it (and deleting its
+    replay segments)."""
+    f = open(run_dir / ".lock", "a")
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.close()
+        raise UserError(f"{run_dir} is in use by another policies.train process") from None
+    return f
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -478,6 +478,19 @@ def test_resume_takes_a_new_eval_interval_and_evaluates_a_run_never_evaluated(tm
     assert (run / ckpt.BEST).is_file() and len(json.loads((run / "results.json").read_text())["evals"]) == 1
 
 
+def test_a_run_directory_in_use_is_refused(tmp_path):
+    import fcntl
+
+    run = tmp_path / "run"
+    run.mkdir()
+    with open(run / ".lock", "a") as held:  # another policies.train, still before its first checkpoint
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        res = _run_cli(*TINY, f"run_dir={run}", "max_env_steps=1024")
+    assert res.returncode == 2 and "is in use by another policies.train process" in res.stderr, res.stderr
+    assert not (run / "config.yaml").exists()
+    assert train_main([*TINY, f"run_dir={run}", "max_env_steps=1024"]) == 0  # free again
+
+
 def test_resuming_a_finished_run_trains_nothing(tmp_path):
     """A run whose budget is spent, resumed without a new budget, leaves its checkpoints as they
     were (it used to train one more iteration); with a larger budget it goes on."""
