@@ -34,9 +34,15 @@ def machine(threads: int | None = None) -> str:
 
 
 def revision() -> str:
+    """The checkout's commit, with "+uncommitted" if tracked files differ from it (BENCHMARKS.md aside,
+    which a benchmark writes)."""
     try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              cwd=BENCHMARKS_MD.parent).stdout.strip() or "unknown"
+        run = lambda *a: subprocess.run(["git", *a], capture_output=True, text=True,  # noqa: E731
+                                        cwd=BENCHMARKS_MD.parent).stdout.strip()
+        rev = run("rev-parse", "--short", "HEAD") or "unknown"
+        dirty = [line for line in run("status", "--porcelain", "--untracked-files=no").splitlines()
+                 if not line.endswith("BENCHMARKS.md")]
+        return rev + ("+uncommitted" if dirty and rev != "unknown" else "")
     except OSError:
         return "unknown"
 

@@ -225,7 +225,7 @@ def main() -> None:
     if not a.no_write:
         write_section("DSRL critic: does it rank the noises?",
                       f"python -m benchmarks.dsrl_critic {' '.join(a.runs)} --select {a.select} "
-                      f"--episodes {a.episodes}",
+                      f"--episodes {a.episodes} --states {a.states}",
                       table + "\n" + note, threads=1)
 
 

@@ -2,11 +2,15 @@
 through the emulated STM32F405 (QEMU netduinoplus2): hover criterion over 20 episodes, largest
 difference to onnxruntime, instructions per policy step.
 
-    python -m benchmarks.firmware_pil [run_dir]   (default: the shipped policies/pretrained/quad_hover)
+    python -m benchmarks.firmware_pil [run_dir] [--no-write]   (default: the shipped policies/pretrained/quad_hover)
+
+The policy is exported into a temporary copy of the run (its own export/ stays as it is).
 """
 
 from __future__ import annotations
 
+import argparse
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -14,9 +18,10 @@ from pathlib import Path
 import numpy as np
 from omegaconf import OmegaConf
 
-from benchmarks.common import write_section
+from benchmarks.common import load_run_policy, write_section
 from firmware.build import cross_sizes
 from firmware.pil import McuPolicy
+from policies import checkpoint as ckpt
 from policies.config import to_objects
 from policies.evaluate import evaluate_hover
 from policies.export import export_run
@@ -26,19 +31,31 @@ PRETRAINED = ROOT / "policies/pretrained/quad_hover"
 
 
 def main() -> None:
-    run_dir = Path(sys.argv[1]) if len(sys.argv) > 1 else PRETRAINED
-    export = export_run(run_dir)
-    if not export["ok"]:
-        sys.exit(f"error: the export of {run_dir} failed its check (files in {export['onnx'].parent}): {export}")
-    export_dir = export["onnx"].parent
-    with tempfile.TemporaryDirectory() as build:
-        sizes = cross_sizes(export_dir, Path(build))
-    task_cfg, _ = to_objects(OmegaConf.load(run_dir / "config.yaml"))
-    with McuPolicy(export_dir) as mcu:
-        res = evaluate_hover(mcu, task_cfg, episodes=20, seed=777)
-        stats = mcu.stats
+    ap = argparse.ArgumentParser()
+    ap.add_argument("run_dir", nargs="?", default=str(PRETRAINED), help="a quad_hover run (default: the shipped one)")
+    ap.add_argument("--no-write", action="store_true")
+    args = ap.parse_args()
+    run_dir = Path(args.run_dir)
+    actor, _ = load_run_policy(run_dir, "Actor", "algo=ppo or algo=sac")
+    shape = "-".join(map(str, [actor.spec["obs_dim"], *actor.spec["hidden"], actor.spec["act_dim"]]))
+    with tempfile.TemporaryDirectory() as tmp:
+        # exported into a copy of the run: the run's own export/ (tracked files, for the shipped one) stays
+        work = Path(tmp) / "run"
+        (work / "checkpoints").mkdir(parents=True)
+        shutil.copy(run_dir / "config.yaml", work / "config.yaml")
+        shutil.copy(run_dir / ckpt.BEST, work / ckpt.BEST)
+        export = export_run(work)
+        if not export["ok"]:
+            sys.exit(f"error: the export of {run_dir} failed its check: {export}")
+        export_dir = export["onnx"].parent
+        sizes = cross_sizes(export_dir, Path(tmp) / "build")
+        task_cfg, _ = to_objects(OmegaConf.load(run_dir / "config.yaml"))
+        with McuPolicy(export_dir, Path(tmp) / "pil") as mcu:
+            res = evaluate_hover(mcu, task_cfg, episodes=20, seed=777)
+            stats = mcu.stats
     ins = np.asarray(stats.instructions)
-    body = f"""Policy: `{run_dir.relative_to(ROOT) if run_dir.is_relative_to(ROOT) else run_dir}` (MLP 22-32-32-4, tanh).
+    shown = run_dir.resolve().relative_to(ROOT) if run_dir.resolve().is_relative_to(ROOT) else run_dir
+    body = f"""Policy: `{shown}` (MLP {shape}, {actor.spec["activation"]}).
 
 | quantity | value |
 |---|---|
@@ -54,8 +71,10 @@ virtual time by exactly 32 ns); the image reads SysTick (168 MHz core clock) aro
 instruction. Cross-checked against an exact single-stepped trace (`-singlestep -d exec`) of the
 self-test call in `tests/test_firmware.py`. These are instructions, not cycles: flash wait
 states and FPU latencies of the real chip are not modelled."""
-    write_section("Firmware: size and processor-in-the-loop", "python -m benchmarks.firmware_pil", body)
     print(body)
+    if not args.no_write:
+        command = "python -m benchmarks.firmware_pil" + ("" if run_dir.resolve() == PRETRAINED.resolve() else f" {shown}")
+        write_section("Firmware: size and processor-in-the-loop", command, body)
 
 
 if __name__ == "__main__":

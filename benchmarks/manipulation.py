@@ -9,7 +9,7 @@ Per task: collect ``--demos`` scripted-expert episodes at ``--noise`` (a deliber
 noisy dataset), train one diffusion base policy on it (seed 0), then run every method for every
 seed with ``policies.train`` and read the evaluations from each run's results.json. The base
 policy's curve is flat: it is evaluated with ``--episodes`` episodes once per seed. Writes
-``benchmarks/results/<task>_success.png`` and one section of BENCHMARKS.md per task.
+``benchmarks/results/<task>_success_<date>.png`` and one section of BENCHMARKS.md per task.
 
 With ``--worse-share S`` > 0 (arm_push), a share S of the demonstrations comes from the task's worse
 operator instead (``expert_worse_share`` in sim/arm/push.py): a base whose noise chooses between two
@@ -18,7 +18,8 @@ behaviours rather than only its jitter around one. Its runs, plot and section ar
 
 Runs are cached: a dataset, base or method run whose output already exists under ``--work`` is
 read, not repeated (delete its directory to run it again), so a table can combine runs made at
-different revisions; the section says which revision wrote it.
+different revisions; the section says which revision wrote it. A cached run made with other settings
+than this command's (its saved config; the dataset's size and noise) stops the benchmark instead.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import argparse
 import json
 import subprocess
 import sys
+from datetime import date
 from pathlib import Path
 
 import numpy as np
@@ -71,18 +73,53 @@ def train(args: list[str], log: Path) -> dict:
     return json.loads(path.read_text())
 
 
+def cached(run: Path, args: list[str]) -> dict | None:
+    """The results of ``run`` if it was made with exactly ``args`` (its saved config against the one
+    they compose, the run directory aside), None if it does not exist; a run of other settings
+    stops the benchmark with one line, so that its numbers never go out under this command."""
+    if not (run / "results.json").is_file():
+        return None
+    from omegaconf import OmegaConf
+
+    from policies.config import compose_config, diff_keys
+
+    want = OmegaConf.to_container(compose_config([*args, "progress=false"]))
+    have = OmegaConf.to_container(OmegaConf.load(run / "config.yaml"))
+    differ = [k for k in diff_keys(want, have) if k not in ("run_dir", "progress")]
+    if differ:
+        raise SystemExit(f"error: {run} was made with other settings ({', '.join(differ)}): delete it or give "
+                         f"another --work")
+    return json.loads((run / "results.json").read_text())
+
+
 def base_policy(task: str, work: Path, a) -> tuple[Path, dict]:
     data = work / "data"
     if not (data / "meta.json").is_file():
         worse = [f"task.expert_worse_share={a.worse_share}"] if a.worse_share > 0 else []
         subprocess.run([sys.executable, "-m", "policies.collect", f"task={task}", f"episodes={a.demos}",
                         f"noise={a.noise}", "seed=0", f"out={data}", "progress=false", *worse], cwd=ROOT, check=True)
+    meta = json.loads((data / "meta.json").read_text())
+    made = (meta["episodes"], meta["expert_noise"], meta.get("task_config", {}).get("expert_worse_share", 0.0))
+    if made != (a.demos, a.noise, a.worse_share):
+        raise SystemExit(f"error: {data} holds {made[0]} demonstrations at noise {made[1]} (worse share {made[2]}), "
+                         f"not --demos {a.demos} --noise {a.noise} --worse-share {a.worse_share}: delete it or give "
+                         f"another --work")
     run = work / "base"
-    if not (run / "results.json").is_file():
-        train([f"task={task}", "algo=diffusion_bc", f"algo.dataset={data}", f"algo.gradient_steps={a.bc_steps}",
-               f"run_dir={run}", "seed=0", "stop_at_success=0", f"eval_episodes={a.episodes}",
-               f"threads={a.threads}"], work / "base.log")
-    return run, json.loads((data / "meta.json").read_text())
+    args = [f"task={task}", "algo=diffusion_bc", f"algo.dataset={data}", f"algo.gradient_steps={a.bc_steps}",
+            f"run_dir={run}", "seed=0", "stop_at_success=0", f"eval_episodes={a.episodes}", f"threads={a.threads}"]
+    if cached(run, args) is None:
+        train(args, work / "base.log")
+    return run, meta
+
+
+def training_seconds(res: dict) -> float:
+    """Wall time of a run's training alone: its training clock (stamped after each iteration, so it
+    holds every evaluation but the last, which ran after the last stamp) minus those evaluations."""
+    durations = [e.get("eval_duration_s") for e in res["evals"]]
+    if None in durations:
+        raise SystemExit(f"error: {res['run_dir']} is from before evaluations were timed one by one: delete it to "
+                         "run it again")
+    return res["train_seconds"] - sum(durations[:-1])
 
 
 def evaluate_base(run: Path, seed: int, episodes: int) -> float:
@@ -109,8 +146,11 @@ def plot(task: str, curves: dict, base: list[float], steps: int, path: Path) -> 
     ax.axhspan(min(base), max(base), color="gray", alpha=0.2)
     ax.axhline(np.mean(base), color="gray", ls="--", label=f"base, w ~ N(0, I) ({np.mean(base) * 100:.0f}%)")
     for (name, runs), color in zip(curves.items(), COLORS):
-        x = np.array([e["env_steps"] for e in runs[0]["evals"]])
-        ys = np.array([[e["success_rate"] for e in r["evals"]][: len(x)] for r in runs])
+        xs = {tuple(e["env_steps"] for e in r["evals"]) for r in runs}
+        if len(xs) != 1:
+            raise SystemExit(f"error: the {name} runs were evaluated at different steps: {sorted(xs)}")
+        x = np.array(xs.pop())
+        ys = np.array([[e["success_rate"] for e in r["evals"]] for r in runs])
         ax.plot(x, ys.mean(0), color=color, lw=2, label=f"{name} (mean of {len(runs)} seeds)")
         ax.fill_between(x, ys.min(0), ys.max(0), color=color, alpha=0.2)
     ax.axhline(0.9, color="tab:red", lw=0.8, ls=":", label="target 90%")
@@ -166,14 +206,17 @@ def main() -> None:
                         "stop_at_success=0", f"threads={a.threads}", "max_seconds=3600"]
                 if m.startswith("dsrl"):
                     args.append(f"algo.base={base_run}")
-                res = json.loads((run / "results.json").read_text()) if (run / "results.json").is_file() \
-                    else train(args, work / f"{m}_seed{seed}.log")
+                res = cached(run, args) or train(args, work / f"{m}_seed{seed}.log")
+                if res["env_steps"] < a.steps:
+                    raise SystemExit(f"error: {run} stopped at {res['env_steps']} env steps, before --steps {a.steps} "
+                                     f"(its max_seconds=3600?): delete it to run it again")
                 curves[m].append(res)
-                train_s = res["train_seconds"] - res["eval_seconds"]
+                train_s = training_seconds(res)
                 rows.append((m, seed, res["evals"][0]["success_rate"], res["evals"][-1]["success_rate"],
                              max(e["success_rate"] for e in res["evals"]), 1000 * train_s / res["env_steps"]))
                 print(task, rows[-1], flush=True)
-        png = (work if a.no_write else OUT) / f"{name}_success.png"  # --no-write leaves the repo's results alone
+        # dated: the sections of earlier runs keep showing their own curves; --no-write leaves the repo's results alone
+        png = (work if a.no_write else OUT) / f"{name}_success_{date.today():%Y%m%d}.png"
         plot(task, curves, base, a.steps, png)
         table = ("| method | seed | success at 0 steps | success at the end | best evaluation "
                  "| wall time per 1k env steps [s] |\n|---|---:|---:|---:|---:|---:|\n")

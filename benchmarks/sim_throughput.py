@@ -90,7 +90,8 @@ def main() -> None:
             "PyBullet (the first column) integrate at 1 ms (10 substeps per 10 ms step) with one vehicle per "
             "environment, stepped in a Python loop, never compiled.")
     if not args.no_write:
-        write_section("Simulator throughput", f"python -m benchmarks.sim_throughput --threads {args.threads}",
+        write_section("Simulator throughput", f"python -m benchmarks.sim_throughput --threads {args.threads} "
+                      f"--seconds {args.seconds:g}",
                       table + "\n\n" + note)
 
 

@@ -284,7 +284,7 @@ def main() -> None:
                       f"python -m benchmarks.steerability {a.run} --draws {a.draws} --episodes {a.episodes} "
                       f"--greedy {' '.join(map(str, a.greedy))} --expert-match {' '.join(map(str, a.expert_match))} "
                       f"--expert-fit {a.expert_fit} --fit-bounds {' '.join(f'{b:g}' for b in a.fit_bounds)} "
-                      f"--greedy-runs {a.greedy_runs}", body)
+                      f"--greedy-runs {a.greedy_runs} --seed {a.seed}", body)
 
 
 if __name__ == "__main__":

@@ -84,7 +84,7 @@ def main() -> None:
     if not args.no_write:
         task = [] if args.task == "quad_hover" else ["--task", args.task]
         command = " ".join(["python -m benchmarks.time_to_hover", *args.overrides, *task,
-                            "--seeds", *map(str, args.seeds)])
+                            "--seeds", *map(str, args.seeds), f"--max-seconds {args.max_seconds:g}"])
         write_section("Time to hover" if args.task == "quad_hover" else args.task, command, table + "\n" + note)
 
 

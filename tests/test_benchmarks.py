@@ -1,6 +1,12 @@
-"""benchmarks.common.write_section: a rerun puts its measurement on top and keeps what was there."""
+"""Benchmark bookkeeping: a rerun puts its measurement on top of its section and keeps what was there;
+the manipulation benchmark times training without evaluations and never reuses a run of other settings."""
 
 from __future__ import annotations
+
+import json
+
+import pytest
+from omegaconf import OmegaConf
 
 import benchmarks.common as common
 
@@ -17,3 +23,30 @@ def test_write_section_keeps_earlier_results_and_other_sections(tmp_path, monkey
     assert a.index("new table") < a.index("Earlier measurements of this section") < a.index("old table")
     assert "### A note by hand\n\nkept" in a and "Command: `python -m benchmarks.a`" in a and "revision abc1234" in a
     assert rest.startswith("\nb stays\n") and rest.rstrip().endswith("c table") and text.count("## A\n") == 1
+
+
+def test_manipulation_training_time_leaves_out_every_evaluation():
+    from benchmarks.manipulation import training_seconds
+
+    # The training clock is stamped after each iteration: it holds the evaluations at 0 and 5k steps,
+    # not the last one, which ran after the last stamp (train 30 s, evaluations 2 + 3 + 4 s).
+    res = {"run_dir": "r", "train_seconds": 35.0, "eval_seconds": 9.0,
+           "evals": [{"eval_duration_s": 2.0}, {"eval_duration_s": 3.0}, {"eval_duration_s": 4.0}]}
+    assert training_seconds(res) == 30.0
+    with pytest.raises(SystemExit, match="before evaluations were timed"):
+        training_seconds({**res, "evals": [{}, {}]})
+
+
+def test_manipulation_reuses_a_run_only_if_it_has_the_same_settings(tmp_path):
+    from benchmarks.manipulation import cached
+    from policies.config import compose_config
+
+    run = tmp_path / "dsrl_na_seed0"
+    args = ["task=arm_reach", "algo=dsrl", "algo.variant=na", "seed=0", f"run_dir={run}", "max_env_steps=50000"]
+    assert cached(run, args) is None
+    run.mkdir()
+    OmegaConf.save(compose_config([*args, "progress=false"]), run / "config.yaml")
+    (run / "results.json").write_text(json.dumps({"env_steps": 50000}))
+    assert cached(run, args) == {"env_steps": 50000}
+    with pytest.raises(SystemExit, match=r"other settings \(algo.variant, max_env_steps\)"):
+        cached(run, [*args[:2], "algo.variant=sac", *args[3:-1], "max_env_steps=150000"])
