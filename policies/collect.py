@@ -58,8 +58,10 @@ def parse(argv: list[str]) -> tuple[dict, list[str]]:
 @torch.no_grad()
 def collect(task_cfg, episodes: int, noise: float, seed: int, num_envs: int, successful_only: bool = False,
             progress: bool = True) -> tuple[list[dict[str, np.ndarray]], float]:
-    """Roll the expert out in ``num_envs`` parallel envs until ``episodes`` episodes are kept.
-    Returns the episodes and the control period (s)."""
+    """Roll the expert out in ``num_envs`` parallel envs and keep the first ``episodes`` episodes in
+    the order they started (with ``successful_only``, the first successful ones). Not the first to
+    finish: those are the short ones, and a dataset of them would over-represent quick episodes
+    (and, with two operators, the quicker one). Returns the episodes and the control period (s)."""
     try:
         env = get_task(task_cfg.name).env_cls(task_cfg, num_envs, seed=seed)
     except ValueError as e:  # a task value the environment refuses
@@ -69,9 +71,13 @@ def collect(task_cfg, episodes: int, noise: float, seed: int, num_envs: int, suc
     obs, _ = env.reset(seed=seed)
     keys = ["obs", "critic", "action", "reward", "success", "terminal"] + (["image"] if "image" in obs else [])
     running = [{k: [] for k in keys} for _ in range(num_envs)]
+    started = [0] * num_envs  # step at which each env's running episode started
+    finished: list[tuple[tuple[int, int], dict[str, np.ndarray]]] = []  # ((start step, env), episode)
     kept: list[dict[str, np.ndarray]] = []
+    max_finished = 20 * episodes + 100  # successful_only with an expert that (nearly) never succeeds
     bar = tqdm(total=episodes, unit="episode", disable=not progress, desc=f"collect {task_cfg.name}")
-    while len(kept) < episodes:
+    t = 0
+    while True:
         action = env.expert_action(noise)
         nxt, reward, term, trunc, info = env.step(action)
         step = {"obs": obs["policy"], "critic": obs["critic"], "action": action, "reward": reward,
@@ -81,13 +87,25 @@ def collect(task_cfg, episodes: int, noise: float, seed: int, num_envs: int, suc
         for i in range(num_envs):
             for k in keys:
                 running[i][k].append(step[k][i].cpu().numpy())
-        for i in (term | trunc).nonzero().flatten().tolist():
-            ep = {k: np.stack(v) for k, v in running[i].items()}
-            running[i] = {k: [] for k in keys}
-            if (ep["success"].any() or not successful_only) and len(kept) < episodes:
-                kept.append(ep)
-                bar.update(1)
+        t += 1
+        ended = (term | trunc).nonzero().flatten().tolist()
+        for i in ended:
+            finished.append(((started[i], i), {k: np.stack(v) for k, v in running[i].items()}))
+            running[i], started[i] = {k: [] for k in keys}, t
         obs = nxt
+        if not ended:
+            continue
+        # Every episode that started before the earliest running one has finished: those are final.
+        final = sorted((e for e in finished if e[0][0] < min(started)), key=lambda e: e[0])
+        chosen = [ep for _, ep in final if ep["success"].any() or not successful_only][:episodes]
+        bar.update(len(chosen) - len(kept))
+        kept = chosen
+        if len(kept) == episodes:
+            break
+        if len(finished) >= max_finished:
+            ok = sum(bool(ep["success"].any()) for _, ep in finished)
+            raise UserError(f"successful_only=true: the expert succeeded in {ok} of {len(finished)} episodes at "
+                            f"noise={noise}, not {episodes}; lower noise= or collect without successful_only")
     bar.close()
     return kept, env.control_period
 
@@ -108,7 +126,11 @@ def main(argv: list[str] | None = None) -> int:
     meta = {"task": task_cfg.name, "task_config": OmegaConf.to_container(cfg.task, resolve=True),
             "expert_noise": o["noise"], "seed": o["seed"], "successful_only": o["successful_only"],
             "control_period_s": period, "source_revision": source_revision()}
-    path = ds.save(Path(o["out"]), eps, meta)
+    try:
+        path = ds.save(Path(o["out"]), eps, meta)
+    except ds.DatasetError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     ok = sum(bool(e["success"].any()) for e in eps)
     print(f"wrote {len(eps)} episodes ({ok} successful, {sum(len(e['action']) for e in eps)} steps) to {path}")
     return 0

@@ -22,7 +22,9 @@ Format ``robolearn-demos-v1``, a directory with two files:
 from __future__ import annotations
 
 import json
+import os
 import time
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -84,17 +86,26 @@ def save(path: str | Path, episodes: list[dict[str, np.ndarray]], meta: dict) ->
     if not episodes:
         raise DatasetError("no episodes to save")
     path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:  # e.g. out= names a file
+        raise DatasetError(f"cannot write a dataset at '{path}': {e.strerror}") from None
     keys = [k for k in REQUIRED if k != "episode_ends"] + (["image"] if "image" in episodes[0] else [])
     arrays = {k: np.concatenate([e[k] for e in episodes]) for k in keys}
     arrays["episode_ends"] = np.cumsum([len(e["action"]) for e in episodes]).astype(np.int64)
-    np.savez(path / "data.npz", **arrays)
+    # Both files to temporary names first, then each into place, meta.json last: a collection killed
+    # midway leaves the earlier dataset whole (or none), never new data beside old meta.
+    with open(path / "data.npz.tmp", "wb") as f:
+        np.savez(f, **arrays)
     successes = int(sum(bool(e["success"].any()) for e in episodes))
     meta = {"format": FORMAT, **meta, "episodes": len(episodes), "successes": successes,
             "steps": int(arrays["episode_ends"][-1]), "obs_dim": int(arrays["obs"].shape[1]),
             "critic_dim": int(arrays["critic"].shape[1]), "act_dim": int(arrays["action"].shape[1]),
             "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-    (path / "meta.json").write_text(json.dumps(meta, indent=2))
+    (path / "meta.json.tmp").write_text(json.dumps(meta, indent=2))
+    (path / "meta.json").unlink(missing_ok=True)  # no meta beside the new data until the new meta
+    os.replace(path / "data.npz.tmp", path / "data.npz")
+    os.replace(path / "meta.json.tmp", path / "meta.json")
     return path
 
 
@@ -106,14 +117,25 @@ def load(path: str | Path, task: str | None = None, obs_dim: int | None = None,
     if not (path / "meta.json").is_file() or not (path / "data.npz").is_file():
         raise DatasetError(f"no dataset at '{path}': expected meta.json and data.npz there "
                            f"(make one with python -m policies.collect task=<task> out={path})")
-    meta = json.loads((path / "meta.json").read_text())
-    if meta.get("format") != FORMAT:
-        raise DatasetError(f"{path}: format '{meta.get('format')}', expected '{FORMAT}'")
-    with np.load(path / "data.npz") as z:
-        missing = [k for k in REQUIRED if k not in z]
-        if missing:
-            raise DatasetError(f"{path}/data.npz lacks {', '.join(missing)}")
-        arrays = {k: z[k] for k in z.files}
+    try:
+        meta = json.loads((path / "meta.json").read_text())
+    except (ValueError, UnicodeDecodeError):
+        raise DatasetError(f"{path}/meta.json is not readable JSON: re-collect the dataset") from None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        raise DatasetError(f"{path}: format '{meta.get('format') if isinstance(meta, dict) else meta}', "
+                           f"expected '{FORMAT}'")
+    try:
+        with np.load(path / "data.npz") as z:
+            missing = [k for k in REQUIRED if k not in z]
+            if missing:
+                raise DatasetError(f"{path}/data.npz lacks {', '.join(missing)}")
+            arrays = {k: z[k] for k in z.files}
+    except (OSError, ValueError, zipfile.BadZipFile, EOFError) as e:
+        raise DatasetError(f"{path}/data.npz is damaged ({type(e).__name__}): re-collect the dataset") from None
+    ends = arrays["episode_ends"]
+    if len(ends) == 0 or any(len(arrays[k]) != ends[-1] for k in REQUIRED if k != "episode_ends"):
+        raise DatasetError(f"{path}/data.npz: its arrays do not hold the {ends[-1] if len(ends) else 0} steps its "
+                           "episode ends say: re-collect the dataset")
     demos = Demonstrations(**{k: arrays[k] for k in REQUIRED}, meta=meta, image=arrays.get("image"))
     if task is not None and meta.get("task") != task:
         raise DatasetError(f"{path} holds '{meta.get('task')}' demonstrations, this run is task '{task}'")

@@ -243,9 +243,12 @@ class DSRL:
                         critic_dim=self.env.single_observation_space["critic"].shape[0])
         except ds.DatasetError as e:
             raise UserError(str(e)) from None
-        if d.meta.get("task_config", {}).get("reward_type") != self.env.cfg.reward_type:
-            raise UserError(f"algo.demos={path}: collected with reward_type "
-                            f"{d.meta.get('task_config', {}).get('reward_type')}, this run uses {self.env.cfg.reward_type}")
+        # Rewards and the critic's time feature (t / episode_steps) must mean what they mean online.
+        made = d.meta.get("task_config", {})
+        for key in ("reward_type", "episode_steps", "terminate_on_success"):
+            if made.get(key) != getattr(self.env.cfg, key):
+                raise UserError(f"algo.demos={path}: collected with {key}={made.get(key)}, this run uses "
+                                f"{getattr(self.env.cfg, key)}")
         h, g, n_step = self.exec_horizon, self.cfg.gamma, self.cfg.n_step
         rows = {k: [] for k in ("obs", "critic", "chunk", "reward", "next_obs", "next_critic", "done", "discount")}
         for s in d.episode_slices():

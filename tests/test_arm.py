@@ -332,6 +332,42 @@ def test_interface_errors_and_layout():
     assert env.control_period == 0.05 and env.single_action_space.shape == (4,)
 
 
+@pytest.mark.parametrize("field, value, message", [
+    ("episode_steps", 0, "episode_steps=0: expected >= 1"),
+    ("randomization.mass_scale", (0.0, 0.0), r"mass_scale=\[0.0, 0.0\]: expected low <= high, both > 0"),
+    ("randomization.friction_scale", (-1.0, -1.0), "friction_scale"),
+    ("randomization.object_x", (0.1, -0.1), r"object_x=\[0.1, -0.1\]: expected low <= high"),
+])
+def test_arm_config_refuses_values_that_make_non_finite_or_inverted_data(field, value, message):
+    cfg = get_task("arm_push").default_config()
+    holder = cfg.randomization if field.startswith("randomization.") else cfg
+    setattr(holder, field.split(".")[-1], value)
+    with pytest.raises(ValueError, match=message):
+        ArmPushEnv(cfg, 1)
+
+
+def test_a_nan_action_fails_its_env_alone():
+    """A non-finite action is a failure of its env, flagged non-finite, not applied: the other envs
+    step exactly as they would have, and no observation (the critic's actions in flight included)
+    holds NaN."""
+    cfg = get_task("arm_push").default_config()
+    cfg.randomization.max_latency_steps = 2
+    envs = [get_task("arm_push").env_cls(cfg, 3, seed=5) for _ in range(2)]
+    actions = torch.tensor([[0.5, -0.2, 0.3, 1.0]] * 3)
+    for env in envs:
+        env.reset(seed=5)
+        env.step(actions)
+    bad = actions.clone()
+    bad[0, 3] = float("nan")
+    obs, reward, term, _, info = envs[0].step(bad)
+    ref, *_ = envs[1].step(actions)
+    assert term.tolist() == [True, False, False] and info["nonfinite"].tolist() == [True, False, False]
+    assert envs[0].nonfinite_resets == 1 and torch.isfinite(reward).all()
+    assert all(torch.isfinite(v).all() for v in (*obs.values(), *info["final_obs"].values()))
+    # (the policy observation's noise differs: env 0's reset drew from the shared generator first)
+    assert torch.equal(obs["critic"][1:], ref["critic"][1:]) and np.array_equal(envs[0].qpos[1:], envs[1].qpos[1:])
+
+
 def test_dense_reward_and_nonfinite_reset():
     env = make("arm_pick_place", 3, reward_type="dense")
     env.reset(seed=0)

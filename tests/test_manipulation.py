@@ -17,7 +17,7 @@ from torch import nn
 
 from policies import checkpoint as ckpt
 from policies import dataset as ds
-from policies.config import compose_config, to_objects
+from policies.config import UserError, compose_config, to_objects
 from policies.dsrl import DSRL
 from sim.registry import get_task
 
@@ -74,7 +74,7 @@ def test_dataset_round_trip(demos):
 
 def test_dataset_save_load_is_exact_with_images(tmp_path):
     """What policies.collect gathers is what the dataset gives back, array for array and dtype for
-    dtype, the optional camera images included, episodes in the order they finished."""
+    dtype, the optional camera images included, episodes in the order they started."""
     from policies.collect import collect
 
     cfg = compose_config(["task=arm_reach", "task.camera=depth", "task.image_size=64"])
@@ -88,6 +88,56 @@ def test_dataset_save_load_is_exact_with_images(tmp_path):
             got = getattr(d, key)[s]
             assert got.dtype == value.dtype and np.array_equal(got, value), key
     assert d.image.any(), "rendered depth, not a blank"
+
+
+def test_collect_keeps_the_first_episodes_to_start_not_to_finish(monkeypatch):
+    """The kept episodes are the first ones by start (step, env), whatever their length: the first to
+    finish would be the short ones. With successful_only and an expert that cannot succeed, one line."""
+    from policies.collect import collect
+    from sim.arm.push import ArmPushEnv
+
+    log, clock = [], [0]
+    init, step = ArmPushEnv.__init__, ArmPushEnv.step
+
+    def logged_init(self, *a, **k):
+        init(self, *a, **k)
+        self.on_episode_end = lambda env, idx: log.extend(((clock[0] + 1 - int(env.t[i]), int(i)), int(env.t[i]))
+                                                          for i in idx)
+
+    def counted_step(self, a):
+        out = step(self, a)
+        clock[0] += 1
+        return out
+
+    monkeypatch.setattr(ArmPushEnv, "__init__", logged_init)
+    monkeypatch.setattr(ArmPushEnv, "step", counted_step)
+    task_cfg, _ = to_objects(compose_config(["task=arm_push", "task.expert_worse_share=0.5"]))
+    eps, _ = collect(task_cfg, episodes=12, noise=0.2, seed=0, num_envs=6, progress=False)
+    by_start = [length for _, length in sorted(log)][:12]
+    assert [len(ep["action"]) for ep in eps] == by_start
+    assert by_start != [length for _, length in log][:12], "finishing order would have kept other episodes"
+    task_cfg.episode_steps = 3  # too short to succeed
+    with pytest.raises(UserError, match="the expert succeeded in 0 of 120 episodes"):
+        collect(task_cfg, episodes=1, noise=0.0, seed=0, num_envs=6, successful_only=True, progress=False)
+
+
+def test_damaged_datasets_are_one_error_line(demos, tmp_path):
+    import shutil
+
+    for damage, message in ((lambda d: (d / "meta.json").write_text("{not json"), "meta.json is not readable JSON"),
+                            (lambda d: (d / "data.npz").write_bytes((d / "data.npz").read_bytes()[:500]),
+                             "data.npz is damaged")):
+        d = tmp_path / message.split()[0]
+        shutil.copytree(demos, d)
+        damage(d)
+        with pytest.raises(ds.DatasetError, match=message):
+            ds.load(d)
+        r = cli("policies.train", "task=arm_push", "algo=diffusion_bc", f"dataset={d}", f"run_dir={tmp_path / 'r'}",
+                *FAST)
+        assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr, r.stderr
+    (tmp_path / "a_file").write_text("")
+    r = cli("policies.collect", "task=arm_reach", "episodes=1", f"out={tmp_path / 'a_file'}", "progress=false")
+    assert r.returncode == 2 and "cannot write a dataset" in r.stderr and "Traceback" not in r.stderr, r.stderr
 
 
 def test_diffusion_bc_run(base_run):
@@ -605,6 +655,12 @@ def test_dsrl_na_loads_demonstrations(base_run, demos):
     # A run whose critic also sees the latency refuses demonstrations collected without it.
     with pytest.raises(UserError, match="privileged observations have 43 floats, the task has 48"):
         _dsrl(base_run, "na", [f"algo.demos={demos}", "task.randomization.max_latency_steps=1"])
+    # Rewards and the critic's time feature must mean what they mean online.
+    for override, message in (("task.episode_steps=77", "collected with episode_steps="),
+                              ("task.reward_type=time", "collected with reward_type=sparse"),
+                              ("task.terminate_on_success=false", "collected with terminate_on_success=True")):
+        with pytest.raises(UserError, match=message):
+            _dsrl(base_run, "na", [f"algo.demos={demos}", override])
 
 
 def test_dsrl_na_draws_a_fixed_share_of_each_batch_from_the_demonstrations(base_run, demos):

@@ -86,7 +86,7 @@ JOINT_POS, JOINT_VEL, EE_POS, GRIPPER, CUBE_POS, CUBE_QUAT, GOAL_POS = (
     slice(0, 7), slice(7, 14), slice(14, 17), slice(17, 18), slice(18, 21), slice(21, 25), slice(25, 28))
 STATE_SPEC = mujoco.mjtState.mjSTATE_INTEGRATION
 _DIVERGENCE_WARNINGS = np.array([mujoco.mjtWarning.mjWARN_BADQPOS, mujoco.mjtWarning.mjWARN_BADQVEL,
-                                 mujoco.mjtWarning.mjWARN_BADQACC], dtype=int)
+                                 mujoco.mjtWarning.mjWARN_BADQACC, mujoco.mjtWarning.mjWARN_BADCTRL], dtype=int)
 
 
 @dataclass
@@ -168,6 +168,16 @@ class ArmEnv(gym.vector.VectorEnv):
             raise ValueError(f"reward_type='{cfg.reward_type}': expected 'sparse', 'time' or 'dense'")
         if cfg.randomization.max_latency_steps < 0:
             raise ValueError(f"randomization.max_latency_steps={cfg.randomization.max_latency_steps}: expected >= 0")
+        if cfg.episode_steps < 1:  # the critic's time feature and the time reward divide by it
+            raise ValueError(f"episode_steps={cfg.episode_steps}: expected >= 1")
+        r = cfg.randomization
+        for name in ("object_x", "object_y", "object_yaw", "mass_scale", "friction_scale"):
+            lo, hi = getattr(r, name)
+            if not lo <= hi or (name.endswith("_scale") and not lo > 0):
+                raise ValueError(f"randomization.{name}={[lo, hi]}: expected low <= high"
+                                 + (", both > 0 (a scale of the nominal value)" if name.endswith("_scale") else ""))
+        if r.camera_pos < 0 or r.camera_angle < 0:
+            raise ValueError(f"randomization.camera_pos={r.camera_pos}, camera_angle={r.camera_angle}: expected >= 0")
 
     def __init__(self, cfg: ArmTaskConfig, num_envs: int, device: str | torch.device = "cpu", seed: int = 0,
                  backend: str = "mujoco", params: ArmParams = NOMINAL):
@@ -483,13 +493,18 @@ class ArmEnv(gym.vector.VectorEnv):
 
     def step(self, action: torch.Tensor):
         issued = np.clip(torch.as_tensor(action).detach().cpu().numpy().astype(np.float64), -1.0, 1.0)
+        # A non-finite action (np.clip keeps NaN) fails its env as a non-finite state does; it is not
+        # queued or applied (MuJoCo would zero every control of that env, and NaN in the queue would
+        # reach the critic's in-flight actions).
+        bad_action = ~np.isfinite(issued).all(-1)
+        issued[bad_action] = 0.0
         self.action_queue = np.concatenate((issued[:, None], self.action_queue[:, :-1]), axis=1)
         a = self.action_queue[np.arange(self.num_envs), self.latency]  # the action issued `latency` periods ago
         q = self.qpos[:, self.arm_qadr]
         pos_des = self.ik.tcp_targets(self.ee_pos, a[:, :3])
         q_target = self.ik.joint_targets(self.jac, self.ee_pos, self.ee_rot, q, pos_des)
         grip = self.ik.gripper_target(a[:, 3])
-        bad = np.zeros(self.num_envs, dtype=bool)
+        bad = bad_action.copy()
         for i in range(self.num_envs):
             m, d = self.models[i], self.datas[i]
             d.ctrl[self.arm_act] = q_target[i]
@@ -497,7 +512,7 @@ class ArmEnv(gym.vector.VectorEnv):
             mujoco.mj_step(m, d, self.substeps)
             # MuJoCo resets the data by itself on a non-finite or huge qpos, qvel or qacc (and warns).
             warnings = d.warning.number  # a view: counts per warning type
-            bad[i] = warnings[_DIVERGENCE_WARNINGS].any() or not np.isfinite(d.qpos).all() \
+            bad[i] |= warnings[_DIVERGENCE_WARNINGS].any() or not np.isfinite(d.qpos).all() \
                 or not np.isfinite(d.qvel).all()
             warnings[_DIVERGENCE_WARNINGS] = 0
             mujoco.mj_forward(m, d)
