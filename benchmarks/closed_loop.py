@@ -16,8 +16,10 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from omegaconf import OmegaConf
 
 from benchmarks.common import load_run_policy, write_section
+from policies.config import UserError, to_objects
 from policies.evaluate import evaluate_hover
 from sim.crazyflie.hover import BACKENDS
 from sim.registry import get_task
@@ -72,7 +74,10 @@ def main() -> None:
     spec = get_task(task)
     if spec.criterion != "hover":
         raise SystemExit(f"error: {args.run_dir} is a {task} run; this benchmark flies quadrotor policies")
-    task_cfg = spec.default_config()
+    try:  # the run's task (target, simulator substeps, reference); the criterion sets its own conditions
+        task_cfg, _ = to_objects(OmegaConf.create(rec["config"]))
+    except UserError as e:
+        raise SystemExit(f"error: {args.run_dir}: {e}") from None
     body = table(run(policy, task_cfg, args.episodes))
     print(body)
     if not args.no_write:

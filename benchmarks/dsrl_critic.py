@@ -89,6 +89,7 @@ def critic_ranking(run: Path, states: int, select: int = 0, n_episodes: int = 10
     q0, q_rand = q(torch.zeros(n, d)), q(torch.randn(n, d, generator=gen))
     w_pi = algo.actor.noise(b["obs"])
     row = {"run": str(run), "variant": algo_cfg.variant, "steps": steps, "q0": q0.mean().item(),
+           "dim": d, "bound": algo_cfg.noise_bound,
            "q_rand": q_rand.mean().item(), "q_pi": q(w_pi).mean().item(),
            "q_buffer": q(b["w"]).mean().item() if algo_cfg.variant == "sac" else None,
            "prefer0": (q0 > q_rand).float().mean().item(), "w_pi_norm": w_pi.norm(dim=-1).mean().item()}
@@ -205,18 +206,21 @@ def main() -> None:
     table = ("| run | variant | env steps | Q(s, 0) | Q(s, w ~ N(0, I)) | Q(s, actor's w) | Q(s, buffer w) | "
              f"states with Q(s, 0) > Q(s, w ~ N(0, I)) | mean norm of the actor's w |{sel}\n"
              "|---|---|---:|---:|---:|---:|---:|---:|---:|" + ("---:|" * 3 if a.select > 0 else "") + "\n")
+    rows = []
     for run in a.runs:
         r = critic_ranking(Path(run), a.states, a.select, a.episodes)
+        rows.append(r)
         qb = f"{r['q_buffer']:.3f}" if r["q_buffer"] is not None else "-"
-        table += (f"| `{run}` | {r['variant']} | {r['steps']:,} | {r['q0']:.3f} | {r['q_rand']:.3f} | "
+        table += (f"| `{run}` | {r['variant']}, b = {r['bound']:g} | {r['steps']:,} | {r['q0']:.3f} | {r['q_rand']:.3f} | "
                   f"{r['q_pi']:.3f} | {qb} | {r['prefer0'] * 100:.0f}% | {r['w_pi_norm']:.2f} |")
         if a.select > 0:
             table += "".join(f" {r[k] * 100:.0f}% |" for k in ("success_actor", "success_zero", "success_select"))
         table += "\n"
         print(table.splitlines()[-1], flush=True)
     note = (f"{a.states} states drawn from each run's replay buffer (its last checkpoint); Q is the minimum of the "
-            "twin noise critics (DSRL-SAC: Q(s, w); DSRL-NA: Q^W). For reference, a 16-dimensional w ~ N(0, I) has "
-            "a norm of about 4; the noise bound b = 1.5 allows up to 6.")
+            "twin noise critics (DSRL-SAC: Q(s, w); DSRL-NA: Q^W). For reference, a d-dimensional w ~ N(0, I) has "
+            "a norm of about sqrt(d) (d = " + ", ".join(sorted({str(r["dim"]) for r in rows})) + " here), and a noise "
+            "bound b allows up to b sqrt(d).")
     if a.select > 0:
         note += (f" Success columns: {a.episodes} episodes from `policies.eval`'s initial states (seed 12345; "
                  f"training evaluations use seed + 10000, other states) with "

@@ -41,6 +41,9 @@ def main() -> None:
                         f"run_dir={run_dir}", f"max_seconds={args.max_seconds}", "progress=false", *args.overrides],
                        cwd=ROOT, check=False)
         wall = time.time() - t0
+        if not (run_dir / "results.json").is_file():  # the training failed: keep the seeds measured so far
+            print(f"seed {seed}: policies.train wrote no results.json (see its output above); left out", file=sys.stderr)
+            continue
         res = json.loads((run_dir / "results.json").read_text())
         first = res["evals"][-1] if res["passed"] else None  # the confirmed pass ends the run
         row = {"seed": seed, "run_dir": str(run_dir), "time_to_success_s": res["time_to_success_s"], "wall_s": wall,
@@ -57,7 +60,7 @@ def main() -> None:
             row[backend] = json.loads(out.read_text())["success_rate"] if out.is_file() else None
         rows.append(row)
         print(rows[-1], flush=True)
-    table = ("| seed | time to a confirmed pass [s] | env steps | success: training episodes | "
+    table = ("| seed | time to a confirmed pass [s] | env steps | success: the evaluation's fixed episodes | "
              "confirmation (new episodes) | "
              + " | ".join(f"`policies.eval` {b}" for b in BACKENDS) + " | last-2 s mean error [cm] |\n"
              + "|---:" * (6 + len(BACKENDS)) + "|\n")
@@ -85,7 +88,11 @@ def main() -> None:
         task = [] if args.task == "quad_hover" else ["--task", args.task]
         command = " ".join(["python -m benchmarks.time_to_hover", *args.overrides, *task,
                             "--seeds", *map(str, args.seeds), f"--max-seconds {args.max_seconds:g}"])
-        write_section("Time to hover" if args.task == "quad_hover" else args.task, command, table + "\n" + note)
+        from policies.config import compose_config
+
+        threads = compose_config([f"task={args.task}", *args.overrides]).threads  # the trainer's, not this process's
+        write_section("Time to hover" if args.task == "quad_hover" else args.task, command, table + "\n" + note,
+                      threads=threads)
 
 
 if __name__ == "__main__":
