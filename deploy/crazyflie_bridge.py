@@ -43,7 +43,7 @@ from sim.crazyflie.params import GRAVITY
 from .policy_node import ControllerNode, load_onnx_policy
 from .ros import CONTROL_PUB_QOS, ODOM, WORLD_FRAME, param, run_node
 from .safety import Command, Mode
-from .state import State, fill_odometry
+from .state import State, StateLimits, fill_odometry
 
 LOG_PERIOD_MS = 10
 LOG_BLOCKS: dict[str, list[tuple[str, str]]] = {
@@ -64,10 +64,14 @@ def state_from_log(pose: dict, attitude: dict, stamp: float) -> State:
     sample as odom and its own subscription checks it like any other state (make_state), so a bad
     sample reaches the safety layer in order, in the same tick, and the recording keeps it."""
     g = attitude
+    q = np.array([g["stateEstimate.qw"], g["stateEstimate.qx"], g["stateEstimate.qy"], g["stateEstimate.qz"]],
+                 dtype=np.float64)
+    norm = np.linalg.norm(q)
+    if abs(norm - 1.0) <= StateLimits().quat_norm_tol:  # usable: normalised as make_state does, so that the
+        q = q / norm  # odometry round trip is exact; a far-off (or NaN) norm stays for the check to refuse
     return State(
         np.array([pose["stateEstimate.x"], pose["stateEstimate.y"], pose["stateEstimate.z"]], dtype=np.float64),
-        np.array([g["stateEstimate.qw"], g["stateEstimate.qx"], g["stateEstimate.qy"], g["stateEstimate.qz"]],
-                 dtype=np.float64),
+        q,
         np.array([pose["stateEstimate.vx"], pose["stateEstimate.vy"], pose["stateEstimate.vz"]], dtype=np.float64),
         np.radians(np.array([g[f"gyro.{a}"] for a in "xyz"], dtype=np.float64)),
         stamp,
@@ -178,10 +182,13 @@ class CrazyflieBridge(ControllerNode):
 
     def close(self) -> None:
         super().close()
-        if self.connected:
-            self.descend_before_stop()
-            self.cf.commander.send_stop_setpoint()
-        self.cf.close_link()
+        try:
+            if self.connected:
+                self.descend_before_stop()
+        finally:  # a second Ctrl-C cuts the descent short, not the stop setpoint
+            if self.connected:
+                self.cf.commander.send_stop_setpoint()
+            self.cf.close_link()
 
     def descend_before_stop(self) -> None:
         """Stopped in flight (Ctrl-C, SIGTERM): the controlled descent of a disarm, then the caller's

@@ -230,7 +230,10 @@ def run_on_host(c_dir: Path, obs: np.ndarray) -> tuple[int, np.ndarray] | None:
         if build.returncode != 0:
             raise UnsupportedLayerError(f"the generated C does not compile with {cc}:\n{build.stderr[-2000:]}")
         np.ascontiguousarray(obs, dtype="<f4").tofile(obs_file)
-        run = subprocess.run([str(exe), str(obs_file), str(out_file)], capture_output=True, text=True, timeout=120)
+        try:
+            run = subprocess.run([str(exe), str(obs_file), str(out_file)], capture_output=True, text=True, timeout=120)
+        except subprocess.TimeoutExpired:
+            raise UnsupportedLayerError("the generated C's driver did not finish within 120 s") from None
         if run.returncode != 0:
             raise UnsupportedLayerError(f"the generated C's driver failed (exit {run.returncode}): {run.stderr[-500:]}")
         self_test = int(run.stdout.split("self_test ")[1].split()[0])

@@ -74,7 +74,7 @@ def collect(task_cfg, episodes: int, noise: float, seed: int, num_envs: int, suc
     started = [0] * num_envs  # step at which each env's running episode started
     finished: list[tuple[tuple[int, int], dict[str, np.ndarray]]] = []  # ((start step, env), episode)
     kept: list[dict[str, np.ndarray]] = []
-    max_finished = 20 * episodes + 100  # successful_only with an expert that (nearly) never succeeds
+    max_final, final_failures = 20 * episodes + 100, 0  # successful_only: an expert that (nearly) never succeeds
     bar = tqdm(total=episodes, unit="episode", disable=not progress, desc=f"collect {task_cfg.name}")
     t = 0
     while True:
@@ -102,10 +102,14 @@ def collect(task_cfg, episodes: int, noise: float, seed: int, num_envs: int, suc
         kept = chosen
         if len(kept) == episodes:
             break
-        if len(finished) >= max_finished:
-            ok = sum(bool(ep["success"].any()) for _, ep in finished)
-            raise UserError(f"successful_only=true: the expert succeeded in {ok} of {len(finished)} episodes at "
-                            f"noise={noise}, not {episodes}; lower noise= or collect without successful_only")
+        if successful_only:  # final failures are never kept: count them and let them go
+            failed = [e for e in final if not e[1]["success"].any()]
+            final_failures += len(failed)
+            finished = [e for e in finished if not any(e is f for f in failed)]
+            if len(final) - len(failed) + final_failures >= max_final:
+                raise UserError(f"successful_only=true: the expert succeeded in {len(final) - len(failed)} of "
+                                f"{len(final) - len(failed) + final_failures} episodes at noise={noise}, not "
+                                f"{episodes}; lower noise= or collect without successful_only")
     bar.close()
     return kept, env.control_period
 

@@ -102,9 +102,10 @@ SHORTHANDS = {"base": "algo.base", "dataset": "algo.dataset"}
 ALGO_COUNTS = ("num_envs", "gradient_steps", "eval_every_updates", "horizon", "epochs", "minibatches",
                "batch_size", "buffer_size", "updates_per_iteration")
 ALGO_RANGES = {"gamma": (0.0, 1.0, True), "gae_lambda": (0.0, 1.0, True), "tau": (0.0, 1.0, False),
-               "clip": (0.0, math.inf, False), "lr": (0.0, math.inf, False), "actor_lr": (0.0, math.inf, False),
-               "critic_lr": (0.0, math.inf, False), "alpha_lr": (0.0, math.inf, False),
-               "init_alpha": (0.0, math.inf, False)}
+               "clip": (0.0, math.inf, False), "init_alpha": (0.0, math.inf, False),  # log(alpha) is learnt
+               # a learning rate of 0 freezes that network (tests use it)
+               "lr": (0.0, math.inf, True), "actor_lr": (0.0, math.inf, True), "critic_lr": (0.0, math.inf, True),
+               "alpha_lr": (0.0, math.inf, True)}
 
 
 def expand_shorthands(overrides: list[str]) -> list[str]:

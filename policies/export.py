@@ -76,6 +76,21 @@ def export_run(run_dir: Path) -> dict:
     contract = get_task(task_cfg.name).contract
     out = run_dir / "export.tmp"
     shutil.rmtree(out, ignore_errors=True)
+    try:
+        res, names = _export_into(out, policy, task_cfg, cfg, rec, contract)
+    except BaseException:  # a generator or compiler error, Ctrl-C: what was written goes to export.failed
+        if out.exists():
+            shutil.rmtree(run_dir / "export.failed", ignore_errors=True)
+            out.rename(run_dir / "export.failed")
+        raise
+    dest = run_dir / ("export" if res["ok"] else "export.failed")
+    shutil.rmtree(dest, ignore_errors=True)
+    out.rename(dest)
+    return {**{k: dest / name for k, name in names.items()}, **res}
+
+
+def _export_into(out: Path, policy, task_cfg, cfg, rec: dict, contract) -> tuple[dict, dict]:
+    """Write and check the export in ``out``; returns the checks' figures and the files' names."""
     meta = {
         "task": task_cfg.name, "algo": cfg.algo.name, "config_hash": config_hash(cfg),
         "source_revision": source_revision(), **{k: rec[k] for k in ("env_steps", "gradient_steps") if k in rec},
@@ -103,10 +118,7 @@ def export_run(run_dir: Path) -> dict:
     if "c" in names:
         res.update(c_parity(out, obs, onnx(obs)))
         res["ok"] = res["ok"] and res["c_ok"] is not False
-    dest = run_dir / ("export" if res["ok"] else "export.failed")
-    shutil.rmtree(dest, ignore_errors=True)
-    out.rename(dest)
-    return {**{k: dest / name for k, name in names.items()}, **res}
+    return res, names
 
 
 def c_parity(c_dir: Path, obs: np.ndarray, onnx_actions: np.ndarray) -> dict:

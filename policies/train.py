@@ -149,148 +149,151 @@ def run(cfg: DictConfig, run_dir: Path, resume_state: dict | None, t_start: floa
     if getattr(algo, "buffer", None) is not None:  # off-policy: its replay rows go to segment files, new ones per save
         algo.buffer.persist(run_dir / ckpt.REPLAY)
     run_dir.mkdir(parents=True, exist_ok=True)
-    lock = lock_run_dir(run_dir)  # held until this function returns
-    if resume_state is None:
-        OmegaConf.save(cfg, run_dir / "config.yaml")
+    lock = lock_run_dir(run_dir)  # held until this function ends, however it ends
+    try:
+        if resume_state is None:
+            OmegaConf.save(cfg, run_dir / "config.yaml")
 
-    offline = getattr(algo, "offline", False)
-    budget, eval_every, unit = ((algo_cfg.gradient_steps, algo_cfg.eval_every_updates, "update") if offline
-                                else (cfg.max_env_steps, cfg.eval_every_steps, "step"))
-    steps_key = "gradient_steps" if offline else "env_steps"  # what tr["env_steps"] counts
-    tr = {"iteration": 0, "env_steps": 0, "seconds": 0.0, "next_eval": eval_every,
-          "best_success": -1.0, "best_error": float("inf"), "evals": [], "time_to_success": None, "passed": False,
-          "eval_seconds": 0.0}
-    if resume_state is not None:
-        try:
-            algo.load_state_dict(resume_state["algo"])
-        except (RuntimeError, KeyError) as e:  # e.g. a checkpoint of networks laid out by an older revision
-            first = str(e).strip().splitlines()[0]
-            raise UserError(f"resume={run_dir}: {ckpt.LAST} does not fit this version's {algo_cfg.name} "
-                            f"networks ({first}); start a new run") from None
-        except ckpt.CheckpointError as e:  # its replay rows missing or damaged
-            raise UserError(f"resume={run_dir}: {e}") from None
-        env.load_state_dict(resume_state["env"])
-        torch.set_rng_state(resume_state["torch_rng"])
-        tr = {"passed": False, **resume_state["trainer"]}  # checkpoints of older revisions lack "passed"
-        if tr["evals"]:  # a shorter eval interval given on resume applies from the last evaluation on
-            tr["next_eval"] = min(tr["next_eval"], tr["evals"][-1][steps_key] + eval_every)
-    latest = run_dir.parent.parent / "latest" if run_dir.parent.parent.name == "runs" else None
-    if latest is not None:  # runs/latest -> this run (once a resume has loaded), for the README's commands
-        latest.unlink(missing_ok=True)
-        latest.symlink_to(run_dir.resolve(), target_is_directory=True)
-    # A resumed run drops the events logged after its checkpoint (they are logged again); every event's
-    # step is in env steps (gradient steps offline), those up to the checkpoint's stay.
-    writer = SummaryWriter(str(run_dir / "tb"), purge_step=tr["env_steps"] + 1 if resume_state is not None else None)
-    if resume_state is None:
-        writer.add_text("config", f"```\n{OmegaConf.to_yaml(cfg)}\n```")
+        offline = getattr(algo, "offline", False)
+        budget, eval_every, unit = ((algo_cfg.gradient_steps, algo_cfg.eval_every_updates, "update") if offline
+                                    else (cfg.max_env_steps, cfg.eval_every_steps, "step"))
+        steps_key = "gradient_steps" if offline else "env_steps"  # what tr["env_steps"] counts
+        tr = {"iteration": 0, "env_steps": 0, "seconds": 0.0, "next_eval": eval_every,
+              "best_success": -1.0, "best_error": float("inf"), "evals": [], "time_to_success": None, "passed": False,
+              "eval_seconds": 0.0}
+        if resume_state is not None:
+            try:
+                algo.load_state_dict(resume_state["algo"])
+            except (RuntimeError, KeyError) as e:  # e.g. a checkpoint of networks laid out by an older revision
+                first = str(e).strip().splitlines()[0]
+                raise UserError(f"resume={run_dir}: {ckpt.LAST} does not fit this version's {algo_cfg.name} "
+                                f"networks ({first}); start a new run") from None
+            except ckpt.CheckpointError as e:  # its replay rows missing or damaged
+                raise UserError(f"resume={run_dir}: {e}") from None
+            env.load_state_dict(resume_state["env"])
+            torch.set_rng_state(resume_state["torch_rng"])
+            tr = {"passed": False, **resume_state["trainer"]}  # checkpoints of older revisions lack "passed"
+            if tr["evals"] and tr.get("eval_every", eval_every) != eval_every:  # a new interval, from the last evaluation on
+                tr["next_eval"] = tr["evals"][-1][steps_key] + eval_every
+        tr["eval_every"] = eval_every
+        latest = run_dir.parent.parent / "latest" if run_dir.parent.parent.name == "runs" else None
+        if latest is not None:  # runs/latest -> this run (once a resume has loaded), for the README's commands
+            latest.unlink(missing_ok=True)
+            latest.symlink_to(run_dir.resolve(), target_is_directory=True)
+        # A resumed run drops the events logged after its checkpoint (they are logged again); every event's
+        # step is in env steps (gradient steps offline), those up to the checkpoint's stay.
+        writer = SummaryWriter(str(run_dir / "tb"), purge_step=tr["env_steps"] + 1 if resume_state is not None else None)
+        if resume_state is None:
+            writer.add_text("config", f"```\n{OmegaConf.to_yaml(cfg)}\n```")
 
-    def save_last():
-        ckpt.save_atomic({"algo": algo.state_dict(), "env": env.state_dict(), "torch_rng": torch.get_rng_state(),
-                          "trainer": tr, "config_hash": config_hash(cfg)}, run_dir / ckpt.LAST)
+        def save_last():
+            ckpt.save_atomic({"algo": algo.state_dict(), "env": env.state_dict(), "torch_rng": torch.get_rng_state(),
+                              "trainer": tr, "config_hash": config_hash(cfg)}, run_dir / ckpt.LAST)
 
-    bar = tqdm(total=budget, initial=tr["env_steps"], unit=unit, unit_scale=True,
-               disable=not cfg.progress, dynamic_ncols=True, desc=f"{task_cfg.name}/{algo_cfg.name}")
-    def evaluate_and_keep_best() -> tuple[float, bool]:
-        """Evaluate the current policy, keep it as best.pt if it is the best so far, checkpoint.
-        Returns the success rate and whether it passes: stop_at_success reached and confirmed."""
-        t_eval = time.time()
-        res = evaluate(algo.actor, task_cfg, cfg.eval_episodes, device=device, seed=cfg.seed + 10_000)
-        rec = {**res.as_dict(), steps_key: tr["env_steps"], "seconds": tr["seconds"]}
-        reached = cfg.stop_at_success > 0 and res.success_rate >= cfg.stop_at_success
-        if reached:
-            # Every evaluation replays the same episodes (comparable points on the curve), so the
-            # first pass among many noisy ones overstates the policy: quadrotor policies stopped at
-            # 95-96 % there scored 91-94 % on other episodes. A pass counts once episodes new at each
-            # check confirm it in every simulator of confirm_backends (config.py): torch, then the
-            # others at once (policies/evaluate.py); one that falls short cancels those after it.
-            seeds = {b: cfg.seed + 20_000 + 10 * len(tr["evals"]) + i for i, b in enumerate(cfg.confirm_backends)}
-            checks = evaluate_backends(algo.actor, task_cfg, cfg.confirm_episodes, seeds, device, cfg.stop_at_success)
-            rec["confirm"] = {b: check.success_rate for b, check in checks.items()}
-            rec["confirm_success_rate"] = min(rec["confirm"].values())
-            reached = rec["confirm_success_rate"] >= cfg.stop_at_success
-        rec["eval_duration_s"] = time.time() - t_eval  # the training clock ("seconds") includes all but the last
-        tr["eval_seconds"] += rec["eval_duration_s"]
-        tr["evals"].append(rec)
-        for k, v in rec.items():
-            if isinstance(v, (int, float)) and k not in ("episodes", steps_key, "seconds"):
-                writer.add_scalar(f"eval/{k}", v, tr["env_steps"])
-        # Best = a confirmed pass (it ends the run); before one, the highest success rate, ties
-        # broken by the task's secondary measure (lower is better).
-        better = (res.success_rate, -res.tiebreak) > (tr["best_success"], -tr["best_error"])
-        if reached or (better and not tr["passed"]):
-            tr["best_success"], tr["best_error"] = res.success_rate, res.tiebreak
-            ckpt.save_atomic(ckpt.policy_record(algo.actor, cfg, rec, tr["env_steps"], steps_key), run_dir / ckpt.BEST)
-        if reached:
-            tr["passed"], tr["passed_at"] = True, cfg.stop_at_success
-            tr["passed_with"] = {"backends": list(cfg.confirm_backends), "episodes": cfg.confirm_episodes}
-        if reached and tr["time_to_success"] is None:
-            tr["time_to_success"] = time.time() - t_start if resume_state is None else None
-        confirm = (" | new episodes: " + ", ".join(f"{b} {v * 100:.0f}%" for b, v in rec["confirm"].items())
-                   if "confirm" in rec else "")
-        bar.write(f"eval @ {tr['env_steps']:,} {unit}s, {tr['seconds']:.1f} s: {res.summary()}{confirm}")
-        save_last()
-        return res.success_rate, reached
-
-    t_session = time.time()
-    seconds_before = tr["seconds"]
-    last_ckpt = time.time()
-    success = tr["evals"][-1]["success_rate"] if tr["evals"] else float("nan")
-    # A resumed run that passed at the bar it still stops at, or whose budget is spent, has nothing
-    # left to do: one more iteration would train past its end. (A raised bar trains on to a pass at
-    # it, which then replaces best.pt.)
-    done = None
-    if resume_state is not None:
-        if pass_holds(tr, cfg):
-            done = (f"it passed at stop_at_success={tr.get('passed_at', cfg.stop_at_success)}; a higher "
-                    f"stop_at_success (or a stricter confirmation) trains on to a pass at that bar")
-        elif tr["env_steps"] >= budget or tr["seconds"] >= cfg.max_seconds:
-            more = ("start a new run with a larger algo.gradient_steps, or raise max_seconds" if offline
-                    else "raise max_env_steps or max_seconds")
-            done = f"its budget is spent; to go on, {more}"
-        if done:
-            bar.write(f"resume={run_dir}: nothing to train at {tr['env_steps']:,} {unit}s: {done}")
-    stop = done is not None
-    if stop and not tr["evals"]:  # killed before its first evaluation, its budget now spent: evaluate it once
-        success, _ = evaluate_and_keep_best()
-    if not stop and cfg.eval_at_start and not tr["evals"]:  # the starting point of a learning curve
-        success, stop = evaluate_and_keep_best()
-    while not stop:
-        t0 = time.time()
-        metrics = algo.train_iteration()
-        now = algo.progress() if offline else env.total_steps
-        steps = now - tr["env_steps"]
-        tr["env_steps"] = now  # gradient steps for an offline algorithm
-        tr["iteration"] += 1
-        tr["seconds"] = seconds_before + time.time() - t_session
-        sps = steps / max(time.time() - t0, 1e-9)
-        for k, v in metrics.items():
-            writer.add_scalar(f"train/{k}", v, tr["env_steps"])
-        writer.add_scalar("perf/steps_per_second", sps, tr["env_steps"])
-        writer.add_scalar("train/curriculum", env.curriculum(), tr["env_steps"])
-        writer.add_scalar("train/nonfinite_resets", env.nonfinite_resets, tr["env_steps"])
-
-        out_of_budget = tr["env_steps"] >= budget or tr["seconds"] >= cfg.max_seconds
-        if tr["env_steps"] >= tr["next_eval"] or out_of_budget:
-            tr["next_eval"] += eval_every
-            success, stop = evaluate_and_keep_best()
-            last_ckpt = time.time()
-        elif time.time() - last_ckpt >= cfg.checkpoint_every_seconds:
+        bar = tqdm(total=budget, initial=tr["env_steps"], unit=unit, unit_scale=True,
+                   disable=not cfg.progress, dynamic_ncols=True, desc=f"{task_cfg.name}/{algo_cfg.name}")
+        def evaluate_and_keep_best() -> tuple[float, bool]:
+            """Evaluate the current policy, keep it as best.pt if it is the best so far, checkpoint.
+            Returns the success rate and whether it passes: stop_at_success reached and confirmed."""
+            t_eval = time.time()
+            res = evaluate(algo.actor, task_cfg, cfg.eval_episodes, device=device, seed=cfg.seed + 10_000)
+            rec = {**res.as_dict(), steps_key: tr["env_steps"], "seconds": tr["seconds"]}
+            reached = cfg.stop_at_success > 0 and res.success_rate >= cfg.stop_at_success
+            if reached:
+                # Every evaluation replays the same episodes (comparable points on the curve), so the
+                # first pass among many noisy ones overstates the policy: quadrotor policies stopped at
+                # 95-96 % there scored 91-94 % on other episodes. A pass counts once episodes new at each
+                # check confirm it in every simulator of confirm_backends (config.py): torch, then the
+                # others at once (policies/evaluate.py); one that falls short cancels those after it.
+                seeds = {b: cfg.seed + 20_000 + 10 * len(tr["evals"]) + i for i, b in enumerate(cfg.confirm_backends)}
+                checks = evaluate_backends(algo.actor, task_cfg, cfg.confirm_episodes, seeds, device, cfg.stop_at_success)
+                rec["confirm"] = {b: check.success_rate for b, check in checks.items()}
+                rec["confirm_success_rate"] = min(rec["confirm"].values())
+                reached = rec["confirm_success_rate"] >= cfg.stop_at_success
+            rec["eval_duration_s"] = time.time() - t_eval  # the training clock ("seconds") includes all but the last
+            tr["eval_seconds"] += rec["eval_duration_s"]
+            tr["evals"].append(rec)
+            for k, v in rec.items():
+                if isinstance(v, (int, float)) and k not in ("episodes", steps_key, "seconds"):
+                    writer.add_scalar(f"eval/{k}", v, tr["env_steps"])
+            # Best = a confirmed pass (it ends the run); before one, the highest success rate, ties
+            # broken by the task's secondary measure (lower is better).
+            better = (res.success_rate, -res.tiebreak) > (tr["best_success"], -tr["best_error"])
+            if reached or (better and not tr["passed"]):
+                tr["best_success"], tr["best_error"] = res.success_rate, res.tiebreak
+                ckpt.save_atomic(ckpt.policy_record(algo.actor, cfg, rec, tr["env_steps"], steps_key), run_dir / ckpt.BEST)
+            if reached:
+                tr["passed"], tr["passed_at"] = True, cfg.stop_at_success
+                tr["passed_with"] = {"backends": list(cfg.confirm_backends), "episodes": cfg.confirm_episodes}
+            if reached and tr["time_to_success"] is None:
+                tr["time_to_success"] = time.time() - t_start if resume_state is None else None
+            confirm = (" | new episodes: " + ", ".join(f"{b} {v * 100:.0f}%" for b, v in rec["confirm"].items())
+                       if "confirm" in rec else "")
+            bar.write(f"eval @ {tr['env_steps']:,} {unit}s, {tr['seconds']:.1f} s: {res.summary()}{confirm}")
             save_last()
-            last_ckpt = time.time()
-        bar.update(steps)
-        main_metric = "reward" if "reward" in metrics else "loss"
-        bar.set_postfix({"sps": f"{sps:,.0f}", "success": f"{success:.2f}", main_metric: f"{metrics[main_metric]:.3f}"})
-        stop = stop or out_of_budget
-    bar.close()
-    writer.close()
+            return res.success_rate, reached
 
-    results = {"run_dir": str(run_dir), steps_key: tr["env_steps"], "train_seconds": tr["seconds"],
-               "best_success": tr["best_success"], "passed": pass_holds(tr, cfg),
-               "time_to_success_s": tr["time_to_success"],
-               "eval_seconds": tr["eval_seconds"], "evals": tr["evals"]}
-    (run_dir / "results.json").write_text(json.dumps(results, indent=2))
-    lock.close()
-    return results
+        t_session = time.time()
+        seconds_before = tr["seconds"]
+        last_ckpt = time.time()
+        success = tr["evals"][-1]["success_rate"] if tr["evals"] else float("nan")
+        # A resumed run that passed at the bar it still stops at, or whose budget is spent, has nothing
+        # left to do: one more iteration would train past its end. (A raised bar trains on to a pass at
+        # it, which then replaces best.pt.)
+        done = None
+        if resume_state is not None:
+            if pass_holds(tr, cfg):
+                done = (f"it passed at stop_at_success={tr.get('passed_at', cfg.stop_at_success)}; a higher "
+                        f"stop_at_success (or a stricter confirmation) trains on to a pass at that bar")
+            elif tr["env_steps"] >= budget or tr["seconds"] >= cfg.max_seconds:
+                more = ("start a new run with a larger algo.gradient_steps, or raise max_seconds" if offline
+                        else "raise max_env_steps or max_seconds")
+                done = f"its budget is spent; to go on, {more}"
+            if done:
+                bar.write(f"resume={run_dir}: nothing to train at {tr['env_steps']:,} {unit}s: {done}")
+        stop = done is not None
+        if stop and not tr["evals"]:  # killed before its first evaluation, its budget now spent: evaluate it once
+            success, _ = evaluate_and_keep_best()
+        if not stop and cfg.eval_at_start and not tr["evals"]:  # the starting point of a learning curve
+            success, stop = evaluate_and_keep_best()
+        while not stop:
+            t0 = time.time()
+            metrics = algo.train_iteration()
+            now = algo.progress() if offline else env.total_steps
+            steps = now - tr["env_steps"]
+            tr["env_steps"] = now  # gradient steps for an offline algorithm
+            tr["iteration"] += 1
+            tr["seconds"] = seconds_before + time.time() - t_session
+            sps = steps / max(time.time() - t0, 1e-9)
+            for k, v in metrics.items():
+                writer.add_scalar(f"train/{k}", v, tr["env_steps"])
+            writer.add_scalar("perf/steps_per_second", sps, tr["env_steps"])
+            writer.add_scalar("train/curriculum", env.curriculum(), tr["env_steps"])
+            writer.add_scalar("train/nonfinite_resets", env.nonfinite_resets, tr["env_steps"])
+
+            out_of_budget = tr["env_steps"] >= budget or tr["seconds"] >= cfg.max_seconds
+            if tr["env_steps"] >= tr["next_eval"] or out_of_budget:
+                tr["next_eval"] += eval_every
+                success, stop = evaluate_and_keep_best()
+                last_ckpt = time.time()
+            elif time.time() - last_ckpt >= cfg.checkpoint_every_seconds:
+                save_last()
+                last_ckpt = time.time()
+            bar.update(steps)
+            main_metric = "reward" if "reward" in metrics else "loss"
+            bar.set_postfix({"sps": f"{sps:,.0f}", "success": f"{success:.2f}", main_metric: f"{metrics[main_metric]:.3f}"})
+            stop = stop or out_of_budget
+        bar.close()
+        writer.close()
+
+        results = {"run_dir": str(run_dir), steps_key: tr["env_steps"], "train_seconds": tr["seconds"],
+                   "best_success": tr["best_success"], "passed": pass_holds(tr, cfg),
+                   "time_to_success_s": tr["time_to_success"],
+                   "eval_seconds": tr["eval_seconds"], "evals": tr["evals"]}
+        (run_dir / "results.json").write_text(json.dumps(results, indent=2))
+        return results
+    finally:
+        lock.close()
 
 
 def lock_run_dir(run_dir: Path):

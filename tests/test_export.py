@@ -334,6 +334,13 @@ def test_a_failed_check_leaves_the_last_good_export_in_place(run_dir, tmp_path, 
     assert "export failed its check" in capsys.readouterr().err
     assert (d / "export" / "marker").is_file() and (d / "export.failed" / "policy.c").is_file()
     assert not (d / "export.tmp").exists()
+    def broken(*a, **k):
+        raise UnsupportedLayerError("the generator broke")
+
+    monkeypatch.setattr(pe, "generate_c", broken)  # an error half-way: the ONNX written, no C
+    assert main([str(d)]) == 2 and "the generator broke" in capsys.readouterr().err
+    assert (d / "export" / "marker").is_file() and (d / "export.failed" / "policy.onnx").is_file()
+    assert not (d / "export.failed" / "policy.c").exists() and not (d / "export.tmp").exists()
 
 
 def _swap_activation(actor):

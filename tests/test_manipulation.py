@@ -116,6 +116,8 @@ def test_collect_keeps_the_first_episodes_to_start_not_to_finish(monkeypatch):
     by_start = [length for _, length in sorted(log)][:12]
     assert [len(ep["action"]) for ep in eps] == by_start
     assert by_start != [length for _, length in log][:12], "finishing order would have kept other episodes"
+    # Many envs for one episode: the short ones pile up while the first runs on, which is no failure.
+    assert len(collect(task_cfg, episodes=1, noise=0.2, seed=0, num_envs=48, progress=False)[0]) == 1
     task_cfg.episode_steps = 3  # too short to succeed
     with pytest.raises(UserError, match="the expert succeeded in 0 of 120 episodes"):
         collect(task_cfg, episodes=1, noise=0.0, seed=0, num_envs=6, successful_only=True, progress=False)
