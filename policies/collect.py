@@ -6,7 +6,8 @@
 
 The expert is the task's own (``expert_action`` in its task file), acting on the true simulator
 state; ``noise`` is the std of Gaussian noise added to its actions (action units, clipped to
-[-1, 1]). Episodes are kept in the order they finish, so a seed fixes the dataset.
+[-1, 1]). The first episodes to start are kept, in that order (not the first to finish, which are the
+short ones), so a seed fixes the dataset.
 """
 
 from __future__ import annotations
