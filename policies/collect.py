@@ -104,12 +104,12 @@ def collect(task_cfg, episodes: int, noise: float, seed: int, num_envs: int, suc
         if len(kept) == episodes:
             break
         if successful_only:  # final failures are never kept: count them and let them go
-            failed = [e for e in final if not e[1]["success"].any()]
-            final_failures += len(failed)
-            finished = [e for e in finished if not any(e is f for f in failed)]
-            if len(final) - len(failed) + final_failures >= max_final:
-                raise UserError(f"successful_only=true: the expert succeeded in {len(final) - len(failed)} of "
-                                f"{len(final) - len(failed) + final_failures} episodes at noise={noise}, not "
+            succeeded = len(chosen)  # every final success (fewer than ``episodes``, or the loop had ended)
+            final_failures += len(final) - succeeded
+            finished = [e for e in finished if e[0][0] >= min(started) or e[1]["success"].any()]
+            if succeeded + final_failures >= max_final:
+                raise UserError(f"successful_only=true: the expert succeeded in {succeeded} of "
+                                f"{succeeded + final_failures} episodes at noise={noise}, not "
                                 f"{episodes}; lower noise= or collect without successful_only")
     bar.close()
     return kept, env.control_period
