@@ -25,6 +25,13 @@ Start       the vehicle sits at ``initial_position`` (level, at rest, rotors at 
             running) until the first command with a rotor above 0 rpm: a hand launch.
             With ``clamped`` the vehicle stays there for good (a test stand: commands are received,
             the state never changes), for bench tests of the control chain.
+Watchdog    a moving vehicle whose last rotor command is older than ``command_timeout`` simulated
+            seconds (0.5 s by default, the stock Crazyflie commander's first watchdog limit,
+            COMMANDER_WDT_TIMEOUT_STABILIZE in crazyflie-firmware's commander.h) gets 0 rpm: a
+            controller that dies or hangs leaves a falling vehicle, as on the real one, not one that
+            flies its last command forever. The stock firmware first levels the vehicle and stops
+            the motors at 2 s; this vehicle has no onboard attitude controller to level with, so it
+            stops them at the first limit. The next valid command drives the rotors again.
 Floor       z = 0 (world): a vehicle that sinks below it is put back on it at rest.
 """
 
@@ -69,6 +76,11 @@ class SimBridge(Node):
         self.lockstep = bool(param(self, "lockstep", False, "step only after a command for the last state"))
         self.lockstep_timeout = float(param(self, "lockstep_timeout", 1.0, "lock-step: wall seconds to wait"))
         self.lockstep_timeouts = 0
+        self.command_timeout = float(param(self, "command_timeout", 0.5, "simulated seconds without a rotor "
+                                           "command before the rotors are stopped"))
+        if not 0.0 < self.command_timeout < float("inf"):
+            raise ValueError(f"command_timeout {self.command_timeout}: expected a positive time (s)")
+        self.watchdog_stops = 0
         p0 = vector_param(self, "initial_position", [0.0, 0.0, 1.0], "world, m")
 
         self.params, self.period = NOMINAL, POLICY_PERIOD
@@ -82,6 +94,8 @@ class SimBridge(Node):
         self.rpm_cmd = torch.zeros(1, 4)
         self.zeros = torch.zeros(1, 3)
         self.steps = 0
+        self._cmd_step: int | None = None  # step of the last valid command (None: none yet, rotors at 0 rpm)
+        self._watchdog_cut = False
         self.bad_commands = 0
         self._cmd_since_publish = False
         self._published_at = time.monotonic()
@@ -104,6 +118,10 @@ class SimBridge(Node):
                                       f"({self.bad_commands} so far)", throttle_duration_sec=1.0)
             return
         self._cmd_since_publish = True
+        self._cmd_step = self.steps
+        if self._watchdog_cut:
+            self._watchdog_cut = False
+            self.get_logger().info(f"rotor commands again at t = {self.steps * self.period:.2f} s")
         self.rpm_cmd = self.torch.as_tensor(np.clip(data, 0.0, self.params.rpm_max), dtype=self.torch.float32)[None]
         if self.hold and not self.clamped and data.max() > 0.0:
             self.hold = False
@@ -118,6 +136,14 @@ class SimBridge(Node):
             self.get_logger().warning(f"lock-step: no command {self.lockstep_timeout:g} s after the state of "
                                       f"t = {self.steps * self.period:.2f} s, stepping with the held one "
                                       f"({self.lockstep_timeouts} so far)", throttle_duration_sec=1.0)
+        if (moving and self._cmd_step is not None and not self._watchdog_cut
+                and (self.steps - self._cmd_step) * self.period >= self.command_timeout):
+            self._watchdog_cut = True
+            self.watchdog_stops += 1
+            self.rpm_cmd = self.torch.zeros(1, 4)
+            self.get_logger().warning(f"no rotor command for {self.command_timeout:g} s at t = "
+                                      f"{self.steps * self.period:.2f} s: rotors stopped "
+                                      f"({self.watchdog_stops} so far)")
         if moving:
             state = self.backend.step(self.rpm_cmd, self.zeros, self.zeros)
             if float(state[0, 2]) < 0.0:  # floor: put the vehicle back on it, at rest

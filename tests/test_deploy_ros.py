@@ -368,6 +368,34 @@ def test_fuzz_sim_bridge_commands():
     assert np.isfinite(pos).all() and len(pos) > 100
 
 
+def test_sim_bridge_stops_the_rotors_when_commands_stop():
+    """A controller that dies leaves a falling vehicle (command watchdog, 0.5 s of simulated time),
+    not one that flies its last command forever; a new command drives the rotors again."""
+    from std_msgs.msg import Float32MultiArray
+
+    hover = Float32MultiArray(data=[float(NOMINAL.hover_rpm)] * 4)
+    with world() as w:
+        rec = Observed(w)
+        cmd = w.observer().create_publisher(Float32MultiArray, "/cf1/rotor_cmd", 10)
+        sim = w.start(*w.node_cmd("sim_bridge"), name="sim")
+        w.spin_until(lambda: len(rec.odom) > 10 and cmd.get_subscription_count(), 60, "the simulator")
+        for _ in range(30):  # ~0.3 s of hover commands: released, holds its height
+            cmd.publish(hover)
+            w.spin_for(PERIOD)
+        w.spin_until(lambda: "released at" in w.output(sim), 10, "the release")
+        t_last = rec.odom[-1][1]
+        w.spin_until(lambda: rec.odom[-1][2][2] < 0.01, 30, "the vehicle to fall to the floor")
+        out = w.output(sim)
+        assert out.count("no rotor command for 0.5 s") == 1, out
+        t_stop = float(re.search(r"no rotor command for 0.5 s at t = ([0-9.]+) s", out).group(1))
+        assert t_last - 0.05 < t_stop - 0.5 < t_last + 0.2, (t_last, t_stop)
+        heights = [p[2] for _, s, p in rec.odom if s < t_stop]
+        assert min(heights[-40:]) > 0.9, "the vehicle sank while its hover command was held"
+        cmd.publish(hover)
+        w.spin_until(lambda: "rotor commands again" in w.output(sim), 10, "the next command to be taken")
+        assert sim.poll() is None
+
+
 def test_latency(seeded_policy):
     """State receipt -> command publication inside policy_node, with the simulator on /clock."""
     with world() as w:
