@@ -14,6 +14,9 @@ from .networks import Actor
 LAST = "checkpoints/last.pt"  # full training state, for resume
 BEST = "checkpoints/best.pt"  # actor of the confirmed pass, else of the best evaluation so far; for eval/export
 REPLAY = "checkpoints/replay"  # an off-policy run's replay rows, in segments last.pt refers to (policies/replay.py)
+# A new best policy is written here first, then last.pt (which records the evaluation), then renamed
+# to best.pt: a kill between the two writes never leaves a best.pt that last.pt knows nothing about.
+BEST_PENDING = "checkpoints/best.pending.pt"
 
 
 class CheckpointError(Exception):
@@ -28,6 +31,24 @@ def save_atomic(obj: dict, path: Path) -> None:
     with open(tmp, "rb") as f:
         os.fsync(f.fileno())
     os.replace(tmp, path)
+
+
+def settle_best(run_dir: Path, evals: list[dict], unit: str = "env_steps") -> None:
+    """Finish or drop a best policy written before a kill (``evals``: the evaluations last.pt
+    holds): promoted to best.pt if last.pt recorded its evaluation, else deleted (the resumed run
+    evaluates that point again)."""
+    pending = run_dir / BEST_PENDING
+    if not pending.is_file():
+        return
+    try:
+        rec = torch.load(pending, map_location="cpu", weights_only=False)
+        recorded = bool(evals) and rec.get(unit) == evals[-1][unit]
+    except Exception:  # a damaged file is not a policy to keep
+        recorded = False
+    if recorded:
+        os.replace(pending, run_dir / BEST)
+    else:
+        pending.unlink()
 
 
 # Keys under which the training state holds random-generator states (torch.Generator.get_state,

@@ -173,6 +173,7 @@ def run(cfg: DictConfig, run_dir: Path, resume_state: dict | None, t_start: floa
             env.load_state_dict(resume_state["env"])
             torch.set_rng_state(resume_state["torch_rng"])
             tr = {"passed": False, **resume_state["trainer"]}  # checkpoints of older revisions lack "passed"
+            ckpt.settle_best(run_dir, tr["evals"], steps_key)
             if tr["evals"] and tr.get("eval_every", eval_every) != eval_every:  # a new interval, from the last evaluation on
                 tr["next_eval"] = tr["evals"][-1][steps_key] + eval_every
         tr["eval_every"] = eval_every
@@ -219,9 +220,11 @@ def run(cfg: DictConfig, run_dir: Path, resume_state: dict | None, t_start: floa
             # Best = a confirmed pass (it ends the run); before one, the highest success rate, ties
             # broken by the task's secondary measure (lower is better).
             better = (res.success_rate, -res.tiebreak) > (tr["best_success"], -tr["best_error"])
-            if reached or (better and not tr["passed"]):
+            new_best = reached or (better and not tr["passed"])
+            if new_best:
                 tr["best_success"], tr["best_error"] = res.success_rate, res.tiebreak
-                ckpt.save_atomic(ckpt.policy_record(algo.actor, cfg, rec, tr["env_steps"], steps_key), run_dir / ckpt.BEST)
+                ckpt.save_atomic(ckpt.policy_record(algo.actor, cfg, rec, tr["env_steps"], steps_key),
+                                 run_dir / ckpt.BEST_PENDING)
             if reached:
                 tr["passed"], tr["passed_at"] = True, cfg.stop_at_success
                 tr["passed_with"] = {"backends": list(cfg.confirm_backends), "episodes": cfg.confirm_episodes}
@@ -231,6 +234,8 @@ def run(cfg: DictConfig, run_dir: Path, resume_state: dict | None, t_start: floa
                        if "confirm" in rec else "")
             bar.write(f"eval @ {tr['env_steps']:,} {unit}s, {tr['seconds']:.1f} s: {res.summary()}{confirm}")
             save_last()
+            if new_best:  # last.pt now records this evaluation (ckpt.BEST_PENDING)
+                os.replace(run_dir / ckpt.BEST_PENDING, run_dir / ckpt.BEST)
             return res.success_rate, reached
 
         t_session = time.time()

@@ -478,6 +478,58 @@ def test_resume_takes_a_new_eval_interval_and_evaluates_a_run_never_evaluated(tm
     assert (run / ckpt.BEST).is_file() and len(json.loads((run / "results.json").read_text())["evals"]) == 1
 
 
+def test_a_kill_between_a_new_best_policy_and_its_checkpoint_leaves_them_consistent(tmp_path, monkeypatch):
+    """Killed after writing a new best policy but before last.pt recorded its evaluation, then
+    resumed with its budget spent at last.pt: best.pt is the policy of the evaluation last.pt
+    holds, not one of an evaluation the run no longer has."""
+    import dataclasses
+
+    import policies.train as train
+
+    real, rates = train.evaluate, [0.25, 0.5]
+
+    def evaluate(policy, task_cfg, episodes, device, seed, backend=None):
+        return dataclasses.replace(real(policy, task_cfg, episodes, device=device, seed=seed), success_rate=rates.pop(0))
+
+    class Killed(BaseException):
+        pass
+
+    run, save, written = tmp_path / "run", ckpt.save_atomic, []  # "policy" or "last", in order
+
+    def save_atomic(obj, path):
+        if path.name == "last.pt" and written[-1:] == ["policy"] and written.count("policy") == 2:
+            raise Killed  # the second best policy is written, the checkpoint recording its evaluation is not
+        written.append("policy" if "policy" in obj else "last")
+        save(obj, path)
+
+    monkeypatch.setattr(train, "evaluate", evaluate)
+    monkeypatch.setattr(ckpt, "save_atomic", save_atomic)
+    with pytest.raises(Killed):  # evaluations at 1024 (best) and 2048 (a better one, killed); last.pt every iteration
+        train_main([*TINY, f"run_dir={run}", "max_env_steps=2048", "eval_every_steps=1024",
+                    "checkpoint_every_seconds=1e-9"])
+    monkeypatch.undo()
+    assert torch.load(run / ckpt.LAST, weights_only=False)["trainer"]["env_steps"] == 1536
+    assert train_main([f"resume={run}", "max_env_steps=1536"]) in (0, 1)
+    res = json.loads((run / "results.json").read_text())
+    best = torch.load(run / ckpt.BEST, weights_only=False)
+    assert [e["env_steps"] for e in res["evals"]] == [1024] and res["best_success"] == 0.25
+    assert best["env_steps"] == 1024 and best["eval"]["success_rate"] == 0.25
+    assert not (run / ckpt.BEST_PENDING).exists()
+
+
+def test_settle_best_promotes_a_recorded_evaluation_and_drops_a_lost_one(tmp_path):
+    (tmp_path / "checkpoints").mkdir()
+    ckpt.save_atomic({"env_steps": 1024, "which": "old"}, tmp_path / ckpt.BEST)
+    ckpt.save_atomic({"env_steps": 2048, "which": "new"}, tmp_path / ckpt.BEST_PENDING)
+    ckpt.settle_best(tmp_path, [{"env_steps": 1024}])  # last.pt never recorded the 2048 evaluation
+    assert torch.load(tmp_path / ckpt.BEST, weights_only=False)["which"] == "old"
+    assert not (tmp_path / ckpt.BEST_PENDING).exists()
+    ckpt.save_atomic({"env_steps": 2048, "which": "new"}, tmp_path / ckpt.BEST_PENDING)
+    ckpt.settle_best(tmp_path, [{"env_steps": 1024}, {"env_steps": 2048}])  # killed before the rename
+    assert torch.load(tmp_path / ckpt.BEST, weights_only=False)["which"] == "new"
+    assert not (tmp_path / ckpt.BEST_PENDING).exists()
+
+
 def test_a_run_directory_in_use_is_refused(tmp_path):
     import fcntl
 
