@@ -1,7 +1,7 @@
 """Generate dependency-free C99 for the deployable actor (microcontrollers, no heap).
 
 Output: ``policy.h`` / ``policy.c`` with weights as ``const float`` arrays (flash), two
-fixed activation buffers, no recursion, only ``tanhf``/``expf``/``isfinite`` from <math.h>.
+fixed activation buffers, no recursion, only ``tanhf``/``expm1f``/``isfinite`` from <math.h>.
 Arithmetic follows the PyTorch module op for op in float32, so outputs agree with
 PyTorch/onnxruntime to float rounding.
 """
@@ -28,7 +28,7 @@ DRIVER = Path(__file__).with_name("policy_driver.c")  # policy_step over a file 
 DRIVER_OUT = np.dtype([("rc", "<i4"), ("action", "<f4", (CONTRACT.action_size,))])
 
 
-ACTIVATION_C = {nn.Tanh: "tanhf(v)", nn.ReLU: "(v > 0.0f ? v : 0.0f)", nn.ELU: "(v > 0.0f ? v : expf(v) - 1.0f)"}
+ACTIVATION_C = {nn.Tanh: "tanhf(v)", nn.ReLU: "(v > 0.0f ? v : 0.0f)", nn.ELU: "(v > 0.0f ? v : expm1f(v))"}
 
 
 def _floats(a: np.ndarray) -> str:
