@@ -44,7 +44,7 @@ from torch import nn
 from . import checkpoint as ckpt
 from . import dataset as ds
 from .diffusion import DiffusionPolicy
-from .networks import Actor, Critic, frozen, polyak_update, squashed_log_prob
+from .networks import Actor, Critic, frozen, polyak_update, share_buffers, squashed_log_prob
 from .replay import ReplayBuffer
 
 
@@ -71,8 +71,9 @@ class DSRLConfig:
     actor_lr: float = 3e-4
     critic_lr: float = 3e-4
     alpha_lr: float = 3e-4
-    # Entropy temperature. The initial actor's entropy over 16 noise dimensions is ~15 nats, so
-    # 0.1 would pay ~1.5 per decision for randomness, more than the sparse success reward of 1.
+    # Entropy temperature. The initial actor's entropy over 16 noise dimensions is ~17 nats in
+    # w-space (b = 1.5; ~11 in tanh-space), so 0.1 would pay ~1.7 per decision for randomness, more
+    # than the sparse success reward of 1.
     init_alpha: float = 0.01
     init_log_std: float = 0.0  # the initial actor draws u ~ N(0, 1): w close to the base's N(0, I)
     # Target entropy per noise dimension, measured for tanh(u) in [-1, 1] (DSRL's reference setting
@@ -81,7 +82,7 @@ class DSRLConfig:
     # Regularise toward the base's own noise instead of rewarding entropy: the actor minimises
     # alpha * KL(pi_w(.|s) || N(0, I) truncated to [-b, b]) - Q(s, w), and alpha is tuned so that
     # the KL stays near ``prior_kl_per_dim`` x latent_dim nats (the closest a tanh-Gaussian gets is
-    # ~0.03 per dimension). With the entropy bonus alone (false; ``target_entropy_per_dim`` then
+    # ~0.02 per dimension at b = 1.5). With the entropy bonus alone (false; ``target_entropy_per_dim`` then
     # applies), alpha falls once the entropy is above target and nothing holds the actor's mean:
     # on arm_pick_place, noise critics that could not tell noises apart walked the deployed w to
     # a norm of 3-4, where the base succeeds ~60 % of the time against ~80 % at w = 0, and DSRL
@@ -221,6 +222,7 @@ class DSRL:
         self.updates = 0
         self.owed_updates = 0.0
         self.demo_transitions = 0
+        self.demos_digest: str | None = None
         self.demo_buffer: ReplayBuffer | None = None
         if cfg.demo_fraction is not None and not (cfg.demos and 0.0 <= cfg.demo_fraction <= 1.0):
             raise UserError(f"algo.demo_fraction={cfg.demo_fraction}: expected a share in [0, 1] of each batch, "
@@ -243,6 +245,7 @@ class DSRL:
                         critic_dim=self.env.single_observation_space["critic"].shape[0])
         except ds.DatasetError as e:
             raise UserError(str(e)) from None
+        self.demos_digest = d.digest()
         # Rewards and the critic's time feature (t / episode_steps) must mean what they mean online.
         made = d.meta.get("task_config", {})
         for key in ("reward_type", "episode_steps", "terminate_on_success"):
@@ -391,6 +394,7 @@ class DSRL:
         b = self._sample_batch()
         alpha = self.log_alpha.exp().detach()
         metrics: dict[str, float] = {}
+        share_buffers(self.q_target, self.q)
         target = self.td_target(b)
         a_in = b["w"] if c.variant == "sac" else b["chunk"]
         q = self.q(torch.cat((b["critic"], a_in), -1))
@@ -451,7 +455,8 @@ class DSRL:
              "q_opt": self.q_opt.state_dict(), "alpha_opt": self.alpha_opt.state_dict(),
              "buffer": self.buffer.state_dict(), "gen": self.gen.get_state(), "obs": self.obs,
              "decisions": self.decisions, "updates": self.updates, "owed_updates": self.owed_updates,
-             "base_digest": self.base_digest, "pending": [dict(p) for p in self.pending]}
+             "base_digest": self.base_digest, "demos_digest": self.demos_digest,
+             "pending": [dict(p) for p in self.pending]}
         if self.cfg.variant == "na":
             d.update(qw=self.qw.state_dict(), qw_opt=self.qw_opt.state_dict())
         return d
@@ -462,6 +467,9 @@ class DSRL:
         if d["base_digest"] != self.base_digest:
             raise UserError(f"the base policy at {self.cfg.base} changed since this DSRL run started "
                             f"(weights digest {self.base_digest}, the run was steering {d['base_digest']})")
+        if d.get("demos_digest", self.demos_digest) != self.demos_digest:  # older checkpoints lack it
+            raise UserError(f"the demonstrations at {self.cfg.demos} changed since this DSRL run started (digest "
+                            f"{self.demos_digest}, the run loaded {d['demos_digest']}); start a new run")
         self.pi.load_state_dict(d["pi"])
         self.q.load_state_dict(d["q"])
         self.q_target.load_state_dict(d["q_target"])

@@ -104,9 +104,15 @@ def frozen(net: nn.Module) -> Iterator[None]:
 
 @torch.no_grad()
 def polyak_update(target: nn.Module, source: nn.Module, tau: float) -> None:
-    """target <- (1 - tau) target + tau source for parameters; buffers (the input normaliser's
-    statistics) are copied, so both networks see the same normalised inputs."""
+    """target <- (1 - tau) target + tau source, for parameters (buffers: ``share_buffers``)."""
     for p, pt in zip(source.parameters(), target.parameters()):
         pt.lerp_(p, tau)
+
+
+@torch.no_grad()
+def share_buffers(target: nn.Module, source: nn.Module) -> None:
+    """Copy the buffers (the input normaliser's statistics) of ``source`` into ``target``: called
+    before each TD target, so the target network normalises its input as the critic does now, not
+    with the statistics of the collect before (or, at the first update, none)."""
     for b, bt in zip(source.buffers(), target.buffers()):
         bt.copy_(b)

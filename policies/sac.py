@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .networks import Actor, Critic, frozen, polyak_update, squashed_log_prob
+from .networks import Actor, Critic, frozen, polyak_update, share_buffers, squashed_log_prob
 from .replay import ReplayBuffer
 
 
@@ -101,6 +101,7 @@ class SAC:
         b = self.buffer.sample(c.batch_size, self.gen)
         alpha = self.log_alpha.exp().detach()
         eps_next, eps = torch.randn((2, c.batch_size, self.act_dim), generator=self.gen, device=self.device)
+        share_buffers(self.q_target, self.q)
         q_loss = self._critic_loss(b, alpha, eps_next)
         self.q_opt.zero_grad(set_to_none=True)
         q_loss.backward()

@@ -635,6 +635,19 @@ def test_sac_critic_normalises_the_actions_it_is_trained_on():
     torch.testing.assert_close(norm.var[-act_dim:], actions.var(0, unbiased=False), rtol=0.05, atol=1e-5)
 
 
+def test_sac_target_critic_normalises_as_the_critic_does():
+    """The TD target's network uses the critic's current input statistics (it used to lag one
+    collect behind, and at the first update used none)."""
+    from policies.sac import SAC, SACConfig
+
+    sac = SAC(SACConfig(num_envs=32, batch_size=32), QuadHoverEnv(QuadTaskConfig(), 32), torch.device("cpu"), seed=0)
+    sac.collect()
+    seen, loss = [], sac._critic_loss
+    sac._critic_loss = lambda *a: seen.append(torch.equal(sac.q_target.obs_norm.mean, sac.q.obs_norm.mean)) or loss(*a)
+    sac.update()
+    assert seen == [True] and sac.q.obs_norm.mean.abs().sum() > 0
+
+
 def test_sac_actor_step_leaves_the_critic_gradient_to_the_critic_loss():
     """After an update, Q's gradients are those of its own TD loss alone (the actor's loss reaches
     Q's input, not its weights), and Q is trainable again for the next update."""
