@@ -21,6 +21,7 @@ Format ``robolearn-demos-v1``, a directory with two files:
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import time
@@ -70,6 +71,15 @@ class Demonstrations:
         meta = {**self.meta, "episodes": episodes, "successes": int(self.episode_success()[:episodes].sum())}
         return Demonstrations(**cut, episode_ends=self.episode_ends[:episodes].copy(), meta=meta,
                               image=None if self.image is None else self.image[:end])
+
+    def digest(self) -> str:
+        """SHA-256 (16 hex digits) of the per-step arrays and episode ends: what training reads."""
+        h = hashlib.sha256()
+        for k in REQUIRED:
+            a = np.ascontiguousarray(getattr(self, k))
+            h.update(f"{k}{a.dtype}{a.shape}".encode())
+            h.update(a.tobytes())
+        return h.hexdigest()[:16]
 
     def action_chunks(self, horizon: int) -> np.ndarray:
         """[T, horizon, A]: the actions taken from each step on, padded past an episode's end

@@ -211,6 +211,8 @@ class DiffusionPolicy(nn.Module):
             raise ValueError(f"exec_horizon {exec_horizon}: expected 1..pred_horizon ({pred_horizon})")
         if not 1 <= ddim_steps <= diffusion_steps:
             raise ValueError(f"ddim_steps {ddim_steps}: expected 1..diffusion_steps ({diffusion_steps})")
+        if time_embed < 2 or time_embed % 2:  # sin and cos of time_embed / 2 frequencies
+            raise ValueError(f"time_embed {time_embed}: expected an even number >= 2")
         if denoiser not in DENOISERS:
             raise ValueError(f"denoiser '{denoiser}': expected one of {', '.join(DENOISERS)}")
         if denoiser == "unet":
@@ -286,11 +288,14 @@ class DiffusionBC:
         torch.manual_seed(seed)
         obs_dim = env.single_observation_space["policy"].shape[0]
         act_dim = env.single_action_space.shape[0]
-        path = cfg.dataset or f"data/{env.cfg.name}"
+        if not 0.0 <= cfg.ema_decay < 1.0:  # 1 would evaluate and export the initial random weights
+            raise ValueError(f"ema_decay {cfg.ema_decay}: expected a value in [0, 1)")
+        path = self.dataset_path = cfg.dataset or f"data/{env.cfg.name}"
         try:
             demos = ds.load(path, task=env.cfg.name, obs_dim=obs_dim, act_dim=act_dim).first(cfg.max_episodes)
         except ds.DatasetError as e:
             raise UserError(str(e)) from None
+        self.dataset_digest = demos.digest()
         self.obs = torch.as_tensor(demos.obs, device=device)
         self.chunks = torch.as_tensor(demos.action_chunks(cfg.pred_horizon), device=device)
         self.model = DiffusionPolicy(obs_dim, act_dim, cfg.pred_horizon, cfg.exec_horizon, cfg.diffusion_steps,
@@ -311,7 +316,7 @@ class DiffusionBC:
 
     def train_iteration(self) -> dict[str, float]:
         c, losses = self.cfg, []
-        for _ in range(c.updates_per_iteration):
+        for _ in range(min(c.updates_per_iteration, c.gradient_steps - self.updates)):  # never past the budget
             idx = torch.randint(0, len(self.obs), (c.batch_size,), generator=self.gen, device=self.device)
             loss = self.model.loss(self.obs[idx], self.chunks[idx], self.gen)
             self.opt.zero_grad(set_to_none=True)
@@ -327,9 +332,15 @@ class DiffusionBC:
 
     def state_dict(self) -> dict:
         return {"model": self.model.state_dict(), "ema": self.actor.state_dict(), "opt": self.opt.state_dict(),
-                "sched": self.sched.state_dict(), "gen": self.gen.get_state(), "updates": self.updates}
+                "sched": self.sched.state_dict(), "gen": self.gen.get_state(), "updates": self.updates,
+                "dataset_digest": self.dataset_digest}
 
     def load_state_dict(self, d: dict) -> None:
+        from .config import UserError
+
+        if d.get("dataset_digest", self.dataset_digest) != self.dataset_digest:  # older checkpoints lack it
+            raise UserError(f"the dataset at {self.dataset_path} changed since this run started (digest "
+                            f"{self.dataset_digest}, the run was trained on {d['dataset_digest']}); start a new run")
         self.model.load_state_dict(d["model"])
         self.actor.load_state_dict(d["ema"])
         self.opt.load_state_dict(d["opt"])

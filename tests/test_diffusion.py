@@ -87,6 +87,8 @@ def test_unet_reads_the_chunk_as_a_sequence():
     (dict(UNET, unet_channels=12), "unet_channels 12: expected a multiple of 8"),
     (dict(UNET, unet_channels=8, pred_horizon=2, exec_horizon=2), "each GroupNorm group holds 4 values"),
     (dict(UNET, blocks=0), "at least one conv block per level"),
+    (dict(time_embed=15), "time_embed 15: expected an even number >= 2"),
+    (dict(time_embed=0), "time_embed 0: expected an even number >= 2"),
 ])
 def test_bad_denoiser_settings_are_named(kw, message):
     with pytest.raises(ValueError, match=message):

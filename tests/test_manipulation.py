@@ -157,6 +157,43 @@ def test_bc_needs_a_matching_dataset(demos, tmp_path):
     assert r.returncode == 2 and "holds 'arm_push' demonstrations" in r.stderr and "Traceback" not in r.stderr
 
 
+def test_bc_keeps_to_its_budget_and_refuses_a_changed_dataset_on_resume(demos, tmp_path):
+    """gradient_steps that are no multiple of updates_per_iteration: the run stops at the budget, its
+    cosine learning rate at 0 (it used to train on, the rate climbing again). A resume after the
+    dataset was collected again is refused; ema_decay=1 (an EMA that never moves) is refused."""
+    import shutil
+
+    data, run = tmp_path / "data", tmp_path / "bc"
+    shutil.copytree(demos, data)
+    r = cli("policies.train", "task=arm_push", "algo=diffusion_bc", f"dataset={data}", "algo.gradient_steps=150",
+            "algo.updates_per_iteration=100", "algo.eval_every_updates=100", f"run_dir={run}", *FAST)
+    assert r.returncode in (0, 1) and "Traceback" not in r.stderr, r.stderr
+    state = torch.load(run / ckpt.LAST, weights_only=False)["algo"]
+    assert state["updates"] == 150 and state["sched"]["_last_lr"][0] < 1e-9
+    r = cli("policies.collect", "task=arm_push", "episodes=3", "noise=0.2", "num_envs=3", f"out={data}", "progress=false")
+    assert r.returncode == 0, r.stderr
+    r = cli("policies.train", f"resume={run}", "progress=false")  # its checkpoint loads before "nothing to train"
+    assert r.returncode == 2 and f"the dataset at {data} changed since this run started" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
+    r = cli("policies.train", "task=arm_push", "algo=diffusion_bc", f"dataset={data}", "algo.ema_decay=1.0",
+            f"run_dir={tmp_path / 'ema'}", *FAST)
+    assert r.returncode == 2 and "ema_decay 1.0: expected a value in [0, 1)" in r.stderr, r.stderr
+    assert not (tmp_path / "ema").exists()
+
+
+@pytest.mark.parametrize("variant", ["na", "sac"])
+def test_the_target_critic_normalises_as_the_critic_does(base_run, variant):
+    """The TD target's network uses the critic's current input statistics (it used to lag one
+    collect behind, and at the first update used none)."""
+    algo = _dsrl(base_run, variant)
+    algo.collect()
+    seen = []
+    td_target = algo.td_target
+    algo.td_target = lambda b: seen.append(torch.equal(algo.q_target.obs_norm.mean, algo.q.obs_norm.mean)) or td_target(b)
+    algo.update()
+    assert seen == [True] and algo.q.obs_norm.mean.abs().sum() > 0
+
+
 @pytest.mark.parametrize("variant", ["na", "sac"])
 def test_dsrl_leaves_the_base_untouched(base_run, tmp_path, variant):
     before = sha(base_run / ckpt.BEST)
