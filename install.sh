@@ -18,6 +18,9 @@ APT_PACKAGES=(
   g++  # torch.compile (inductor) builds the fused simulator step and PPO loss as C++
   gcc-arm-none-eabi libnewlib-arm-none-eabi qemu-system-arm  # Cortex-M4 cross-build, emulated STM32F405
 )
+# inductor's kernels include Python.h: Debian's Python has its C headers only with python3-dev
+python3 -c 'import os, sys, sysconfig; sys.exit(not os.path.isfile(os.path.join(sysconfig.get_paths()["include"], "Python.h")))' \
+  || APT_PACKAGES+=(python3-dev)
 # Debian's Python makes virtual environments with pip only with python3-venv installed
 python3 -c 'import ensurepip, venv' 2>/dev/null || APT_PACKAGES+=(python3-venv)
 missing=()

@@ -7,6 +7,7 @@ import os
 import platform
 import shutil
 import subprocess
+import sysconfig
 import warnings
 from typing import Callable
 
@@ -26,13 +27,19 @@ _LAYOUT_ASSERTS = {"size_asserts": "TORCHINDUCTOR_SIZE_ASSERTS", "alignment_asse
 
 
 def compile_if(fn: Callable, enabled: bool, dynamic: bool | None = None) -> Callable:
-    """``torch.compile(fn)`` when ``enabled`` and a C++ compiler is on the PATH (inductor builds CPU
-    kernels with it); otherwise ``fn`` itself, with a warning if compiling was asked for."""
+    """``torch.compile(fn)`` when ``enabled`` and a C++ compiler and Python's C headers are installed
+    (inductor builds CPU kernels with them); otherwise ``fn`` itself, with a warning if compiling was
+    asked for."""
     if not enabled:
         return fn
     if shutil.which("g++") is None and shutil.which("c++") is None:
         warnings.warn("torch.compile needs a C++ compiler (g++) and none is installed: running eagerly "
                       "(install g++, or set task.compile=false algo.compile=false to silence this)", stacklevel=2)
+        return fn
+    if not _python_headers():
+        warnings.warn(f"torch.compile builds its CPU kernels against Python's C headers and there is no "
+                      f"Python.h in {sysconfig.get_paths()['include']}: running eagerly (on Debian: apt-get "
+                      "install python3-dev, as install.sh does)", stacklevel=2)
         return fn
     import torch._inductor.config as inductor
 
@@ -53,6 +60,11 @@ def compile_if(fn: Callable, enabled: bool, dynamic: bool | None = None) -> Call
         # the simulator's do; a reduction across environments would be split by thread.
         options["cpp.dynamic_threads"] = True
     return torch.compile(fn, dynamic=dynamic, options=options)
+
+
+def _python_headers() -> bool:
+    """Whether this Python's C headers are installed: inductor's kernels include Python.h."""
+    return os.path.isfile(os.path.join(sysconfig.get_paths()["include"], "Python.h"))
 
 
 @functools.cache  # one g++ call per process, not one per compiled function

@@ -33,3 +33,18 @@ def test_a_dynamic_batch_graph_first_compiled_small_still_runs_its_loops_on_ever
     code = captured.getvalue()
     assert "cpp_fused" in code, "no C++ kernel was generated"
     assert "#pragma omp parallel" in code
+
+
+def test_without_python_headers_compiling_falls_back_to_eager_with_a_warning(monkeypatch, tmp_path):
+    """inductor's kernels include Python.h: without it the first compiled call would fail, so the
+    function runs eagerly and says why."""
+    import sysconfig
+
+    real = sysconfig.get_paths
+    monkeypatch.setattr(sysconfig, "get_paths", lambda *a, **k: {**real(*a, **k), "include": str(tmp_path)})
+
+    def fn(x):
+        return x + 1
+
+    with pytest.warns(UserWarning, match="no Python.h in"):
+        assert compile_if(fn, True) is fn
