@@ -17,16 +17,20 @@ the ROS 2 launch documentation, and fails with a clear message on anything else:
   <group scoped>                    children in a scope (default scoped="true": configurations and
                                     environment set inside do not leak out)
   <include file>  <arg name value/> another launch file, in a scope holding the given arguments
+                                    (what it sets does not leak into the including file; wrap an
+                                    include in <group> for the same under ros2 launch)
   if="..." / unless="..."           on every element: true/false/1/0 (case-insensitive), else error
 
 Substitutions: $(var name), $(env NAME [default]), $(find-pkg-share pkg), $(find-pkg-prefix pkg),
-$(dirname), $(filename), $(eval python-expression) (the math module's names are available),
+$(dirname), $(filename), $(eval python-expression) (Python's builtins and the math module's names),
 nested and quoted ('...' or "...", backslash escapes the next character) arguments allowed.
 
-Every node runs as a child process, its output prefixed with [name-N]. Ctrl-C or SIGTERM stops
-all of them (SIGINT, then SIGTERM after 5 s, to each node; then SIGKILL after 5 s more, to each
-node's process group, i.e. with anything it started); the runner also ends
-when every child has exited, with exit code 0 only if all of them exited cleanly.
+Every node runs as a child process, its output prefixed with [name-N]. Ctrl-C, SIGTERM, SIGHUP
+(the terminal closed) or a closed output pipe stops all of them (SIGINT, then SIGTERM after 5 s, to
+each node; then SIGKILL after 5 s more, to each node's process group, i.e. with anything it
+started); a node gets SIGTERM if the runner dies (even by SIGKILL), and an error of the runner
+itself stops every node before it exits. The runner also ends when every child has exited, with
+exit code 0 only if all of them exited cleanly. Nodes find the runner's Python first on their PATH.
 """
 
 from __future__ import annotations
@@ -177,7 +181,8 @@ def _substitute(name: str, args: list[str], scope: Scope) -> str:
     if name == "eval":
         need(1)
         try:
-            return str(eval(args[0], {"__builtins__": {}}, dict(vars(math))))  # launch files are code, as in ROS
+            # as ROS 2's python_expression: Python's builtins and the math module's names (and `math`)
+            return str(eval(args[0], {}, {**vars(math), "math": math}))  # launch files are code, as in ROS
         except Exception as e:
             raise LaunchError(f"$(eval {args[0]!r}) failed: {type(e).__name__}: {e}") from None
     raise LaunchError(f"unsupported substitution $({name} ...): supported are var, env, find-pkg-share, "
@@ -319,6 +324,8 @@ def _children(parent: ET.Element, scope: Scope, out: list[Process]) -> None:
             for child in el:
                 if child.tag != "arg":
                     raise LaunchError(f"{_where(child, scope)} inside <include>: only <arg name value/> is supported")
+                if not _enabled(child, scope):
+                    continue
                 c = _attrs(child, {"name", "value"}, scope, {"name", "value"})
                 given[c["name"]] = c["value"]
             path = Path(a["file"])
@@ -341,6 +348,9 @@ def plan(file: Path, args: dict[str, str]) -> list[Process]:
     """Every process the launch file starts with these arguments, in order (nothing is started)."""
     env = dict(os.environ)
     env.setdefault("AMENT_PREFIX_PATH", sys.prefix)
+    # The nodes' executables start with `#!/usr/bin/env python3`: this Python (the venv's, also when
+    # the runner was started as .venv/bin/python without activating it) comes first.
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), *filter(None, env.get("PATH", "").split(os.pathsep))])
     scope = Scope(dict(args), env, file.resolve())
     out: list[Process] = []
     load(file, scope, out)
@@ -354,82 +364,137 @@ def plan(file: Path, args: dict[str, str]) -> list[Process]:
 # processes
 
 
-def _log(msg: str) -> None:
-    print(f"[INFO] [launch]: {msg}", flush=True)
+def _die_with_parent() -> None:
+    """In the child before exec: SIGTERM when the runner dies, however it dies (even SIGKILL), so no
+    node (a bridge flying a real vehicle) outlives the launch; a SIGTERMed node stops as on Ctrl-C."""
+    import ctypes
+
+    PR_SET_PDEATHSIG = 1
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def run(processes: list[Process]) -> int:
-    """Start every process, relay their output, stop them all on SIGINT/SIGTERM."""
-    stop = {"signal": None}
+    """Start every process, relay their output, stop them all on SIGINT/SIGTERM/SIGHUP, on losing
+    the output (a closed pipe) and on any error of the runner itself."""
+    stop: dict[str, str | None] = {"reason": None}
+    output_ok = [True]
 
     def on_signal(signum, _frame):
-        stop["signal"] = signum
+        stop["reason"] = stop["reason"] or signal.Signals(signum).name
 
-    signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGTERM, on_signal)
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # SIGHUP: the terminal closed
+        signal.signal(sig, on_signal)
+
+    def say(text: str) -> None:
+        if not output_ok[0]:
+            return
+        try:
+            sys.stdout.write(text)
+            sys.stdout.flush()
+        except OSError:  # e.g. `| head` exited: keep reading the nodes' pipes, stop them
+            output_ok[0] = False
+            stop["reason"] = stop["reason"] or "output closed"
+
+    def log(msg: str) -> None:
+        say(f"[INFO] [launch]: {msg}\n")
+
     sel = selectors.DefaultSelector()
     running: dict[subprocess.Popen, str] = {}
     codes: dict[str, int] = {}
-    for i, p in enumerate(processes, 1):
-        label = f"{p.name}-{i}"
-        try:
-            proc = subprocess.Popen(p.argv, env=p.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                    start_new_session=True)
-        except OSError as e:
-            _log(f"could not start {label}: {e}")
-            stop["signal"] = signal.SIGTERM
-            break
-        running[proc] = label
-        sel.register(proc.stdout, selectors.EVENT_READ, (proc, label))
-        print(f"[INFO] [{label}]: process started with pid [{proc.pid}]", flush=True)
+    try:
+        for i, p in enumerate(processes, 1):
+            label = f"{p.name}-{i}"
+            try:
+                proc = subprocess.Popen(p.argv, env=p.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                        start_new_session=True, preexec_fn=_die_with_parent)
+            except OSError as e:
+                log(f"could not start {label}: {e}")
+                stop["reason"] = "a process could not start"
+                break
+            os.set_blocking(proc.stdout.fileno(), False)
+            running[proc] = label
+            sel.register(proc.stdout, selectors.EVENT_READ, (proc, label))
+            say(f"[INFO] [{label}]: process started with pid [{proc.pid}]\n")
 
-    stop_started = None
-    sent: list[int] = []
-    partial: dict[str, bytes] = {}
+        stop_started = None
+        sent: list[int] = []
+        partial: dict[str, bytes] = {}
 
-    def relay(label: str, data: bytes, final: bool = False) -> None:
-        buf = partial.pop(label, b"") + data
-        *lines, rest = buf.split(b"\n")
-        if final and rest:
-            lines, rest = lines + [rest], b""
-        if rest:
-            partial[label] = rest
-        if lines:
-            sys.stdout.write("".join(f"[{label}] {ln.decode(errors='replace')}\n" for ln in lines))
-            sys.stdout.flush()
+        def relay(label: str, data: bytes, final: bool = False) -> None:
+            buf = partial.pop(label, b"") + data
+            *lines, rest = buf.split(b"\n")
+            if final and rest:
+                lines, rest = lines + [rest], b""
+            if rest:
+                partial[label] = rest
+            if lines:
+                say("".join(f"[{label}] {ln.decode(errors='replace')}\n" for ln in lines))
 
-    while running:
-        for key, _ in sel.select(timeout=0.1):
-            proc, label = key.data
-            data = os.read(key.fileobj.fileno(), 65536)
-            if data:
-                relay(label, data)
-            else:
-                sel.unregister(key.fileobj)
-        for proc in [p for p in running if p.poll() is not None]:
-            label = running.pop(proc)
-            codes[label] = proc.returncode
-            if proc.stdout in (k.fileobj for k in sel.get_map().values()):
-                sel.unregister(proc.stdout)
-            relay(label, proc.stdout.read(), final=True)
-            state = "process has finished cleanly" if proc.returncode in (0, -signal.SIGINT) else \
-                f"process has died [exit code {proc.returncode}]"
-            print(f"[INFO] [{label}]: {state}", flush=True)
-        if stop["signal"] is not None and running:
-            now = time.monotonic()
-            if stop_started is None:
-                stop_started = now
-                _log(f"{signal.Signals(stop['signal']).name}: stopping {len(running)} process(es)")
-            escalation = ((signal.SIGINT, 0.0), (signal.SIGTERM, STOP_TIMEOUT), (signal.SIGKILL, 2 * STOP_TIMEOUT))
-            for sig, after in escalation:
-                if now - stop_started >= after and sig not in sent:
-                    sent.append(sig)
-                    for proc in running:
-                        try:  # like ros2 launch: the node itself, so it can stop its own children in order
-                            (os.killpg if sig == signal.SIGKILL else os.kill)(proc.pid, sig)
-                        except ProcessLookupError:
-                            pass
+        def available(fd: int) -> bytes:
+            """What the pipe holds now, without waiting for its end (a node's orphaned child may
+            hold its write end open long after the node exited)."""
+            chunks = []
+            while True:
+                try:
+                    data = os.read(fd, 65536)
+                except BlockingIOError:
+                    break
+                if not data:
+                    break
+                chunks.append(data)
+            return b"".join(chunks)
+
+        while running:
+            for key, _ in sel.select(timeout=0.1):
+                proc, label = key.data
+                try:
+                    data = os.read(key.fileobj.fileno(), 65536)
+                except BlockingIOError:
+                    continue
+                if data:
+                    relay(label, data)
+                else:
+                    sel.unregister(key.fileobj)
+            for proc in [p for p in running if p.poll() is not None]:
+                label = running.pop(proc)
+                codes[label] = proc.returncode
+                if proc.stdout in (k.fileobj for k in sel.get_map().values()):
+                    sel.unregister(proc.stdout)
+                relay(label, available(proc.stdout.fileno()), final=True)
+                proc.stdout.close()
+                state = "process has finished cleanly" if proc.returncode in (0, -signal.SIGINT) else \
+                    f"process has died [exit code {proc.returncode}]"
+                say(f"[INFO] [{label}]: {state}\n")
+            if stop["reason"] is not None and running:
+                now = time.monotonic()
+                if stop_started is None:
+                    stop_started = now
+                    log(f"{stop['reason']}: stopping {len(running)} process(es)")
+                escalation = ((signal.SIGINT, 0.0), (signal.SIGTERM, STOP_TIMEOUT), (signal.SIGKILL, 2 * STOP_TIMEOUT))
+                for sig, after in escalation:
+                    if now - stop_started >= after and sig not in sent:
+                        sent.append(sig)
+                        for proc in running:
+                            try:  # like ros2 launch: the node itself, so it can stop its own children in order
+                                (os.killpg if sig == signal.SIGKILL else os.kill)(proc.pid, sig)
+                            except ProcessLookupError:
+                                pass
+    finally:  # the runner itself failed: no node is left behind (SIGTERM, then its group's SIGKILL)
+        _terminate(list(running))
     return 0 if all(c in (0, -signal.SIGINT) for c in codes.values()) else 1
+
+
+def _terminate(procs: list[subprocess.Popen]) -> None:
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for proc in procs:
+            if proc.poll() is None:
+                try:
+                    (os.killpg if sig == signal.SIGKILL else os.kill)(proc.pid, sig)
+                except ProcessLookupError:
+                    pass
+        deadline = time.monotonic() + STOP_TIMEOUT
+        while any(proc.poll() is None for proc in procs) and time.monotonic() < deadline:
+            time.sleep(0.05)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -2,8 +2,9 @@
 
     python -m deploy.recorder --ros-args -p path:=bags [-p use_sim_time:=true]
 
-Discovers topics every 0.5 s and subscribes to each new one with raw (serialized CDR)
-subscriptions, so messages are stored exactly as they travelled, never re-encoded. Schemas are
+Discovers topics every 0.5 s and subscribes to each new one that has a publisher (best effort if
+any publisher is, else reliable: a subscription matches the publishers seen then) with raw
+(serialized CDR) subscriptions, so messages are stored exactly as they travelled, never re-encoded. Schemas are
 the ``ros2msg`` message definitions (with their dependencies) read from the installed ``.msg``
 files, as rosbag2 writes them; any MCAP/ROS 2 tool (Foxglove, ``ros2 bag`` with the MCAP
 plugin, ``mcap_ros2``) reads the file. log_time is the receive time on this node's clock
@@ -115,6 +116,9 @@ class Recorder(Node):
         for topic, types in self.get_topic_names_and_types():
             if topic in self.channels or topic in self.skipped:
                 continue
+            publishers = self.get_publishers_info_by_topic(topic)
+            if not publishers:  # its QoS is chosen from its publishers: look again on the next pass
+                continue
             try:
                 schema = self.writer.register_schema(types[0], "ros2msg", msg_definition(types[0]).encode())
                 cls = message_class(types[0])
@@ -122,8 +126,7 @@ class Recorder(Node):
                 self.skipped.add(topic)
                 self.get_logger().warning(f"not recording {topic} ({types[0]}): {e}")
                 continue
-            best_effort = any(i.qos_profile.reliability == ReliabilityPolicy.BEST_EFFORT
-                              for i in self.get_publishers_info_by_topic(topic))
+            best_effort = any(i.qos_profile.reliability == ReliabilityPolicy.BEST_EFFORT for i in publishers)
             qos = QoSProfile(depth=1000, reliability=ReliabilityPolicy.BEST_EFFORT if best_effort
                              else ReliabilityPolicy.RELIABLE)
             self.channels[topic] = self.writer.register_channel(topic, "cdr", schema)

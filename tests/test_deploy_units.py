@@ -4,6 +4,11 @@ runner's parser, the Crazyflie log conversion, the recorder's schemas and the pa
 from __future__ import annotations
 
 import math
+import os
+import signal
+import subprocess
+import sys
+import time
 import tomllib
 from pathlib import Path
 
@@ -392,6 +397,123 @@ def test_launch_semantics_scoping_conditions_and_errors(ament_prefix, tmp_path):
         plan(main, {"flgа": "true"})
     with pytest.raises(LaunchError, match="expected name:=value"):
         parse_cli(["x.launch.xml", "backend=sim"])
+
+
+def _fake_nodes(tmp_path: Path, nodes: dict[str, str]) -> Path:
+    """An ament prefix with package 'fake' whose executables are the given Python scripts."""
+    prefix = tmp_path / "fake_prefix"
+    (prefix / "share/ament_index/resource_index/packages").mkdir(parents=True)
+    (prefix / "share/ament_index/resource_index/packages/fake").write_text("")
+    (prefix / "lib/fake").mkdir(parents=True)
+    for name, body in nodes.items():
+        exe = prefix / "lib/fake" / name
+        exe.write_text("#!/usr/bin/env python3\n" + body)
+        exe.chmod(0o755)
+    return prefix
+
+
+SLEEPER = """import os, sys, time
+print("pid", os.getpid(), "python", sys.executable, flush=True)
+time.sleep(120)
+"""
+
+
+def _start_runner(tmp_path: Path, launch: str, prefix: Path) -> subprocess.Popen:
+    """The launch runner on ``launch`` (XML), its output a pipe, the venv not on the PATH."""
+    file = write(tmp_path / "t.launch.xml", launch)
+    env = {**os.environ, "AMENT_PREFIX_PATH": str(prefix), "PATH": "/usr/bin:/bin"}
+    proc = subprocess.Popen([sys.executable, "-m", "deploy.launch", str(file)], cwd=REPO, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return proc
+
+
+def _wait_pids(proc: subprocess.Popen, n: int, lines: list[str]) -> list[int]:
+    deadline = time.monotonic() + 30
+    while len([ln for ln in lines if "] pid " in ln]) < n and time.monotonic() < deadline:
+        lines.append(proc.stdout.readline())
+    return [int(ln.split("] pid ")[1].split()[0]) for ln in lines if "] pid " in ln]
+
+
+def _gone(pid: int, within: float) -> bool:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        status = Path(f"/proc/{pid}/status")
+        if not status.exists() or "zombie" in status.read_text().lower():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+@pytest.mark.parametrize("how", ["SIGHUP", "SIGKILL", "closed output"])
+def test_no_node_outlives_the_launch_runner(tmp_path, how):
+    """The terminal closing (SIGHUP), the runner killed, or its output pipe closed (`| head`): every
+    node stops (they used to run on, re-parented to init). Nodes run the runner's Python even with
+    the venv not on the PATH."""
+    prefix = _fake_nodes(tmp_path, {"sleeper": SLEEPER})
+    proc = _start_runner(tmp_path, '<launch><node pkg="fake" exec="sleeper" name="a"/>'
+                                      '<node pkg="fake" exec="sleeper" name="b"/></launch>', prefix)
+    lines: list[str] = []
+    pids = _wait_pids(proc, 2, lines)
+    try:
+        assert len(pids) == 2, lines
+        assert all(f"python {sys.executable}" in ln for ln in lines if "] pid " in ln), lines
+        if how == "closed output":
+            proc.stdout.close()
+            os.kill(pids[0], signal.SIGUSR1)  # the runner's next write (this node's end) finds the pipe closed
+        else:
+            os.kill(proc.pid, getattr(signal, how))
+        assert all(_gone(pid, 12.0) for pid in pids), f"a node outlived the runner ({how})"
+    finally:
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        proc.kill()
+        proc.wait()
+
+
+def test_an_exited_nodes_orphan_holding_its_output_does_not_stall_the_runner(tmp_path):
+    """A node that exits while a child it started still holds its stdout: the runner relays what is
+    there and goes on (it used to block until that child ended, 30 s here)."""
+    import threading
+
+    prefix = _fake_nodes(tmp_path, {"sleeper": SLEEPER, "forker": (
+        "import subprocess, sys\nsubprocess.Popen(['sleep', '30'])\nprint('forked', flush=True)\nsys.exit(3)\n")})
+    proc = _start_runner(tmp_path, '<launch><node pkg="fake" exec="forker" name="f"/>'
+                                   '<node pkg="fake" exec="sleeper" name="s"/></launch>', prefix)
+    lines: list[str] = []
+    threading.Thread(target=lambda: lines.extend(iter(proc.stdout.readline, "")), daemon=True).start()
+
+    def wait_for(text: str, within: float) -> bool:
+        deadline = time.monotonic() + within
+        while not any(text in ln for ln in lines) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return any(text in ln for ln in lines)
+
+    try:
+        assert wait_for("[f-1] forked", 20), lines
+        assert wait_for("[f-1]: process has died [exit code 3]", 5), lines
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=5) == 1 and wait_for("[s-2]: process has finished cleanly", 5), lines
+    finally:
+        proc.kill()
+        subprocess.run(["pkill", "-f", "sleep 30"], check=False)
+
+
+def test_launch_eval_has_builtins_and_math_and_include_args_honour_conditions(ament_prefix, tmp_path):
+    write(tmp_path / "inc.launch.xml", '<launch><arg name="who" default="default"/>'
+          '<node pkg="robolearn" exec="recorder" name="$(var who)"/></launch>')
+    main = write(tmp_path / "main.launch.xml", """<launch>
+      <node pkg="robolearn" exec="sim_bridge" name="n$(eval 'abs(-2) + int(math.pi)')"/>
+      <include file="inc.launch.xml"><arg name="who" value="given" if="false"/></include>
+    </launch>""")
+    assert [p.name for p in plan(main, {})] == ["n5", "default"]
+
+
+def test_hover_launch_names_the_recording_after_the_robot(ament_prefix):
+    recorder = plan(REPO / "launch/hover.launch.xml", {"record": "true", "robot": "cf2"})[-1]
+    assert recorder.name == "recorder" and "robot:=cf2" in recorder.argv
 
 
 def test_pyproject_registers_the_ament_package():
