@@ -700,6 +700,11 @@ def test_dsrl_na_loads_demonstrations(base_run, demos):
                               ("task.terminate_on_success=false", "collected with terminate_on_success=True")):
         with pytest.raises(UserError, match=message):
             _dsrl(base_run, "na", [f"algo.demos={demos}", override])
+    # Resumed after the demonstrations were collected again: refused (their digest is checkpointed).
+    state = algo.state_dict()
+    algo.load_state_dict(state)  # the same demonstrations: fine
+    with pytest.raises(UserError, match="changed since this DSRL run started"):
+        algo.load_state_dict({**state, "demos_digest": "0" * 16})
 
 
 def test_dsrl_na_draws_a_fixed_share_of_each_batch_from_the_demonstrations(base_run, demos):
