@@ -3,13 +3,15 @@
 Three panels over time (s, the recording's clock): position (world, m) with the target,
 attitude (roll, pitch, yaw in degrees from the odometry quaternion, ZYX convention) and the
 rotor speed commands (rpm, M1..M4). Failsafe periods from the status topic are shaded.
-Writes <bag>.png next to the bag unless -o is given, and prints the path.
+Writes <bag>.png next to the bag unless -o is given, and prints the path. A recording that was
+never finished (its recorder killed) is plotted up to where it ends, with a warning.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import struct
 import sys
 from pathlib import Path
 
@@ -25,18 +27,41 @@ def euler_zyx_deg(q: np.ndarray) -> np.ndarray:
     return np.degrees(np.stack((roll, pitch, yaw), axis=-1))
 
 
-def read_flight(bag: Path, robot: str) -> dict:
-    """Arrays from the bag: t_odom, pos, quat (w,x,y,z), t_cmd, rpm, status [(t, dict)]."""
+def _messages(bag: Path, topics: list[str]) -> tuple[list, bool]:
+    """Decoded messages of ``topics`` in log-time order, and whether the file was finished. A
+    recording whose recorder was killed has no summary: it is read from the start up to where it
+    breaks off."""
     from mcap.exceptions import McapError
-    from mcap.reader import make_reader
+    from mcap.reader import NonSeekingReader, make_reader
     from mcap_ros2.decoder import DecoderFactory
+
+    try:
+        with bag.open("rb") as f:
+            return list(make_reader(f, decoder_factories=[DecoderFactory()]).iter_decoded_messages(topics=topics)), True
+    except McapError:
+        pass
+    messages = []
+    with bag.open("rb") as f:
+        try:
+            for m in NonSeekingReader(f, decoder_factories=[DecoderFactory()]).iter_decoded_messages(
+                    topics=topics, log_time_order=False):
+                messages.append(m)
+        except (McapError, EOFError, struct.error):  # the end of what was written (a record cut short)
+            pass
+    if not messages:
+        raise ValueError("no messages on the plotted topics could be read")
+    return sorted(messages, key=lambda m: m[2].log_time), False
+
+
+def read_flight(bag: Path, robot: str) -> dict:
+    """Arrays from the bag: t_odom, pos, quat (w,x,y,z), t_cmd, rpm, status [(t, dict)], finished
+    (False: an unfinished recording, read up to where it breaks off)."""
+    from mcap.exceptions import McapError
 
     odom, cmd, status = f"/{robot}/odom", f"/{robot}/rotor_cmd", f"/{robot}/status"
     t_o, pos, quat, t_c, rpm, st = [], [], [], [], [], []
     try:
-        with bag.open("rb") as f:
-            messages = list(make_reader(f, decoder_factories=[DecoderFactory()]).iter_decoded_messages(
-                topics=[odom, cmd, status]))
+        messages, finished = _messages(bag, [odom, cmd, status])
         for _schema, channel, raw, msg in messages:
             t = raw.log_time * 1e-9
             if channel.topic == odom:
@@ -57,7 +82,7 @@ def read_flight(bag: Path, robot: str) -> dict:
     if not t_o:
         raise ValueError(f"{bag} has no messages on {odom}: wrong --robot? (record with record:=true)")
     return {"t_odom": np.array(t_o), "pos": np.array(pos), "quat": np.array(quat),
-            "t_cmd": np.array(t_c), "rpm": np.array(rpm).reshape(-1, 4), "status": st}
+            "t_cmd": np.array(t_c), "rpm": np.array(rpm).reshape(-1, 4), "status": st, "finished": finished}
 
 
 def plot(flight: dict, out: Path, title: str) -> None:
@@ -116,6 +141,9 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    if not flight["finished"]:
+        print(f"warning: {args.bag} was never finished (its recorder killed?): plotting the "
+              f"{len(flight['t_odom'])} odometry messages up to where it ends", file=sys.stderr)
     out = args.out or args.bag.with_suffix(".png")
     plot(flight, out, f"{args.bag.name}: {args.robot}, {flight['t_odom'][-1] - flight['t_odom'][0]:.1f} s")
     print(out)

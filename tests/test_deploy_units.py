@@ -516,6 +516,49 @@ def test_hover_launch_names_the_recording_after_the_robot(ament_prefix):
     assert recorder.name == "recorder" and "robot:=cf2" in recorder.argv
 
 
+def _odom_bag(path: Path, n: int, finish: bool) -> None:
+    """n odometry messages at 100 Hz (x = i / 100 m) in the recorder's layout; unfinished: no summary."""
+    from mcap.writer import CompressionType, Writer
+    from nav_msgs.msg import Odometry
+    from rclpy.serialization import serialize_message
+
+    from deploy.recorder import msg_definition
+
+    f = path.open("wb")
+    w = Writer(f, compression=CompressionType.ZSTD, chunk_size=4096)
+    w.start()
+    schema = w.register_schema("nav_msgs/msg/Odometry", "ros2msg", msg_definition("nav_msgs/msg/Odometry").encode())
+    channel = w.register_channel("/cf1/odom", "cdr", schema)
+    for i in range(n):
+        m = Odometry()
+        m.pose.pose.position.x, m.pose.pose.orientation.w = i / 100, 1.0
+        w.add_message(channel, log_time=i * 10_000_000, data=serialize_message(m), publish_time=i * 10_000_000)
+    if finish:
+        w.finish()
+    f.close()
+
+
+def test_plot_reads_an_unfinished_or_cut_recording_up_to_where_it_ends(tmp_path):
+    """A recorder killed before finishing its file (no summary) or a file cut short: the messages
+    written are still plotted, flagged unfinished; a file with none is one error line."""
+    from deploy.plot import main as plot_main
+    from deploy.plot import read_flight
+
+    _odom_bag(tmp_path / "done.mcap", 300, finish=True)
+    assert read_flight(tmp_path / "done.mcap", "cf1")["finished"]
+    _odom_bag(tmp_path / "killed.mcap", 300, finish=False)
+    flight = read_flight(tmp_path / "killed.mcap", "cf1")
+    assert not flight["finished"] and 250 <= len(flight["t_odom"]) <= 300
+    assert np.all(np.diff(flight["t_odom"]) > 0) and np.allclose(flight["pos"][:, 0], np.arange(len(flight["pos"])) / 100)
+    data = (tmp_path / "done.mcap").read_bytes()
+    (tmp_path / "cut.mcap").write_bytes(data[: len(data) // 2])  # a record cut in the middle
+    assert 50 <= len(read_flight(tmp_path / "cut.mcap", "cf1")["t_odom"]) < 300
+    assert plot_main([str(tmp_path / "killed.mcap")]) == 0 and (tmp_path / "killed.png").stat().st_size > 10_000
+    (tmp_path / "junk.mcap").write_bytes(b"not a recording")
+    with pytest.raises(ValueError, match="is not a readable MCAP recording"):
+        read_flight(tmp_path / "junk.mcap", "cf1")
+
+
 def test_pyproject_registers_the_ament_package():
     """The wheel's data-files must equal what `python -m deploy.ament` links (deploy/README.md)."""
     data_files = tomllib.loads((REPO / "pyproject.toml").read_text()).get("tool", {}).get("setuptools", {}).get(
