@@ -21,6 +21,8 @@ class RunningNorm(nn.Module):
     def update(self, x: torch.Tensor) -> None:
         x = x.reshape(-1, self.mean.numel())
         n = x.shape[0]
+        if n == 0:  # no rows (e.g. every one masked out): the mean of none would be NaN for good
+            return
         batch_mean = x.mean(0)
         # Two passes in float64, cast back: the same values as x.var(0, unbiased=False) (a Welford
         # pass, float64 accumulator on the CPU) in every one of 83,000 columns compared, and 3-5x

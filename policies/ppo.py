@@ -52,6 +52,9 @@ class PPOConfig:
 class PPO:
     def __init__(self, cfg: PPOConfig, env, device: torch.device, seed: int):
         self.cfg, self.env, self.device = cfg, env, device
+        if cfg.minibatches > cfg.num_envs * cfg.horizon:  # empty minibatches: NaN losses, nothing learnt
+            raise ValueError(f"minibatches {cfg.minibatches}: more than the num_envs x horizon = "
+                             f"{cfg.num_envs * cfg.horizon} transitions of an iteration")
         torch.manual_seed(seed)
         obs_dim = env.single_observation_space["policy"].shape[0]
         critic_dim = env.single_observation_space["critic"].shape[0]
@@ -77,7 +80,7 @@ class PPO:
         c, env = self.cfg, self.env
         T, N = c.horizon, env.num_envs
         buf = {k: [] for k in ("obs", "critic", "u", "logp", "value", "reward", "done", "valid")}
-        episode_returns, episode_lengths = [], []
+        episode_returns, episode_lengths, env_rewards = [], [], []
         for _ in range(T):
             obs, critic_obs = self.obs["policy"], self.obs["critic"]
             # Eager: inside torch.compile (2.13) the normaliser's float64 sample count was not written
@@ -91,6 +94,7 @@ class PPO:
                 episode_returns.append(info["episode_return"])
                 episode_lengths.append(info["episode_length"])
             valid = ~info["nonfinite"] if "nonfinite" in info else torch.ones(N, dtype=torch.bool, device=self.device)
+            env_rewards.append(reward)  # what the task paid, for the log (before the bootstrap below)
             if trunc.any():
                 # Time limit is not a terminal state: bootstrap with V(final observation).
                 reward = reward + c.gamma * trunc.float() * self.value(info["final_obs"]["critic"])
@@ -111,6 +115,7 @@ class PPO:
         batch["adv"] = adv
         batch["ret"] = adv + batch["value"]
         out = {k: v.flatten(0, 1) for k, v in batch.items()}
+        out["env_reward"] = torch.stack(env_rewards).flatten()
         out["episode_return"] = torch.cat(episode_returns) if episode_returns else torch.zeros(0)
         out["episode_length"] = torch.cat(episode_lengths) if episode_lengths else torch.zeros(0)
         return out
@@ -144,6 +149,8 @@ class PPO:
         ret_n = ret_n[:, 0]
         adv = (b["adv"] - b["adv"].mean()) / (b["adv"].std() + 1e-8)
         n = adv.shape[0]
+        if n < c.minibatches:  # (nearly) every row non-finite: nothing to learn from this batch
+            return {"lr": self.lr, "action_std": self.actor.log_std.exp().mean().item(), "skipped_update": 1.0}
         mb = n // c.minibatches
         stats = {"policy_loss": 0.0, "value_loss": 0.0, "kl": 0.0, "entropy": 0.0}
         updates = 0
@@ -184,7 +191,7 @@ class PPO:
         batch = self.rollout()
         metrics = self.update(batch)
         self.iteration += 1
-        metrics["reward"] = batch["reward"].mean().item()
+        metrics["reward"] = batch["env_reward"].mean().item()  # per step; the bootstrapped one is GAE's
         if len(batch["episode_return"]):
             metrics["episode_return"] = batch["episode_return"].mean().item()
             metrics["episode_length_s"] = batch["episode_length"].mean().item()

@@ -635,6 +635,36 @@ def test_sac_critic_normalises_the_actions_it_is_trained_on():
     torch.testing.assert_close(norm.var[-act_dim:], actions.var(0, unbiased=False), rtol=0.05, atol=1e-5)
 
 
+def test_ppo_logs_the_reward_the_task_paid_not_the_bootstrapped_one():
+    """At a time limit GAE's reward holds gamma V(final observation); the logged reward is the task's."""
+    env = QuadHoverEnv(QuadTaskConfig(episode_seconds=0.08), 16)
+    ppo = PPO(PPOConfig(num_envs=16, horizon=16, minibatches=2, epochs=1, compile=False), env, torch.device("cpu"), 0)
+    paid, step = [], env.step
+
+    def recording_step(action):
+        out = step(action)
+        paid.append(out[1])
+        return out
+
+    env.step = recording_step
+    ppo.value = lambda critic_obs: torch.full(critic_obs.shape[:1], 1900.0)  # a trained critic's scale
+    metrics = ppo.train_iteration()
+    assert metrics["reward"] == pytest.approx(torch.stack(paid).mean().item(), rel=1e-6)
+
+
+def test_ppo_refuses_more_minibatches_than_transitions_and_norms_ignore_empty_batches():
+    from policies.normalizer import RunningNorm
+
+    with pytest.raises(ValueError, match="minibatches 4: more than the num_envs x horizon = 2"):
+        PPO(PPOConfig(num_envs=2, horizon=1, minibatches=4, compile=False), QuadHoverEnv(QuadTaskConfig(), 2),
+            torch.device("cpu"), 0)
+    norm = RunningNorm(2)
+    norm.update(torch.ones(5, 2))
+    before = {k: v.clone() for k, v in norm.state_dict().items()}
+    norm.update(torch.zeros(0, 2))  # no rows: the statistics stay (the mean of none is NaN)
+    assert all(torch.equal(v, norm.state_dict()[k]) for k, v in before.items())
+
+
 def test_sac_target_critic_normalises_as_the_critic_does():
     """The TD target's network uses the critic's current input statistics (it used to lag one
     collect behind, and at the first update used none)."""
@@ -655,6 +685,7 @@ def test_sac_actor_step_leaves_the_critic_gradient_to_the_critic_loss():
     import functools
     from types import SimpleNamespace
 
+    from policies.networks import share_buffers
     from policies.sac import SAC, SACConfig
 
     env = QuadHoverEnv(QuadTaskConfig(), 32)
@@ -664,6 +695,7 @@ def test_sac_actor_step_leaves_the_critic_gradient_to_the_critic_loss():
     before = SimpleNamespace(actor=copy.deepcopy(sac.actor), q=copy.deepcopy(sac.q), q_target=copy.deepcopy(sac.q_target),
                              cfg=sac.cfg, _q=sac._q)
     before._sample = functools.partial(SAC._sample, before)
+    share_buffers(before.q_target, before.q)  # as the update does before its TD target
     gen = torch.Generator().set_state(sac.gen.get_state())
     alpha = sac.log_alpha.exp().detach()
     sac.update()
