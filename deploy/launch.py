@@ -19,17 +19,19 @@ the ROS 2 launch documentation, and fails with a clear message on anything else:
   <include file>  <arg name value/> another launch file, in a scope holding the given arguments
                                     (what it sets does not leak into the including file; wrap an
                                     include in <group> for the same under ros2 launch)
-  if="..." / unless="..."           on every element: true/false/1/0 (case-insensitive), else error
+  if="..." / unless="..."           on every element but an include's <arg> (as in ros2 launch):
+                                    true/false/1/0 (case-insensitive), else error
 
 Substitutions: $(var name), $(env NAME [default]), $(find-pkg-share pkg), $(find-pkg-prefix pkg),
 $(dirname), $(filename), $(eval python-expression) (Python's builtins and the math module's names),
 nested and quoted ('...' or "...", backslash escapes the next character) arguments allowed.
 
 Every node runs as a child process, its output prefixed with [name-N]. Ctrl-C, SIGTERM, SIGHUP
-(the terminal closed) or a closed output pipe stops all of them (SIGINT, then SIGTERM after 5 s, to
-each node; then SIGKILL after 5 s more, to each node's process group, i.e. with anything it
-started); a node gets SIGTERM if the runner dies (even by SIGKILL), and an error of the runner
-itself stops every node before it exits. The runner also ends when every child has exited, with
+(the terminal closed; not under nohup) or a closed output pipe stops all of them (SIGINT, then
+SIGTERM after 5 s, to each node; then SIGKILL after 5 s more, to each node's process group, i.e.
+with anything it started), and so does an error of the runner itself before it exits. A node gets
+SIGHUP if the runner dies (even by SIGKILL; the project's nodes stop on it as on Ctrl-C, without
+escalating). The runner also ends when every child has exited, with
 exit code 0 only if all of them exited cleanly. Nodes find the runner's Python first on their PATH.
 """
 
@@ -47,6 +49,7 @@ import time
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 STOP_TIMEOUT = 5.0  # s between SIGINT -> SIGTERM -> SIGKILL, as ros2 launch
 
@@ -324,8 +327,10 @@ def _children(parent: ET.Element, scope: Scope, out: list[Process]) -> None:
             for child in el:
                 if child.tag != "arg":
                     raise LaunchError(f"{_where(child, scope)} inside <include>: only <arg name value/> is supported")
-                if not _enabled(child, scope):
-                    continue
+                if {"if", "unless"} & set(child.attrib):  # ros2 launch refuses them there too
+                    raise LaunchError(f"{_where(child, scope)} inside <include>: if/unless are not accepted "
+                                      "on an include's <arg> (ros2 launch refuses them); put the condition "
+                                      "on the <include>, or choose the value with $(eval ...)")
                 c = _attrs(child, {"name", "value"}, scope, {"name", "value"})
                 given[c["name"]] = c["value"]
             path = Path(a["file"])
@@ -364,18 +369,41 @@ def plan(file: Path, args: dict[str, str]) -> list[Process]:
 # processes
 
 
-def _die_with_parent() -> None:
-    """In the child before exec: SIGTERM when the runner dies, however it dies (even SIGKILL), so no
-    node (a bridge flying a real vehicle) outlives the launch; a SIGTERMed node stops as on Ctrl-C."""
+_PR_SET_PDEATHSIG = 1
+
+
+def _child_setup(parent: int, prctl) -> Callable[[], None]:
+    """What each node's process does before exec: SIGHUP when the runner dies, however it dies (even
+    SIGKILL), so no node (a bridge flying a real vehicle) outlives the launch. The project's nodes
+    take SIGHUP as a stop like Ctrl-C that never escalates (deploy/ros.py): a node already flying its
+    shutdown descent finishes it. SIGHUP is reset to its default first (a runner under nohup ignores
+    it, and an ignored disposition would survive exec)."""
+    def setup() -> None:
+        signal.signal(signal.SIGHUP, signal.SIG_DFL)
+        if prctl is not None:
+            prctl(_PR_SET_PDEATHSIG, signal.SIGHUP)
+        if os.getppid() != parent:  # the runner died before prctl took effect
+            os.kill(os.getpid(), signal.SIGHUP)
+    return setup
+
+
+def _prctl():
+    """libc's prctl (Linux), resolved in the runner rather than in each forked child; None elsewhere."""
     import ctypes
 
-    PR_SET_PDEATHSIG = 1
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+
+ESCALATION = ((signal.SIGINT, 0.0), (signal.SIGTERM, STOP_TIMEOUT), (signal.SIGKILL, 2 * STOP_TIMEOUT))
 
 
 def run(processes: list[Process]) -> int:
-    """Start every process, relay their output, stop them all on SIGINT/SIGTERM/SIGHUP, on losing
-    the output (a closed pipe) and on any error of the runner itself."""
+    """Start every process, relay their output, stop them all on SIGINT/SIGTERM/SIGHUP (unless
+    SIGHUP is ignored, as under nohup), on losing the output (a closed pipe) and on any error of
+    the runner itself."""
     stop: dict[str, str | None] = {"reason": None}
     output_ok = [True]
 
@@ -383,7 +411,8 @@ def run(processes: list[Process]) -> int:
         stop["reason"] = stop["reason"] or signal.Signals(signum).name
 
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # SIGHUP: the terminal closed
-        signal.signal(sig, on_signal)
+        if sig != signal.SIGHUP or signal.getsignal(sig) is not signal.SIG_IGN:
+            signal.signal(sig, on_signal)
 
     def say(text: str) -> None:
         if not output_ok[0]:
@@ -401,12 +430,78 @@ def run(processes: list[Process]) -> int:
     sel = selectors.DefaultSelector()
     running: dict[subprocess.Popen, str] = {}
     codes: dict[str, int] = {}
+    partial: dict[str, bytes] = {}
+    stopping = {"since": None, "sent": []}  # when the stop began, the signals sent since
+
+    def relay(label: str, data: bytes, final: bool = False) -> None:
+        buf = partial.pop(label, b"") + data
+        *lines, rest = buf.split(b"\n")
+        if final and rest:
+            lines, rest = lines + [rest], b""
+        if rest:
+            partial[label] = rest
+        if lines:
+            say("".join(f"[{label}] {ln.decode(errors='replace')}\n" for ln in lines))
+
+    def available(fd: int) -> bytes:
+        """What the pipe holds now, without waiting for its end (a node's orphaned child may hold
+        its write end open long after the node exited)."""
+        chunks = []
+        while True:
+            try:
+                data = os.read(fd, 65536)
+            except BlockingIOError:
+                break
+            if not data:
+                break
+            chunks.append(data)
+        return b"".join(chunks)
+
+    def service() -> None:
+        """Relay what the nodes wrote (so none blocks on a full pipe) and reap the ones that exited."""
+        for key, _ in sel.select(timeout=0.1):
+            proc, label = key.data
+            try:
+                data = os.read(key.fileobj.fileno(), 65536)
+            except BlockingIOError:
+                continue
+            if data:
+                relay(label, data)
+            else:
+                sel.unregister(key.fileobj)
+        for proc in [p for p in running if p.poll() is not None]:
+            label = running.pop(proc)
+            codes[label] = proc.returncode
+            if proc.stdout in (k.fileobj for k in sel.get_map().values()):
+                sel.unregister(proc.stdout)
+            relay(label, available(proc.stdout.fileno()), final=True)
+            proc.stdout.close()
+            state = "process has finished cleanly" if proc.returncode in (0, -signal.SIGINT) else \
+                f"process has died [exit code {proc.returncode}]"
+            say(f"[INFO] [{label}]: {state}\n")
+
+    def escalate() -> None:
+        """SIGINT at once, SIGTERM after STOP_TIMEOUT, SIGKILL (to each group) after twice that."""
+        now = time.monotonic()
+        if stopping["since"] is None:
+            stopping["since"] = now
+            log(f"{stop['reason']}: stopping {len(running)} process(es)")
+        for sig, after in ESCALATION:
+            if now - stopping["since"] >= after and sig not in stopping["sent"]:
+                stopping["sent"].append(sig)
+                for proc in running:
+                    try:  # like ros2 launch: the node itself, so it can stop its own children in order
+                        (os.killpg if sig == signal.SIGKILL else os.kill)(proc.pid, sig)
+                    except ProcessLookupError:
+                        pass
+
     try:
+        setup = _child_setup(os.getpid(), _prctl())
         for i, p in enumerate(processes, 1):
             label = f"{p.name}-{i}"
             try:
                 proc = subprocess.Popen(p.argv, env=p.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                        start_new_session=True, preexec_fn=_die_with_parent)
+                                        start_new_session=True, preexec_fn=setup)
             except OSError as e:
                 log(f"could not start {label}: {e}")
                 stop["reason"] = "a process could not start"
@@ -415,86 +510,23 @@ def run(processes: list[Process]) -> int:
             running[proc] = label
             sel.register(proc.stdout, selectors.EVENT_READ, (proc, label))
             say(f"[INFO] [{label}]: process started with pid [{proc.pid}]\n")
-
-        stop_started = None
-        sent: list[int] = []
-        partial: dict[str, bytes] = {}
-
-        def relay(label: str, data: bytes, final: bool = False) -> None:
-            buf = partial.pop(label, b"") + data
-            *lines, rest = buf.split(b"\n")
-            if final and rest:
-                lines, rest = lines + [rest], b""
-            if rest:
-                partial[label] = rest
-            if lines:
-                say("".join(f"[{label}] {ln.decode(errors='replace')}\n" for ln in lines))
-
-        def available(fd: int) -> bytes:
-            """What the pipe holds now, without waiting for its end (a node's orphaned child may
-            hold its write end open long after the node exited)."""
-            chunks = []
-            while True:
-                try:
-                    data = os.read(fd, 65536)
-                except BlockingIOError:
-                    break
-                if not data:
-                    break
-                chunks.append(data)
-            return b"".join(chunks)
-
         while running:
-            for key, _ in sel.select(timeout=0.1):
-                proc, label = key.data
-                try:
-                    data = os.read(key.fileobj.fileno(), 65536)
-                except BlockingIOError:
-                    continue
-                if data:
-                    relay(label, data)
-                else:
-                    sel.unregister(key.fileobj)
-            for proc in [p for p in running if p.poll() is not None]:
-                label = running.pop(proc)
-                codes[label] = proc.returncode
-                if proc.stdout in (k.fileobj for k in sel.get_map().values()):
-                    sel.unregister(proc.stdout)
-                relay(label, available(proc.stdout.fileno()), final=True)
-                proc.stdout.close()
-                state = "process has finished cleanly" if proc.returncode in (0, -signal.SIGINT) else \
-                    f"process has died [exit code {proc.returncode}]"
-                say(f"[INFO] [{label}]: {state}\n")
+            service()
             if stop["reason"] is not None and running:
-                now = time.monotonic()
-                if stop_started is None:
-                    stop_started = now
-                    log(f"{stop['reason']}: stopping {len(running)} process(es)")
-                escalation = ((signal.SIGINT, 0.0), (signal.SIGTERM, STOP_TIMEOUT), (signal.SIGKILL, 2 * STOP_TIMEOUT))
-                for sig, after in escalation:
-                    if now - stop_started >= after and sig not in sent:
-                        sent.append(sig)
-                        for proc in running:
-                            try:  # like ros2 launch: the node itself, so it can stop its own children in order
-                                (os.killpg if sig == signal.SIGKILL else os.kill)(proc.pid, sig)
-                            except ProcessLookupError:
-                                pass
-    finally:  # the runner itself failed: no node is left behind (SIGTERM, then its group's SIGKILL)
-        _terminate(list(running))
-    return 0 if all(c in (0, -signal.SIGINT) for c in codes.values()) else 1
-
-
-def _terminate(procs: list[subprocess.Popen]) -> None:
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        for proc in procs:
-            if proc.poll() is None:
+                escalate()
+    finally:
+        if running:  # the runner itself failed: the same stop, from where it had got to
+            stop["reason"] = stop["reason"] or "launch runner error"
+            deadline = time.monotonic() + 3 * STOP_TIMEOUT
+            while running and time.monotonic() < deadline:
                 try:
-                    (os.killpg if sig == signal.SIGKILL else os.kill)(proc.pid, sig)
-                except ProcessLookupError:
-                    pass
-        deadline = time.monotonic() + STOP_TIMEOUT
-        while any(proc.poll() is None for proc in procs) and time.monotonic() < deadline:
-            time.sleep(0.05)
+                    service()
+                except Exception:  # relaying is what failed: stop waiting on the nodes' output
+                    time.sleep(0.1)
+                    for proc in [p for p in running if p.poll() is not None]:
+                        running.pop(proc)
+                escalate()
+    return 0 if all(c in (0, -signal.SIGINT) for c in codes.values()) else 1
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -87,7 +87,11 @@ def stop_on_signals() -> threading.Event:
     (exit code -11) of policy_node at SIGTERM under a loaded CI machine. Here the node stops in its
     own thread, after the callback in progress, and cleans up in order. A second signal, for a node
     stuck in a callback or in its clean-up, interrupts it (KeyboardInterrupt); a third one acts as if
-    no handler were installed."""
+    no handler were installed.
+
+    SIGHUP (the terminal closed, or the launch runner died: deploy/launch.py asks the kernel for it)
+    stops the node the same way but never escalates: a node flying its shutdown descent when its
+    launcher dies finishes the descent. Ignored SIGHUP (nohup) stays ignored."""
     stop = threading.Event()
 
     def on_signal(_signum, _frame):
@@ -100,6 +104,8 @@ def stop_on_signals() -> threading.Event:
 
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, on_signal)
+    if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:
+        signal.signal(signal.SIGHUP, lambda _signum, _frame: stop.set())
     return stop
 
 

@@ -28,8 +28,8 @@ Start       the vehicle sits at ``initial_position`` (level, at rest, rotors at 
 Watchdog    a moving vehicle whose last rotor command is older than ``command_timeout`` simulated
             seconds (0.5 s by default, the stock Crazyflie commander's first watchdog limit,
             COMMANDER_WDT_TIMEOUT_STABILIZE in crazyflie-firmware's commander.h) gets 0 rpm: a
-            controller that dies or hangs leaves a falling vehicle, as on the real one, not one that
-            flies its last command forever. The stock firmware first levels the vehicle and stops
+            controller that dies or hangs leaves a falling vehicle, not one that flies its last
+            command forever. The stock firmware first levels the vehicle and stops
             the motors at 2 s; this vehicle has no onboard attitude controller to level with, so it
             stops them at the first limit. The next valid command drives the rotors again.
 Floor       z = 0 (world): a vehicle that sinks below it is put back on it at rest.
@@ -142,7 +142,8 @@ class SimBridge(Node):
             self.watchdog_stops += 1
             self.rpm_cmd = self.torch.zeros(1, 4)
             self.get_logger().warning(f"no rotor command for {self.command_timeout:g} s at t = "
-                                      f"{self.steps * self.period:.2f} s: rotors stopped "
+                                      f"{self.steps * self.period:.2f} s (the last at t = "
+                                      f"{self._cmd_step * self.period:.2f} s): rotors stopped "
                                       f"({self.watchdog_stops} so far)")
         if moving:
             state = self.backend.step(self.rpm_cmd, self.zeros, self.zeros)

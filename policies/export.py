@@ -36,7 +36,7 @@ from .networks import Actor
 # GroupNorms to ~7e-5 in each of PyTorch and onnxruntime, which then differ by up to 1.05e-4 (a test
 # base, 20k observations): a fixed tolerance on their difference would have to be set per network.
 PARITY_FLOOR = 1e-5
-# The generated C (tanhf/expf of the host's libm, float32 as in PyTorch) against onnxruntime: the
+# The generated C (tanhf/expm1f of the host's libm, float32 as in PyTorch) against onnxruntime: the
 # bound its own self-test uses on the MCU; measured 3-5e-7.
 C_TOLERANCE = 1e-5
 

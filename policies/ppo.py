@@ -52,9 +52,9 @@ class PPOConfig:
 class PPO:
     def __init__(self, cfg: PPOConfig, env, device: torch.device, seed: int):
         self.cfg, self.env, self.device = cfg, env, device
-        if cfg.minibatches > cfg.num_envs * cfg.horizon:  # empty minibatches: NaN losses, nothing learnt
+        if cfg.minibatches > env.num_envs * cfg.horizon:  # empty minibatches: NaN losses, nothing learnt
             raise ValueError(f"minibatches {cfg.minibatches}: more than the num_envs x horizon = "
-                             f"{cfg.num_envs * cfg.horizon} transitions of an iteration")
+                             f"{env.num_envs * cfg.horizon} transitions of an iteration")
         torch.manual_seed(seed)
         obs_dim = env.single_observation_space["policy"].shape[0]
         critic_dim = env.single_observation_space["critic"].shape[0]
@@ -144,13 +144,13 @@ class PPO:
         keys = ("obs", "critic", "u", "logp", "adv", "ret")
         valid = b["valid"]
         b = {k: b[k] for k in keys} if bool(valid.all()) else {k: b[k][valid] for k in keys}
+        n = b["adv"].shape[0]
+        if n < c.minibatches:  # (nearly) every row non-finite: nothing to learn from this batch
+            return {"lr": self.lr, "action_std": self.actor.log_std.exp().mean().item(), "skipped_update": 1.0}
         self.value_norm.update(b["ret"][:, None])
         ret_n = (b["ret"][:, None] - self.value_norm.mean) / torch.sqrt(self.value_norm.var + self.value_norm.eps)
         ret_n = ret_n[:, 0]
         adv = (b["adv"] - b["adv"].mean()) / (b["adv"].std() + 1e-8)
-        n = adv.shape[0]
-        if n < c.minibatches:  # (nearly) every row non-finite: nothing to learn from this batch
-            return {"lr": self.lr, "action_std": self.actor.log_std.exp().mean().item(), "skipped_update": 1.0}
         mb = n // c.minibatches
         stats = {"policy_loss": 0.0, "value_loss": 0.0, "kl": 0.0, "entropy": 0.0}
         updates = 0
@@ -190,7 +190,8 @@ class PPO:
         """Collect one batch and learn from it; returns scalar metrics for logging."""
         batch = self.rollout()
         metrics = self.update(batch)
-        self.iteration += 1
+        if "skipped_update" not in metrics:  # the critic's warm-up counts updates made
+            self.iteration += 1
         metrics["reward"] = batch["env_reward"].mean().item()  # per step; the bootstrapped one is GAE's
         if len(batch["episode_return"]):
             metrics["episode_return"] = batch["episode_return"].mean().item()

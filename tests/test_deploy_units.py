@@ -473,13 +473,78 @@ def test_no_node_outlives_the_launch_runner(tmp_path, how):
         proc.wait()
 
 
+STOPPER = """import sys, time
+sys.path.insert(0, {repo!r})
+from deploy.ros import stop_on_signals
+stop = stop_on_signals()
+print("pid", __import__("os").getpid(), "python", sys.executable, flush=True)
+stop.wait()
+with open({log!r}, "a") as f:
+    f.write("stopping\\n")
+time.sleep(2.0)  # a shutdown descent
+with open({log!r}, "a") as f:
+    f.write("descent done\\n")
+"""
+
+
+def test_a_node_finishes_its_stop_when_the_runner_dies_during_it(tmp_path):
+    """Ctrl-C, then the runner killed while the node flies its shutdown descent: the node gets SIGHUP
+    from the kernel (the runner's death), which never escalates, and finishes the descent."""
+    log = tmp_path / "node.log"
+    prefix = _fake_nodes(tmp_path, {"stopper": STOPPER.format(repo=str(REPO), log=str(log))})
+    proc = _start_runner(tmp_path, '<launch><node pkg="fake" exec="stopper" name="n"/></launch>', prefix)
+    lines: list[str] = []
+    pids = _wait_pids(proc, 1, lines)
+    try:
+        assert len(pids) == 1, lines
+        proc.send_signal(signal.SIGINT)
+        deadline = time.monotonic() + 10
+        while not (log.exists() and "stopping" in log.read_text()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        proc.kill()  # the runner dies mid-descent
+        proc.wait()
+        assert _gone(pids[0], 10.0)
+        assert log.read_text().split() == ["stopping", "descent", "done"], log.read_text()
+    finally:
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def test_under_nohup_a_hangup_stops_nothing(tmp_path):
+    prefix = _fake_nodes(tmp_path, {"sleeper": SLEEPER})
+    file = write(tmp_path / "t.launch.xml", '<launch><node pkg="fake" exec="sleeper" name="a"/></launch>')
+    env = {**os.environ, "AMENT_PREFIX_PATH": str(prefix)}
+    proc = subprocess.Popen([sys.executable, "-m", "deploy.launch", str(file)], cwd=REPO, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN))  # as nohup does
+    lines: list[str] = []
+    pids = _wait_pids(proc, 1, lines)
+    try:
+        assert len(pids) == 1, lines
+        proc.send_signal(signal.SIGHUP)
+        assert not _gone(pids[0], 1.0) and proc.poll() is None, "SIGHUP stopped a launch run under nohup"
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=15) == 0 and _gone(pids[0], 5.0)
+    finally:
+        proc.kill()
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
 def test_an_exited_nodes_orphan_holding_its_output_does_not_stall_the_runner(tmp_path):
     """A node that exits while a child it started still holds its stdout: the runner relays what is
     there and goes on (it used to block until that child ended, 30 s here)."""
     import threading
 
     prefix = _fake_nodes(tmp_path, {"sleeper": SLEEPER, "forker": (
-        "import subprocess, sys\nsubprocess.Popen(['sleep', '30'])\nprint('forked', flush=True)\nsys.exit(3)\n")})
+        "import subprocess, sys\nchild = subprocess.Popen(['sleep', '30'])\nprint('forked', child.pid, flush=True)\n"
+        "sys.exit(3)\n")})
     proc = _start_runner(tmp_path, '<launch><node pkg="fake" exec="forker" name="f"/>'
                                    '<node pkg="fake" exec="sleeper" name="s"/></launch>', prefix)
     lines: list[str] = []
@@ -498,17 +563,26 @@ def test_an_exited_nodes_orphan_holding_its_output_does_not_stall_the_runner(tmp
         assert proc.wait(timeout=5) == 1 and wait_for("[s-2]: process has finished cleanly", 5), lines
     finally:
         proc.kill()
-        subprocess.run(["pkill", "-f", "sleep 30"], check=False)
+        for ln in lines:
+            if "[f-1] forked " in ln:
+                try:
+                    os.kill(int(ln.split()[-1]), signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
 
 
-def test_launch_eval_has_builtins_and_math_and_include_args_honour_conditions(ament_prefix, tmp_path):
+def test_launch_eval_has_builtins_and_math_and_include_args_refuse_conditions(ament_prefix, tmp_path):
     write(tmp_path / "inc.launch.xml", '<launch><arg name="who" default="default"/>'
           '<node pkg="robolearn" exec="recorder" name="$(var who)"/></launch>')
     main = write(tmp_path / "main.launch.xml", """<launch>
       <node pkg="robolearn" exec="sim_bridge" name="n$(eval 'abs(-2) + int(math.pi)')"/>
-      <include file="inc.launch.xml"><arg name="who" value="given" if="false"/></include>
+      <include file="inc.launch.xml"/>
     </launch>""")
     assert [p.name for p in plan(main, {})] == ["n5", "default"]
+    conditional = write(tmp_path / "cond.launch.xml", '<launch><include file="inc.launch.xml">'
+                        '<arg name="who" value="given" if="false"/></include></launch>')
+    with pytest.raises(LaunchError, match="if/unless are not accepted on an include's <arg>"):
+        plan(conditional, {})
 
 
 def test_hover_launch_names_the_recording_after_the_robot(ament_prefix):

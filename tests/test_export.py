@@ -200,13 +200,15 @@ def test_c_compiles_strict_and_matches_onnxruntime(exported, tmp_path, cc):
     assert err <= 1e-5, err
 
 
-def test_c_links_only_single_precision_math(exported, tmp_path):
+@pytest.mark.parametrize("activation", ["tanh", "elu"])
+def test_c_links_only_single_precision_math(exported, tmp_path, activation):
     # Microcontroller build: no heap, no stdio, no double-precision libm (software-emulated on
-    # a Cortex-M4); the header promises tanhf/expf only.
+    # a Cortex-M4); the header promises tanhf/expm1f only.
+    c = exported["c"] if activation == "tanh" else generate_c(make_actor(activation, seed=1), tmp_path)[1]
     obj = tmp_path / "policy.o"
-    compile_c("gcc", [*STRICT, "-O2", "-c"], [exported["c"]], exported["c"].parent, obj)
+    compile_c("gcc", [*STRICT, "-O2", "-c"], [c], c.parent, obj)
     undefined = set(subprocess.run(["nm", "-u", str(obj)], capture_output=True, text=True, check=True).stdout.split())
-    assert undefined - {"U"} <= {"tanhf", "expf"}, undefined
+    assert undefined - {"U"} <= {"tanhf", "expm1f"}, undefined
 
 
 def test_c_under_sanitizers_on_edge_inputs(exported, tmp_path):

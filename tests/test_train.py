@@ -658,6 +658,16 @@ def test_ppo_refuses_more_minibatches_than_transitions_and_norms_ignore_empty_ba
     with pytest.raises(ValueError, match="minibatches 4: more than the num_envs x horizon = 2"):
         PPO(PPOConfig(num_envs=2, horizon=1, minibatches=4, compile=False), QuadHoverEnv(QuadTaskConfig(), 2),
             torch.device("cpu"), 0)
+    # A batch whose rows are all non-finite (masked out) skips its update, the value statistics and
+    # the warm-up count untouched.
+    ppo = PPO(PPOConfig(num_envs=16, horizon=4, minibatches=2, compile=False), QuadHoverEnv(QuadTaskConfig(), 16),
+              torch.device("cpu"), 0)
+    batch = ppo.rollout()
+    batch["valid"][:] = False
+    stats = {k: v.clone() for k, v in ppo.value_norm.state_dict().items()}
+    ppo.rollout = lambda: batch
+    assert ppo.train_iteration()["skipped_update"] == 1.0 and ppo.iteration == 0
+    assert all(torch.equal(v, ppo.value_norm.state_dict()[k]) for k, v in stats.items())
     norm = RunningNorm(2)
     norm.update(torch.ones(5, 2))
     before = {k: v.clone() for k, v in norm.state_dict().items()}
