@@ -29,13 +29,19 @@ from . import checkpoint as ckpt
 from .config import UserError, config_hash, to_objects
 from .networks import Actor
 
-# Parity rule: onnxruntime's output may be no farther from the same policy evaluated in float64 than
-# twice PyTorch's own float32 output is, or PARITY_FLOOR, whichever is larger: the export adds no error
-# beyond float32 rounding, whatever the network. Measured: the MLP actor is ~1e-7 from float64 (the
-# floor decides); the 5 DDIM passes of a diffusion base compound rounding to a few 1e-5, and a U-Net's
-# GroupNorms to ~7e-5 in each of PyTorch and onnxruntime, which then differ by up to 1.05e-4 (a test
-# base, 20k observations): a fixed tolerance on their difference would have to be set per network.
+# Parity rule: onnxruntime may add no error beyond float32 rounding, whatever the network. Against
+# the same policy evaluated in float64, per observation (its largest output error): onnxruntime's
+# 99.9th percentile may be at most twice PyTorch's own float32 one, and its worst at most four times
+# PyTorch's worst, or PARITY_FLOOR, whichever is larger. Measured: the MLP actor is ~1e-7 from float64
+# (the floor decides); the 5 DDIM passes of a diffusion base compound rounding to a few 1e-5, and a
+# U-Net's GroupNorms to ~7e-5 in each of PyTorch and onnxruntime, which then differ by up to 1.05e-4
+# (a test base, 20k observations): a fixed tolerance on their difference would have to be set per
+# network. The worst case alone is a draw of a heavy tail: on one test U-Net over 10 observation sets
+# (ad-hoc script, 2026-11-26) onnxruntime's worst was 0.67-1.64 times PyTorch's and an unseeded set
+# gave 2.06 (a failed export under the old rule of twice the worst), while the 99.9th percentiles
+# stayed within 0.99-1.12 of each other.
 PARITY_FLOOR = 1e-5
+PARITY_QUANTILE = 0.999
 # The generated C (tanhf/expm1f of the host's libm, float32 as in PyTorch) against onnxruntime: the
 # bound its own self-test uses on the MCU; measured 3-5e-7.
 C_TOLERANCE = 1e-5
@@ -50,7 +56,10 @@ def parity_observations(policy, task_cfg, n: int = 10_000, seed: int = 0) -> np.
     env = spec.env_cls(task_cfg, envs, seed=seed)
     obs, _ = env.reset(seed=seed)
     on_dist, queue = [], []
-    with torch.no_grad():
+    # A diffusion policy draws its noise from torch's global generator: seeded here (and restored
+    # after), so an export checks the same observations every time it runs.
+    with torch.no_grad(), torch.random.fork_rng():
+        torch.manual_seed(seed)
         for _ in range(n // envs):
             on_dist.append(obs["policy"])
             if not queue:
@@ -139,8 +148,10 @@ def parity(policy, onnx: Callable[..., np.ndarray], obs: np.ndarray) -> dict:
     that takes its noise as input with fixed N(0, I) draws) and both with the policy evaluated in
     float64 (where it can be: constants computed in float32, such as the DDIM schedule, keep their
     rounding, which the three then share):
-    ``max_abs_diff`` between PyTorch and onnxruntime, ``onnx_error`` and ``torch_error`` from float64,
-    and whether the export passes the rule above (``ok``, with the ``tolerance`` it applied)."""
+    ``max_abs_diff`` between PyTorch and onnxruntime, ``onnx_error`` and ``torch_error`` (the worst)
+    and ``onnx_error_q`` and ``torch_error_q`` (the PARITY_QUANTILE of the per-observation errors) from
+    float64, and whether the export passes the rule above (``ok``, with the ``tolerance`` and
+    ``tolerance_q`` it applied)."""
     exact_policy = copy.deepcopy(policy).double()
     inputs = [torch.as_tensor(obs)]
     if getattr(policy, "takes_noise", False):
@@ -149,10 +160,13 @@ def parity(policy, onnx: Callable[..., np.ndarray], obs: np.ndarray) -> dict:
         ref = policy(*inputs).numpy()
         exact = exact_policy(*(x.double() for x in inputs)).numpy()
     got = onnx(*(x.numpy() for x in inputs))
-    torch_error, onnx_error = float(np.abs(ref - exact).max()), float(np.abs(got - exact).max())
-    tolerance = max(PARITY_FLOOR, 2 * torch_error)
+    per_obs = {k: np.abs(v - exact).reshape(len(obs), -1).max(1) for k, v in (("torch", ref), ("onnx", got))}
+    torch_error, onnx_error = float(per_obs["torch"].max()), float(per_obs["onnx"].max())
+    torch_q, onnx_q = (float(np.quantile(per_obs[k], PARITY_QUANTILE)) for k in ("torch", "onnx"))
+    tolerance, tolerance_q = max(PARITY_FLOOR, 4 * torch_error), max(PARITY_FLOOR, 2 * torch_q)
     return {"max_abs_diff": float(np.abs(ref - got).max()), "onnx_error": onnx_error, "torch_error": torch_error,
-            "tolerance": tolerance, "ok": onnx_error <= tolerance, "n": len(obs)}
+            "onnx_error_q": onnx_q, "torch_error_q": torch_q, "tolerance": tolerance, "tolerance_q": tolerance_q,
+            "ok": onnx_error <= tolerance and onnx_q <= tolerance_q, "n": len(obs)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -169,11 +183,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: cannot write the export: {e}", file=sys.stderr)
         return 2
     print(f"wrote {', '.join(str(res[k]) for k in ('onnx', 'c', 'h') if k in res)}")
-    onnx_ok = res["onnx_error"] <= res["tolerance"]
+    onnx_ok = res["onnx_error"] <= res["tolerance"] and res["onnx_error_q"] <= res["tolerance_q"]
     print(f"parity PyTorch vs onnxruntime on {res['n']} observations: max |diff| = {res['max_abs_diff']:.2e}; "
-          f"from the policy in float64: onnxruntime {res['onnx_error']:.2e}, PyTorch {res['torch_error']:.2e} "
-          f"({'ok' if onnx_ok else 'FAILED'}: onnxruntime within {res['tolerance']:.2e} = "
-          f"max({PARITY_FLOOR:g}, 2 x PyTorch's))")
+          f"from the policy in float64, worst / {PARITY_QUANTILE:.1%} of observations: onnxruntime "
+          f"{res['onnx_error']:.2e} / {res['onnx_error_q']:.2e}, PyTorch {res['torch_error']:.2e} / "
+          f"{res['torch_error_q']:.2e} ({'ok' if onnx_ok else 'FAILED'}: onnxruntime within {res['tolerance']:.2e} "
+          f"/ {res['tolerance_q']:.2e} = max({PARITY_FLOOR:g}, 4 x / 2 x PyTorch's))")
     if res.get("c_ok") is None and "c" in res:
         print("C not checked on this host: no C compiler (gcc, cc or clang) found")
     elif "c" in res:

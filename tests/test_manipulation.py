@@ -534,6 +534,21 @@ def test_unsteered_base_exports_with_a_noise_input(base_run, tmp_path):
         onnx(obs)
 
 
+def test_parity_observations_are_the_same_at_every_export(base_run):
+    """The closed-loop half of the parity observations comes from rollouts of a policy that draws its
+    own noise: seeded, so an export checks the same observations each time (it used to draw them
+    from torch's global generator, and the check's outcome varied from run to run)."""
+    from policies.export import parity_observations
+
+    policy, rec = ckpt.load_policy(base_run)
+    task_cfg, _ = to_objects(OmegaConf.create(rec["config"]))
+    torch.manual_seed(123)
+    a = parity_observations(policy, task_cfg, n=400)
+    torch.manual_seed(456)
+    b = parity_observations(policy, task_cfg, n=400)
+    assert np.array_equal(a, b) and torch.initial_seed() == 456, "the caller's generator is left as it was"
+
+
 def test_unet_base_trains_and_exports(demos, tmp_path):
     """algo.denoiser=unet through the same trainer and export as the MLP: ONNX parity, chunk metadata."""
     from export.onnx_policy import OnnxPolicy
@@ -550,12 +565,14 @@ def test_unet_base_trains_and_exports(demos, tmp_path):
     assert r.returncode == 0 and "(ok: onnxruntime within" in r.stdout, r.stdout + r.stderr
     onnx = OnnxPolicy(run / "export/policy.onnx", ARM)
     obs = np.load(run / "export/parity_obs.npy")
-    # The export's parity rule: onnxruntime no farther from the float64 chunk than twice float32
-    # PyTorch is (or 1e-5), on a policy whose chunks vary; an export off by 1e-3 fails it.
+    # The export's parity rule: onnxruntime no farther from the float64 chunk than float32 PyTorch
+    # (2x at the 99.9th percentile of observations, 4x at the worst, or 1e-5), on a policy whose
+    # chunks vary; an export off by 1e-3 fails it.
     from policies.export import parity
 
     res = parity(policy, onnx, obs)
-    assert res["onnx_error"] <= max(1e-5, 2 * res["torch_error"]) and res["ok"], res
+    assert res["onnx_error_q"] <= max(1e-5, 2 * res["torch_error_q"]) and res["ok"], res
+    assert res["onnx_error"] <= max(1e-5, 4 * res["torch_error"]), res
     assert res["torch_error"] > 1e-6, "the U-Net's float32 rounding is what the rule allows for"
     assert not parity(policy, lambda *x: onnx(*x) + 1e-3, obs[:500])["ok"]
     # On other noises than the export's check used, as closely as before the rule replaced the tolerance.
