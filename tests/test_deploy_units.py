@@ -418,13 +418,22 @@ time.sleep(120)
 """
 
 
-def _start_runner(tmp_path: Path, launch: str, prefix: Path) -> subprocess.Popen:
-    """The launch runner on ``launch`` (XML), its output a pipe, the venv not on the PATH."""
+def _start_runner(tmp_path: Path, launch: str, prefix: Path, nohup: bool = False) -> subprocess.Popen:
+    """The launch runner on ``launch`` (XML), its output a pipe, the venv not on the PATH; with
+    ``nohup``, SIGHUP ignored as nohup leaves it."""
     file = write(tmp_path / "t.launch.xml", launch)
     env = {**os.environ, "AMENT_PREFIX_PATH": str(prefix), "PATH": "/usr/bin:/bin"}
-    proc = subprocess.Popen([sys.executable, "-m", "deploy.launch", str(file)], cwd=REPO, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    return proc
+    return subprocess.Popen([sys.executable, "-m", "deploy.launch", str(file)], cwd=REPO, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=(lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN)) if nohup else None)
+
+
+def _kill(pids: list[int]) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
 def _wait_pids(proc: subprocess.Popen, n: int, lines: list[str]) -> list[int]:
@@ -464,11 +473,7 @@ def test_no_node_outlives_the_launch_runner(tmp_path, how):
             os.kill(proc.pid, getattr(signal, how))
         assert all(_gone(pid, 12.0) for pid in pids), f"a node outlived the runner ({how})"
     finally:
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        _kill(pids)
         proc.kill()
         proc.wait()
 
@@ -506,20 +511,12 @@ def test_a_node_finishes_its_stop_when_the_runner_dies_during_it(tmp_path):
         assert _gone(pids[0], 10.0)
         assert log.read_text().split() == ["stopping", "descent", "done"], log.read_text()
     finally:
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        _kill(pids)
 
 
 def test_under_nohup_a_hangup_stops_nothing(tmp_path):
     prefix = _fake_nodes(tmp_path, {"sleeper": SLEEPER})
-    file = write(tmp_path / "t.launch.xml", '<launch><node pkg="fake" exec="sleeper" name="a"/></launch>')
-    env = {**os.environ, "AMENT_PREFIX_PATH": str(prefix)}
-    proc = subprocess.Popen([sys.executable, "-m", "deploy.launch", str(file)], cwd=REPO, env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN))  # as nohup does
+    proc = _start_runner(tmp_path, '<launch><node pkg="fake" exec="sleeper" name="a"/></launch>', prefix, nohup=True)
     lines: list[str] = []
     pids = _wait_pids(proc, 1, lines)
     try:
@@ -530,11 +527,7 @@ def test_under_nohup_a_hangup_stops_nothing(tmp_path):
         assert proc.wait(timeout=15) == 0 and _gone(pids[0], 5.0)
     finally:
         proc.kill()
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        _kill(pids)
 
 
 def test_an_exited_nodes_orphan_holding_its_output_does_not_stall_the_runner(tmp_path):
