@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -527,6 +528,44 @@ def test_under_nohup_a_hangup_stops_nothing(tmp_path):
         assert proc.wait(timeout=15) == 0 and _gone(pids[0], 5.0)
     finally:
         proc.kill()
+        _kill(pids)
+
+
+def test_an_error_of_the_runner_itself_stops_every_node(tmp_path, monkeypatch, capsys):
+    """The runner's own loop raising (here its selector, from the 5th call on): the nodes are stopped
+    (SIGINT first, as on Ctrl-C) before the error propagates, none is left running."""
+    import selectors
+
+    import deploy.launch as launch
+
+    prefix = _fake_nodes(tmp_path, {"sleeper": SLEEPER})
+    monkeypatch.setenv("AMENT_PREFIX_PATH", str(prefix))
+    procs = plan(write(tmp_path / "t.launch.xml", '<launch><node pkg="fake" exec="sleeper" name="a"/>'
+                       '<node pkg="fake" exec="sleeper" name="b"/></launch>'), {})
+
+    class FailingSelector(selectors.DefaultSelector):
+        calls = 0
+
+        def select(self, timeout=None):
+            FailingSelector.calls += 1
+            if FailingSelector.calls >= 5:
+                raise RuntimeError("selector broke")
+            return super().select(timeout)
+
+    monkeypatch.setattr(launch.selectors, "DefaultSelector", FailingSelector)
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    try:
+        with pytest.raises(RuntimeError, match="selector broke"):
+            launch.run(procs)
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+    out = capsys.readouterr().out
+    pids = [int(x) for x in re.findall(r"process started with pid \[(\d+)\]", out)]
+    try:
+        assert len(pids) == 2 and "launch runner error: stopping 2 process(es)" in out, out
+        assert all(_gone(pid, 1.0) for pid in pids)
+    finally:
         _kill(pids)
 
 
