@@ -319,6 +319,7 @@ class DSRL:
             nxt[key][~ended] = o[key][~ended]
         self.obs = o
         self.q.obs_norm.update(torch.cat((obs["critic"], self._q_action_input(w, chunk)), -1))
+        share_buffers(self.q_target, self.q)  # the TD target normalises as the critic does
         if self.cfg.variant == "na":  # Q^W learns on w ~ N(0, I) (update()): normalise for those
             w_dist = torch.randn(w.shape, generator=self.gen, device=self.device)
             self.qw.obs_norm.update(torch.cat((obs["critic"], w_dist), -1))
@@ -394,7 +395,6 @@ class DSRL:
         b = self._sample_batch()
         alpha = self.log_alpha.exp().detach()
         metrics: dict[str, float] = {}
-        share_buffers(self.q_target, self.q)
         target = self.td_target(b)
         a_in = b["w"] if c.variant == "sac" else b["chunk"]
         q = self.q(torch.cat((b["critic"], a_in), -1))

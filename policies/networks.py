@@ -112,7 +112,7 @@ def polyak_update(target: nn.Module, source: nn.Module, tau: float) -> None:
 @torch.no_grad()
 def share_buffers(target: nn.Module, source: nn.Module) -> None:
     """Copy the buffers (the input normaliser's statistics) of ``source`` into ``target``: called
-    before each TD target, so the target network normalises its input as the critic does now, not
-    with the statistics of the collect before (or, at the first update, none)."""
+    whenever the critic's statistics change, so the target network normalises its input as the
+    critic does now, not with the statistics of the collect before (or, at the first update, none)."""
     for b, bt in zip(source.buffers(), target.buffers()):
         bt.copy_(b)

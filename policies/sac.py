@@ -78,6 +78,7 @@ class SAC:
         self.actor.obs_norm.update(obs["policy"])
         action, _ = self._sample(obs["policy"])
         self.q.obs_norm.update(torch.cat((obs["critic"], action), -1))  # the critic's input: state and action
+        share_buffers(self.q_target, self.q)  # the TD target normalises as the critic does
         self.obs, reward, term, trunc, info = self.env.step(action)
         nxt = {k: v.clone() for k, v in self.obs.items()}
         if "final_obs" in info:  # same-step autoreset: learn from the observation that ended the episode
@@ -101,7 +102,6 @@ class SAC:
         b = self.buffer.sample(c.batch_size, self.gen)
         alpha = self.log_alpha.exp().detach()
         eps_next, eps = torch.randn((2, c.batch_size, self.act_dim), generator=self.gen, device=self.device)
-        share_buffers(self.q_target, self.q)
         q_loss = self._critic_loss(b, alpha, eps_next)
         self.q_opt.zero_grad(set_to_none=True)
         q_loss.backward()

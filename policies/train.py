@@ -149,8 +149,7 @@ def run(cfg: DictConfig, run_dir: Path, resume_state: dict | None, t_start: floa
     if getattr(algo, "buffer", None) is not None:  # off-policy: its replay rows go to segment files, new ones per save
         algo.buffer.persist(run_dir / ckpt.REPLAY)
     run_dir.mkdir(parents=True, exist_ok=True)
-    lock = lock_run_dir(run_dir)  # held until this function ends, however it ends
-    try:
+    with lock_run_dir(run_dir):  # held until this function ends, however it ends
         if resume_state is None:
             OmegaConf.save(cfg, run_dir / "config.yaml")
 
@@ -297,13 +296,11 @@ def run(cfg: DictConfig, run_dir: Path, resume_state: dict | None, t_start: floa
                    "eval_seconds": tr["eval_seconds"], "evals": tr["evals"]}
         (run_dir / "results.json").write_text(json.dumps(results, indent=2))
         return results
-    finally:
-        lock.close()
 
 
 def lock_run_dir(run_dir: Path):
-    """An exclusive lock on ``run_dir`` (the open file; closing it releases the lock, as does the end
-    of the process): a second policies.train there, started before the first one's checkpoint or
+    """An exclusive lock on ``run_dir`` (the open file, a context manager: closing it releases the lock,
+    as does the end of the process): a second policies.train there, started before the first one's checkpoint or
     resuming a run still going, stops with one line instead of training over it (and deleting its
     replay segments)."""
     f = open(run_dir / ".lock", "a")

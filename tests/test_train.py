@@ -695,7 +695,6 @@ def test_sac_actor_step_leaves_the_critic_gradient_to_the_critic_loss():
     import functools
     from types import SimpleNamespace
 
-    from policies.networks import share_buffers
     from policies.sac import SAC, SACConfig
 
     env = QuadHoverEnv(QuadTaskConfig(), 32)
@@ -705,7 +704,6 @@ def test_sac_actor_step_leaves_the_critic_gradient_to_the_critic_loss():
     before = SimpleNamespace(actor=copy.deepcopy(sac.actor), q=copy.deepcopy(sac.q), q_target=copy.deepcopy(sac.q_target),
                              cfg=sac.cfg, _q=sac._q)
     before._sample = functools.partial(SAC._sample, before)
-    share_buffers(before.q_target, before.q)  # as the update does before its TD target
     gen = torch.Generator().set_state(sac.gen.get_state())
     alpha = sac.log_alpha.exp().detach()
     sac.update()
