@@ -5,12 +5,12 @@ from __future__ import annotations
 import os
 import platform
 import re
-import subprocess
 from datetime import date
 from pathlib import Path
 
 import torch
 
+from export.onnx_policy import source_revision
 from policies import checkpoint as ckpt
 
 BENCHMARKS_MD = Path(__file__).resolve().parents[1] / "BENCHMARKS.md"
@@ -33,20 +33,6 @@ def machine(threads: int | None = None) -> str:
             f"torch {torch.__version__} ({n} thread{'s' if n != 1 else ''})")
 
 
-def revision() -> str:
-    """The checkout's commit, with "+uncommitted" if tracked files differ from it (BENCHMARKS.md aside,
-    which a benchmark writes)."""
-    try:
-        run = lambda *a: subprocess.run(["git", *a], capture_output=True, text=True,  # noqa: E731
-                                        cwd=BENCHMARKS_MD.parent).stdout.strip()
-        rev = run("rev-parse", "--short", "HEAD") or "unknown"
-        dirty = [line for line in run("status", "--porcelain", "--untracked-files=no").splitlines()
-                 if not line.endswith("BENCHMARKS.md")]
-        return rev + ("+uncommitted" if dirty and rev != "unknown" else "")
-    except OSError:
-        return "unknown"
-
-
 def write_section(title: str, command: str, body: str, threads: int | None = None) -> None:
     """Put a new measurement at the top of the section ``## title`` of BENCHMARKS.md (appended
     if there is none); ``threads`` as in machine(). What the section held before stays below it,
@@ -54,7 +40,7 @@ def write_section(title: str, command: str, body: str, threads: int | None = Non
     text = BENCHMARKS_MD.read_text() if BENCHMARKS_MD.exists() else "# Benchmarks\n"
     today = date.today().isoformat()
     section = (f"## {title}\n\nCommand: `{command}`  \nMachine: {machine(threads)}  \n"
-               f"Date: {today}, revision {revision()}\n\n{body.strip()}\n\n")
+               f"Date: {today}, revision {source_revision(short=True, ignore=(BENCHMARKS_MD.name,))}\n\n{body.strip()}\n\n")
     pattern = re.compile(rf"^## {re.escape(title)}\n(.*?)(?=^## |\Z)", re.S | re.M)
     match = pattern.search(text)
     if match is None:

@@ -43,7 +43,7 @@ from sim.crazyflie.params import GRAVITY
 from .policy_node import ControllerNode, load_onnx_policy
 from .ros import CONTROL_PUB_QOS, ODOM, WORLD_FRAME, param, run_node
 from .safety import Command, Mode
-from .state import State, StateLimits, fill_odometry
+from .state import State, fill_odometry, unit_quat
 
 LOG_PERIOD_MS = 10
 LOG_BLOCKS: dict[str, list[tuple[str, str]]] = {
@@ -66,12 +66,9 @@ def state_from_log(pose: dict, attitude: dict, stamp: float) -> State:
     g = attitude
     q = np.array([g["stateEstimate.qw"], g["stateEstimate.qx"], g["stateEstimate.qy"], g["stateEstimate.qz"]],
                  dtype=np.float64)
-    norm = np.linalg.norm(q)
-    if abs(norm - 1.0) <= StateLimits().quat_norm_tol:  # usable: normalised as make_state does, so that the
-        q = q / norm  # odometry round trip is exact; a far-off (or NaN) norm stays for the check to refuse
     return State(
         np.array([pose["stateEstimate.x"], pose["stateEstimate.y"], pose["stateEstimate.z"]], dtype=np.float64),
-        q,
+        unit_quat(q),  # normalised as make_state does, so that the odometry round trip is exact
         np.array([pose["stateEstimate.vx"], pose["stateEstimate.vy"], pose["stateEstimate.vz"]], dtype=np.float64),
         np.radians(np.array([g[f"gyro.{a}"] for a in "xyz"], dtype=np.float64)),
         stamp,

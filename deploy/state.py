@@ -62,6 +62,14 @@ def quat_to_rotmat(q: np.ndarray) -> np.ndarray:
     )
 
 
+def unit_quat(q: np.ndarray, tol: float = StateLimits.quat_norm_tol) -> np.ndarray:
+    """q / |q| where |q| is within ``tol`` of 1; any other q (far off, zero or non-finite) unchanged,
+    for make_state to refuse."""
+    with np.errstate(all="ignore"):
+        norm = np.linalg.norm(q)
+    return q / norm if abs(norm - 1.0) <= tol else q
+
+
 def make_state(pos, quat, vel, omega, stamp: float, limits: StateLimits = StateLimits()) -> State:
     """Checked State from position (world, m), quaternion (w, x, y, z), velocity (world, m/s) and
     body rates (body, rad/s); raises InvalidState. The quaternion is normalised."""
@@ -95,8 +103,7 @@ def state_from_odometry(msg, limits: StateLimits = StateLimits()) -> State:
     q = np.array([o.w, o.x, o.y, o.z])
     v_body = np.array([v.x, v.y, v.z])
     with np.errstate(all="ignore"):  # non-finite input is rejected by make_state
-        qn = q / np.linalg.norm(q) if np.isfinite(q).all() and np.linalg.norm(q) > 0 else q
-        v_world = quat_to_rotmat(qn) @ v_body
+        v_world = quat_to_rotmat(unit_quat(q, limits.quat_norm_tol)) @ v_body
     return make_state((p.x, p.y, p.z), q, v_world, (w.x, w.y, w.z), stamp_seconds(msg.header.stamp), limits)
 
 

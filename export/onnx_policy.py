@@ -29,15 +29,21 @@ class ContractError(Exception):
     """An exported model that does not match what its consumer expects."""
 
 
-def source_revision() -> str:
+def source_revision(short: bool = False, ignore: tuple[str, ...] = ()) -> str:
+    """The checkout's git commit (``short``: abbreviated), with "+uncommitted" when tracked files other
+    than ``ignore`` (paths from the repository root) differ from it; "unknown" outside a git checkout."""
+    root = Path(__file__).resolve().parents[1]
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], capture_output=True, text=True, check=True, cwd=root).stdout
+
     try:
-        rev = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True,
-                             cwd=Path(__file__).parent).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
-                               text=True, cwd=Path(__file__).parent).stdout.strip()
-        return rev + ("-dirty" if dirty else "")
+        rev = git("rev-parse", *(["--short"] if short else []), "HEAD").strip()
+        dirty = [line for line in git("status", "--porcelain", "--untracked-files=no").splitlines()
+                 if line[3:] not in ignore]  # porcelain: "XY path"
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
+    return rev + ("+uncommitted" if dirty else "")
 
 
 def export_onnx(policy: torch.nn.Module, path: Path, metadata: dict[str, str], contract: ContractBase = CONTRACT) -> None:

@@ -15,7 +15,7 @@ def test_write_section_keeps_earlier_results_and_other_sections(tmp_path, monkey
     md = tmp_path / "BENCHMARKS.md"
     md.write_text("# Benchmarks\n\n## A\n\nold table\n\n### A note by hand\n\nkept\n\n## B\n\nb stays\n")
     monkeypatch.setattr(common, "BENCHMARKS_MD", md)
-    monkeypatch.setattr(common, "revision", lambda: "abc1234")
+    monkeypatch.setattr(common, "source_revision", lambda **_: "abc1234")
     common.write_section("A", "python -m benchmarks.a", "new table", threads=1)
     common.write_section("C", "python -m benchmarks.c", "c table", threads=1)
     text = md.read_text()
@@ -23,6 +23,25 @@ def test_write_section_keeps_earlier_results_and_other_sections(tmp_path, monkey
     assert a.index("new table") < a.index("Earlier measurements of this section") < a.index("old table")
     assert "### A note by hand\n\nkept" in a and "Command: `python -m benchmarks.a`" in a and "revision abc1234" in a
     assert rest.startswith("\nb stays\n") and rest.rstrip().endswith("c table") and text.count("## A\n") == 1
+
+
+def test_source_revision_marks_changed_files_other_than_those_ignored(monkeypatch):
+    from types import SimpleNamespace
+
+    from export import onnx_policy
+
+    git = {"rev-parse": "abc1234\n", "status": " M BENCHMARKS.md\n"}  # porcelain lines: "XY path"
+    monkeypatch.setattr(onnx_policy.subprocess, "run", lambda cmd, **_: SimpleNamespace(stdout=git[cmd[1]]))
+    assert onnx_policy.source_revision(short=True, ignore=("BENCHMARKS.md",)) == "abc1234"
+    assert onnx_policy.source_revision() == "abc1234+uncommitted"
+    git["status"] = " M BENCHMARKS.md\nM  sim/crazyflie/params.py\n"
+    assert onnx_policy.source_revision(ignore=("BENCHMARKS.md",)) == "abc1234+uncommitted"
+
+    def no_git(*_, **__):
+        raise OSError("git not found")
+
+    monkeypatch.setattr(onnx_policy.subprocess, "run", no_git)
+    assert onnx_policy.source_revision() == "unknown"
 
 
 def test_manipulation_training_time_leaves_out_every_evaluation():
