@@ -28,6 +28,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from . import checkpoint as ckpt
 from . import dataset as ds
 from .normalizer import RunningNorm
 
@@ -336,11 +337,7 @@ class DiffusionBC:
                 "dataset_digest": self.dataset_digest}
 
     def load_state_dict(self, d: dict) -> None:
-        from .config import UserError
-
-        if d.get("dataset_digest", self.dataset_digest) != self.dataset_digest:  # older checkpoints lack it
-            raise UserError(f"the dataset at {self.dataset_path} changed since this run started (digest "
-                            f"{self.dataset_digest}, the run was trained on {d['dataset_digest']}); start a new run")
+        ckpt.require_unchanged(f"the dataset at {self.dataset_path}", d.get("dataset_digest"), self.dataset_digest)
         self.model.load_state_dict(d["model"])
         self.actor.load_state_dict(d["ema"])
         self.opt.load_state_dict(d["opt"])

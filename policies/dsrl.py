@@ -462,14 +462,9 @@ class DSRL:
         return d
 
     def load_state_dict(self, d: dict) -> None:
-        from .config import UserError
-
-        if d["base_digest"] != self.base_digest:
-            raise UserError(f"the base policy at {self.cfg.base} changed since this DSRL run started "
-                            f"(weights digest {self.base_digest}, the run was steering {d['base_digest']})")
-        if d.get("demos_digest", self.demos_digest) != self.demos_digest:  # older checkpoints lack it
-            raise UserError(f"the demonstrations at {self.cfg.demos} changed since this DSRL run started (digest "
-                            f"{self.demos_digest}, the run loaded {d['demos_digest']}); start a new run")
+        ckpt.require_unchanged(f"the base policy at {self.cfg.base}", d["base_digest"], self.base_digest, "DSRL run")
+        ckpt.require_unchanged(f"the demonstrations at {self.cfg.demos}", d.get("demos_digest"), self.demos_digest,
+                               "DSRL run")
         self.pi.load_state_dict(d["pi"])
         self.q.load_state_dict(d["q"])
         self.q_target.load_state_dict(d["q_target"])
