@@ -39,8 +39,9 @@ def write_section(title: str, command: str, body: str, threads: int | None = Non
     under a line that says so: a rerun never erases earlier results or the notes written by hand."""
     text = BENCHMARKS_MD.read_text() if BENCHMARKS_MD.exists() else "# Benchmarks\n"
     today = date.today().isoformat()
+    revision = source_revision(short=True, ignore=(BENCHMARKS_MD.name,))  # the file this writes does not count
     section = (f"## {title}\n\nCommand: `{command}`  \nMachine: {machine(threads)}  \n"
-               f"Date: {today}, revision {source_revision(short=True, ignore=(BENCHMARKS_MD.name,))}\n\n{body.strip()}\n\n")
+               f"Date: {today}, revision {revision}\n\n{body.strip()}\n\n")
     pattern = re.compile(rf"^## {re.escape(title)}\n(.*?)(?=^## |\Z)", re.S | re.M)
     match = pattern.search(text)
     if match is None:

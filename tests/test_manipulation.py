@@ -252,7 +252,8 @@ def test_dsrl_resume_is_exact_and_refuses_a_changed_base(base_run, tmp_path, n_s
     rec["policy"][first] = rec["policy"][first] + 1e-3
     ckpt.save_atomic(rec, base / ckpt.BEST)
     r = cli("policies.train", f"resume={split}", "max_env_steps=384", "progress=false")
-    assert r.returncode == 2 and f"the base policy at {base} changed since this DSRL run started" in r.stderr and "Traceback" not in r.stderr
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert f"the base policy at {base} changed since this DSRL run started" in r.stderr, r.stderr
 
 
 def _dsrl(base_run: Path, variant: str, overrides=()) -> DSRL:

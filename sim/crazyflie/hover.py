@@ -135,7 +135,7 @@ class QuadTaskConfig:
     fail_distance: float = 1.0  # m from the reference ends the episode as a failure
     substeps: int = 1  # RK4 steps per 10 ms policy period in the torch backend
     # Fuse the torch backend's step (latency, RK4, reward, termination, observation) into a few
-    # C++ loops with torch.compile: ~3x the eager speed at 2048 envs on a 2-core CPU (BENCHMARKS.md).
+    # C++ loops with torch.compile: 2.4x the eager speed at 1024 envs, 2.9x at 16384, on 2 cores (BENCHMARKS.md).
     # The first use on a machine compiles for ~15 s per task class (g++ is needed; without it the
     # step runs eagerly), cached on disk after that.
     compile: bool = True
