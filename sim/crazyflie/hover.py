@@ -346,7 +346,9 @@ class QuadHoverEnv(gym.vector.VectorEnv):
                 if t is not None:
                     torch._dynamo.mark_dynamic(t, 0)
         obs = self._observe_fn(noise, rows)
-        return {name: v[:k] for name, v in obs.items()}
+        # Not views unless cut: a compiled network step guards on whether its input is one, so a
+        # reset's view would recompile the rollout's network step at the next (non-view) step.
+        return obs if len(rows) == k else {name: v[:k] for name, v in obs.items()}
 
     # ----------------------------------------------------------------- reward
     def curriculum(self) -> float:
