@@ -99,6 +99,14 @@ def test_one_reset_row_is_observed_bit_for_bit_like_the_batch():
         assert all(torch.equal(one[k][0], batch[k][i]) for k in batch), i
 
 
+def test_reset_observations_are_not_views():
+    """A compiled function guards on whether its input is a view: the rollout's network step, first
+    traced on reset()'s observations, was traced again at the next step's (a recompile per run)."""
+    env = QuadHoverEnv(QuadTaskConfig(), 64, seed=0)
+    obs, _ = env.reset(seed=0)
+    assert all(v._base is None for v in obs.values())
+
+
 @pytest.mark.parametrize("backend", ["torch", "mujoco", "pybullet"])
 def test_a_nan_action_resets_its_environment_alone(backend):
     """In every simulator a non-finite action fails and resets its own environment; the others fly on
