@@ -63,11 +63,12 @@ def quat_to_rotmat(q: np.ndarray) -> np.ndarray:
 
 
 def unit_quat(q: np.ndarray, tol: float = StateLimits.quat_norm_tol) -> np.ndarray:
-    """q / |q| where |q| is within ``tol`` of 1; any other q (far off, zero or non-finite) unchanged,
-    for make_state to refuse."""
+    """q / |q| where q is finite and non-zero and |q| within ``tol`` of 1 (``math.inf``: any finite,
+    non-zero q); any other q unchanged, for make_state to refuse."""
     with np.errstate(all="ignore"):
         norm = np.linalg.norm(q)
-    return q / norm if abs(norm - 1.0) <= tol else q
+        usable = bool(np.isfinite(q).all()) and norm > 0 and abs(norm - 1.0) <= tol
+        return q / norm if usable else q
 
 
 def make_state(pos, quat, vel, omega, stamp: float, limits: StateLimits = StateLimits()) -> State:
@@ -103,7 +104,7 @@ def state_from_odometry(msg, limits: StateLimits = StateLimits()) -> State:
     q = np.array([o.w, o.x, o.y, o.z])
     v_body = np.array([v.x, v.y, v.z])
     with np.errstate(all="ignore"):  # non-finite input is rejected by make_state
-        v_world = quat_to_rotmat(unit_quat(q, limits.quat_norm_tol)) @ v_body
+        v_world = quat_to_rotmat(unit_quat(q, math.inf)) @ v_body  # a far-off norm is refused for itself
     return make_state((p.x, p.y, p.z), q, v_world, (w.x, w.y, w.z), stamp_seconds(msg.header.stamp), limits)
 
 

@@ -126,10 +126,10 @@ def load_policy(run_dir: str | Path, device="cpu") -> tuple[torch.nn.Module, dic
     return policy_from_record(rec, Path(run_dir) / BEST, device), rec
 
 
-def require_unchanged(what: str, saved: str | None, current: str, run: str = "run") -> None:
+def require_unchanged(what: str, saved: str | None, current: str | None, run: str = "run") -> None:
     """Refuse a resume whose input ``what`` (a dataset, a base policy) has another digest than when
-    the ``run`` started; ``saved`` None: a checkpoint from before that digest was recorded."""
-    if saved is not None and saved != current:
+    the ``run`` started (None: none loaded)."""
+    if saved != current:
         from .config import UserError
 
         raise UserError(f"{what} changed since this {run} started (digest {current}, {saved} when it started); "

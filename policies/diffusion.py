@@ -337,7 +337,8 @@ class DiffusionBC:
                 "dataset_digest": self.dataset_digest}
 
     def load_state_dict(self, d: dict) -> None:
-        ckpt.require_unchanged(f"the dataset at {self.dataset_path}", d.get("dataset_digest"), self.dataset_digest)
+        ckpt.require_unchanged(f"the dataset at {self.dataset_path}",  # older checkpoints lack the digest
+                               d.get("dataset_digest", self.dataset_digest), self.dataset_digest)
         self.model.load_state_dict(d["model"])
         self.actor.load_state_dict(d["ema"])
         self.opt.load_state_dict(d["opt"])

@@ -463,8 +463,8 @@ class DSRL:
 
     def load_state_dict(self, d: dict) -> None:
         ckpt.require_unchanged(f"the base policy at {self.cfg.base}", d["base_digest"], self.base_digest, "DSRL run")
-        ckpt.require_unchanged(f"the demonstrations at {self.cfg.demos}", d.get("demos_digest"), self.demos_digest,
-                               "DSRL run")
+        ckpt.require_unchanged(f"the demonstrations at {self.cfg.demos}",  # older checkpoints lack the digest
+                               d.get("demos_digest", self.demos_digest), self.demos_digest, "DSRL run")
         self.pi.load_state_dict(d["pi"])
         self.q.load_state_dict(d["q"])
         self.q_target.load_state_dict(d["q_target"])

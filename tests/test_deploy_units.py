@@ -81,6 +81,24 @@ def test_yawed_vehicle_flying_forward_reports_world_velocity():
     assert np.allclose(state_from_odometry(msg).vel, [0.0, 1.0, 0.0], atol=1e-12)
 
 
+@pytest.mark.parametrize("quat, reason", [
+    ((0.0, 0.0, 0.0, 0.0), "out_of_range"),
+    ((1e200, 1e200, 0.0, 0.0), "out_of_range"),  # its norm overflows; the velocity must not
+    ((2.0, 0.0, 0.0, 0.0), "out_of_range"),
+    ((math.nan, 0.0, 0.0, 1.0), "nonfinite"),
+])
+def test_odometry_with_a_bad_quaternion_is_refused_for_it(quat, reason):
+    from nav_msgs.msg import Odometry
+
+    msg = Odometry()
+    o = msg.pose.pose.orientation
+    o.w, o.x, o.y, o.z = quat
+    msg.twist.twist.linear.x = 1.0
+    with pytest.raises(InvalidState) as e:
+        state_from_odometry(msg)
+    assert e.value.reason == reason
+
+
 @pytest.mark.parametrize("bad, reason", [
     (dict(pos=[math.nan, 0, 1]), "nonfinite"),
     (dict(omega=[0, math.inf, 0]), "nonfinite"),
