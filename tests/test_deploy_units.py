@@ -439,12 +439,13 @@ time.sleep(120)
 
 def _start_runner(tmp_path: Path, launch: str, prefix: Path, nohup: bool = False) -> subprocess.Popen:
     """The launch runner on ``launch`` (XML), its output a pipe, the venv not on the PATH; with
-    ``nohup``, SIGHUP ignored as nohup leaves it."""
+    ``nohup``, SIGHUP ignored as nohup leaves it, else at its default whatever this test process
+    inherited (a suite run under nohup would otherwise start every runner "under nohup")."""
     file = write(tmp_path / "t.launch.xml", launch)
     env = {**os.environ, "AMENT_PREFIX_PATH": str(prefix), "PATH": "/usr/bin:/bin"}
     return subprocess.Popen([sys.executable, "-m", "deploy.launch", str(file)], cwd=REPO, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            preexec_fn=(lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN)) if nohup else None)
+                            preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN if nohup else signal.SIG_DFL))
 
 
 def _kill(pids: list[int]) -> None:
