@@ -6,7 +6,13 @@ Differential inverse kinematics, batched over environments (NumPy, float64):
     J+  = J^T (J J^T + lambda^2 I)^-1                               damped least squares
     dq  = J+ e + (I - J+ J) k_null (q_home - q)                     null space pulls toward home
     dq *= min(1, min_i qd_max_i * T / |dq_i|)                       velocity limits, direction kept
-    q_target = clip(q + dq, q_min + margin, q_max - margin)
+    q_target = q + dq, within [q_min + margin, q_max - margin]
+
+Joint limits: a joint whose target would leave its range is locked at its bound and the rest of
+the motion is solved again by the other joints (J with the locked columns zeroed, the locked
+joints' own motion taken off e, no null-space motion of locked joints), until no free joint leaves
+its range. Clipping the targets alone would keep the limits but not the commanded motion: near the
+robot's base a joint on its limit bent the TCP's motion up to 111 deg away from the command.
 
 J is the 6x7 Jacobian of the ``ee`` site (mj_jacSite), R_des points the gripper straight down
 with a fixed yaw (fingers opening along world y for yaw 0). ``p_des`` is the measured TCP plus
@@ -68,13 +74,47 @@ class DiffIK:
         q [N,7], pos_des [N,3] (world, m) -> joint targets [N,7] (rad)."""
         c = self.cfg
         err = np.concatenate((pos_des - ee_pos, c.rot_gain * rotation_error(ee_rot, self.rot_des)), axis=-1)
-        jjt = jac @ jac.transpose(0, 2, 1) + c.damping**2 * np.eye(6)
+        pull = c.null_gain * (self.q_home - q)  # toward home, in the null space
+        dq = self._solve(jac, err, pull)
+        scale = self._velocity_scale(dq)
+        step = dq * scale
+        beyond = (q + step < self.lo) | (q + step > self.hi)
+        rows = np.flatnonzero(beyond.any(-1))
+        if rows.size:  # rare (near the base or the workspace's edge): re-solve those rows
+            step[rows] = self._step_within_limits(jac[rows], err[rows] * scale[rows], pull[rows] * scale[rows],
+                                                  q[rows], step[rows], beyond[rows])
+        return np.clip(q + step, self.lo, self.hi)
+
+    def _solve(self, jac: np.ndarray, err: np.ndarray, pull: np.ndarray) -> np.ndarray:
+        """Damped least squares dq [N,7] for the task error err [N,6], plus ``pull`` [N,7] projected
+        onto the null space; zeroed columns of ``jac`` are joints that do not move."""
+        jjt = jac @ jac.transpose(0, 2, 1) + self.cfg.damping**2 * np.eye(6)
         pinv = jac.transpose(0, 2, 1) @ np.linalg.inv(jjt)  # [N,7,6]
         dq = (pinv @ err[..., None])[..., 0]
         null = np.eye(7) - pinv @ jac
-        dq += (null @ (c.null_gain * (self.q_home - q))[..., None])[..., 0]
-        scale = np.minimum(1.0, (self.max_step / np.maximum(np.abs(dq), 1e-12)).min(-1, keepdims=True))
-        return np.clip(q + dq * scale, self.lo, self.hi)
+        return dq + (null @ pull[..., None])[..., 0]
+
+    def _velocity_scale(self, dq: np.ndarray) -> np.ndarray:
+        """[N,1] factor <= 1 that keeps every joint within its speed limit, the direction kept."""
+        return np.minimum(1.0, (self.max_step / np.maximum(np.abs(dq), 1e-12)).min(-1, keepdims=True))
+
+    def _step_within_limits(self, jac: np.ndarray, err: np.ndarray, pull: np.ndarray, q: np.ndarray,
+                            step: np.ndarray, beyond: np.ndarray) -> np.ndarray:
+        """Joint steps [n,7] for the scaled task error ``err`` and null-space pull whose first solution
+        ``step`` took the joints ``beyond`` out of their range: those are locked at their bound, the
+        others re-solve the rest of the motion; repeated while a free joint leaves its range."""
+        locked = beyond.copy()
+        for _ in range(7):
+            lock_step = np.where(locked, np.clip(q + step, self.lo, self.hi) - q, 0.0)
+            free = ~locked
+            rest = err - (jac @ lock_step[..., None])[..., 0]
+            dq = self._solve(jac * free[:, None, :], rest, pull * free) * free
+            step = lock_step + dq * self._velocity_scale(dq)
+            beyond = free & ((q + step < self.lo) | (q + step > self.hi))
+            if not beyond.any():
+                break
+            locked |= beyond
+        return step
 
     def tcp_targets(self, ee_pos: np.ndarray, action_xyz: np.ndarray) -> np.ndarray:
         """Desired TCP position: measured TCP + action (clipped to [-1, 1]) x max_delta (world, m)."""
