@@ -57,6 +57,34 @@ def test_vector_env_spaces_and_contract():
 
 
 @pytest.mark.parametrize("task", ["quad_hover", "quad_track"])
+def test_critic_sees_the_actions_a_long_latency_still_applies(task):
+    """With latency up to 2 periods the rotors still receive the action issued before the previous
+    one: the critic's last 4 entries hold it (and reset rows hold the episode's start action), so
+    that its state stays Markov; with up to 1 period the critic keeps its 49 entries."""
+    spec = get_task(task)
+    assert spec.env_cls(spec.default_config(), 2, seed=0).reset(seed=0)[0]["critic"].shape == (2, 49)
+    cfg = spec.default_config()
+    cfg.randomization.max_latency_steps = 3
+    assert spec.env_cls(cfg, 2, seed=0).single_observation_space["critic"].shape == (49 + 8,)
+    cfg.randomization.max_latency_steps = 2
+    env = spec.env_cls(cfg, 4, seed=0)
+    obs, _ = env.reset(seed=0)
+    assert env.single_observation_space["critic"].shape == (53,) and obs["critic"].shape == (4, 53)
+    assert torch.equal(obs["critic"][:, 49:], env.action_hist[:, 1])  # the start action
+    actions = [torch.full((4, 4), env.hover_action) + 0.01 * k for k in range(1, 4)]
+    for a in actions:
+        obs, *_ = env.step(a)
+    assert torch.equal(obs["policy"][:, 18:], actions[-1])  # the previous action (contract)
+    assert torch.equal(obs["critic"][:, 49:], actions[-2])  # the one before: still in flight
+    env.t[1] = env.max_steps - 1  # env 1 starts a new episode in the next step (quad_track's reference jumps: it fails)
+    obs, _, term, trunc, info = env.step(actions[0])
+    assert (term | trunc).tolist() == [False, True, False, False]
+    assert torch.equal(info["final_obs"]["critic"][1, 49:], actions[-1][1])
+    assert torch.equal(obs["critic"][0, 49:], actions[-1][0]) and torch.equal(obs["critic"][1, 49:], env.action_hist[1, 1])
+    assert not torch.equal(env.action_hist[1, 1], actions[-1][1])
+
+
+@pytest.mark.parametrize("task", ["quad_hover", "quad_track"])
 @pytest.mark.parametrize("ending", [[2, 9], [5]], ids=["two", "one"])
 def test_a_step_that_resets_some_envs_observes_their_new_episodes(task, ending):
     """The step observes only the reset environments anew; every row must still be what a full

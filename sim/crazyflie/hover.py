@@ -27,7 +27,13 @@ from .dynamics import OMEGA, POS, QUAT, RPM, STATE_DIM, VEL, TorchBackend, Vehic
 from .contract import ACT_DIM, OBS_DIM, POLICY_PERIOD
 from .params import GRAVITY, NOMINAL, CrazyflieParams, action_to_rpm
 
-CRITIC_DIM = 49
+CRITIC_DIM = 49  # with randomization.max_latency_steps = L <= 1; 49 + 4 (L - 1) for L >= 2
+
+
+def critic_dim(max_latency_steps: int) -> int:
+    """Width of the critic observation: the actions issued before the previous one that a latency
+    of up to ``max_latency_steps`` periods can still apply are part of the state (_observe)."""
+    return CRITIC_DIM + ACT_DIM * max(max_latency_steps - 1, 0)
 
 
 @dataclass
@@ -184,7 +190,8 @@ def make_backend(name: str, num_envs: int, params: CrazyflieParams, substeps: in
 class QuadHoverEnv(gym.vector.VectorEnv):
     """Batched hover task. Observations are dicts of torch tensors: ``policy`` [N, 22] (noisy,
     the contract above) and ``critic`` [N, 49] (privileged: noise-free state, rotor speeds,
-    disturbances, randomized parameters, the position error at the precision scale). Autoreset
+    disturbances, randomized parameters, the position error at the precision scale; with latency
+    beyond one period also the older actions still in flight, ``critic_dim``). Autoreset
     happens in the same step, with Gymnasium's keys: the observation that ended an episode is in
     ``info["final_obs"]`` (for every environment; the rows that did not end repeat the current
     observation) and the mask of those that ended in ``info["_final_obs"]``. Tensors stay torch
@@ -243,7 +250,7 @@ class QuadHoverEnv(gym.vector.VectorEnv):
         box = gym.spaces.Box
         self.single_observation_space = gym.spaces.Dict(
             policy=box(-np.inf, np.inf, (OBS_DIM,), np.float32),
-            critic=box(-np.inf, np.inf, (CRITIC_DIM,), np.float32),
+            critic=box(-np.inf, np.inf, (critic_dim(cfg.randomization.max_latency_steps),), np.float32),
         )
         self.single_action_space = box(-1.0, 1.0, (ACT_DIM,), np.float32)
         self.observation_space = gym.vector.utils.batch_space(self.single_observation_space, num_envs)
@@ -331,6 +338,13 @@ class QuadHoverEnv(gym.vector.VectorEnv):
             ),
             dim=-1,
         )
+        if self.cfg.randomization.max_latency_steps >= 2:
+            # The rotors will still receive the commands issued up to L periods before the next one:
+            # the previous action (in the observation above) and, with L >= 2, the L - 1 before it
+            # (action_hist[:, 1:L] after this step's shift). Without them the critic's state is not
+            # Markov at latencies beyond one period.
+            older = pick(self.action_hist[:, 1:self.cfg.randomization.max_latency_steps])
+            critic = torch.cat((critic, older.reshape(older.shape[0], -1)), dim=-1)
         return {"policy": policy, "critic": critic}
 
     def _observe_rows(self, noise: torch.Tensor | None, rows: torch.Tensor) -> dict[str, torch.Tensor]:
