@@ -29,7 +29,8 @@ Observation (float32), identical layout in every task so policies transfer:
                   44:44+4L  the actions issued and not yet applied, newest first (4 per period;
                         zeros beyond the episode's latency)
     image (camera != "none"): "rgb" uint8 [3, H, W]; "depth" float32 [1, H, W] (m, z-depth);
-                  "rgbd" float32 [4, H, W], RGB scaled to [0, 1] then depth in m.
+                  "rgbd" float32 [4, H, W], RGB scaled to [0, 1] then depth in m. The depth is the
+                  sensor's (``depth_image``: with NoiseConfig.depth's noise), as perception's is.
 
 Action [4] in [-1, 1]: [dx, dy, dz] desired TCP displacement per control step, world frame,
 times ``IKConfig.max_delta`` = 0.02 m (0.4 m/s at 20 Hz), turned into joint targets by the
@@ -115,12 +116,24 @@ class RandomizationConfig:
 
 @dataclass
 class NoiseConfig:
-    """Gaussian noise (std) on the policy observation; the critic sees the clean values."""
+    """Gaussian noise (std) on the policy observation; the critic sees the clean values. The camera's
+    errors (depth noise, extrinsics calibration error) reach the policy through the depth image and
+    the perception's cube estimate (``obs_source=perception``)."""
 
     enabled: bool = True
     joint_pos: float = 0.001  # rad
     joint_vel: float = 0.01  # rad/s
     object_pos: float = 0.003  # m (cube position, as from a perception pipeline)
+    # Depth noise, x the axial noise model of a structured-light depth camera (Nguyen, Izadi and
+    # Lovell 2012, Kinect): std(z) = 1.2 mm + 1.9 mm/m^2 (z - 0.4 m)^2 per pixel, 1.6 mm at the
+    # cube's ~0.85 m. 0 = an exact depth image.
+    depth: float = 1.0
+    # Error of the camera pose the perception believes (a calibrated eye-to-hand extrinsic), drawn
+    # per episode: std per world axis (m) and about each camera axis (deg). Assumed, not measured:
+    # the order of a careful checkerboard calibration. The randomized camera pose itself
+    # (RandomizationConfig) is where the camera is; this is how well the robot knows it.
+    camera_pos: float = 0.002  # m
+    camera_angle: float = 0.2  # deg
 
 
 @dataclass
@@ -254,6 +267,12 @@ class ArmEnv(gym.vector.VectorEnv):
         self.gen.manual_seed(seed)
         self.expert_gen = torch.Generator(device="cpu")  # expert action noise only
         self.expert_gen.manual_seed(seed + 1)
+        # The camera's errors (depth noise, calibration error): a stream of their own, so that they
+        # change nothing else (the state observation's runs draw exactly as without a camera).
+        self.sensor_gen = torch.Generator(device="cpu")
+        self.sensor_gen.manual_seed(seed + 2)
+        self.calib_pos = np.zeros((n, 3))  # believed - true camera position (world, m), per episode
+        self.calib_quat = np.tile((1.0, 0.0, 0.0, 0.0), (n, 1))  # believed = true rotation @ this (camera frame)
         self.total_steps = 0  # env steps by all envs together
         self.nonfinite_resets = 0
         nz = cfg.noise
@@ -370,12 +389,12 @@ class ArmEnv(gym.vector.VectorEnv):
 
     def _image(self, i: int) -> np.ndarray:
         cam = self.cfg.camera
-        frame = self.render(i, rgb=cam in ("rgb", "rgbd"), depth=cam in ("depth", "rgbd"))
-        if cam == "rgb":
-            return frame["rgb"].transpose(2, 0, 1)
         if cam == "depth":
-            return frame["depth"][None]
-        return np.concatenate((frame["rgb"].transpose(2, 0, 1).astype(np.float32) / 255.0, frame["depth"][None]))
+            return self.depth_image(i)[None]
+        rgb = self.render(i, rgb=True, depth=False)["rgb"].transpose(2, 0, 1)
+        if cam == "rgb":
+            return rgb
+        return np.concatenate((rgb.astype(np.float32) / 255.0, self.depth_image(i)[None]))
 
     # ================================================================ task hooks (override)
     def sample_episode(self, idx: np.ndarray) -> None:
@@ -426,6 +445,24 @@ class ArmEnv(gym.vector.VectorEnv):
                 mujoco.mju_mulQuat(out, q, dq)
                 q = out.copy()
             self.cam_pos[i], self.cam_quat[i] = self.nominal_cam_pos + dpos[j], q
+        self.draw_calibration(idx)
+
+    def draw_calibration(self, idx: np.ndarray) -> None:
+        """This episode's error of the camera pose the perception believes (NoiseConfig), from the
+        sensor stream: Gaussian per world axis (m) and about each camera axis (rad)."""
+        nz, k = self.cfg.noise, len(idx)
+        if not nz.enabled:
+            self.calib_pos[idx], self.calib_quat[idx] = 0.0, (1.0, 0.0, 0.0, 0.0)
+            return
+        g = torch.randn((k, 6), generator=self.sensor_gen, dtype=torch.float64).numpy()
+        self.calib_pos[idx] = nz.camera_pos * g[:, :3]
+        for j, i in enumerate(idx):
+            rotvec = np.radians(nz.camera_angle) * g[j, 3:]
+            angle = float(np.linalg.norm(rotvec))
+            q = np.array((1.0, 0.0, 0.0, 0.0))
+            if angle > 0:
+                mujoco.mju_axisAngle2Quat(q, rotvec / angle, angle)
+            self.calib_quat[i] = q
 
     def _apply_params(self, i: int) -> None:
         """Write env i's randomized parameters into its own model, then refresh derived constants."""
@@ -463,6 +500,7 @@ class ArmEnv(gym.vector.VectorEnv):
         if seed is not None:  # a seeded reset starts the experiment over
             self.gen.manual_seed(seed)
             self.expert_gen.manual_seed(seed + 1)
+            self.sensor_gen.manual_seed(seed + 2)
             self.total_steps = 0
         self._reset_envs(np.arange(self.num_envs))
         return self._observe(), {}
@@ -632,9 +670,24 @@ class ArmEnv(gym.vector.VectorEnv):
             r.disable_depth_rendering()
         return out
 
-    def camera_info(self, env_index: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    def depth_image(self, env_index: int) -> np.ndarray:
+        """What the depth camera of env ``env_index`` measures: the rendered z-depth [H, W] (m) plus
+        Gaussian noise of NoiseConfig.depth times std(z) of the Nguyen et al. model, from the sensor
+        stream (pixels without a return stay as rendered)."""
+        depth = self.render(env_index, rgb=False, depth=True)["depth"]
+        nz = self.cfg.noise
+        if not nz.enabled or nz.depth == 0:
+            return depth
+        std = nz.depth * (0.0012 + 0.0019 * (depth.astype(np.float64) - 0.4) ** 2)
+        g = torch.randn(depth.shape, generator=self.sensor_gen, dtype=torch.float64).numpy()
+        valid = np.isfinite(depth) & (depth > 0)
+        return np.where(valid, depth + std * g, depth).astype(np.float32)
+
+    def camera_info(self, env_index: int = 0, calibrated: bool = True) -> tuple[np.ndarray, np.ndarray]:
         """Intrinsics K [3,3] (px) and camera pose T_world_cam [4,4] in the OpenCV convention
-        (x right, y down, z forward) for env ``env_index``, randomized pose included.
+        (x right, y down, z forward) for env ``env_index``: the pose a calibrated system believes
+        (the randomized true pose with this episode's calibration error, NoiseConfig), or with
+        ``calibrated=False`` the true one.
 
         K: square pixels, f = (H / 2) / tan(fovy / 2); the principal point is the image centre with
         pixel centres at integer coordinates, cx = (W - 1) / 2, cy = (H - 1) / 2.
@@ -644,9 +697,14 @@ class ArmEnv(gym.vector.VectorEnv):
         f = (s / 2) / math.tan(math.radians(self.models[env_index].cam_fovy[self.cam_id]) / 2)
         k = np.array([[f, 0.0, (s - 1) / 2], [0.0, f, (s - 1) / 2], [0.0, 0.0, 1.0]])
         d = self.datas[env_index]
+        rot, pos = d.cam_xmat[self.cam_id].reshape(3, 3), d.cam_xpos[self.cam_id].copy()
+        if calibrated:
+            err = np.zeros(9)
+            mujoco.mju_quat2Mat(err, self.calib_quat[env_index])
+            rot, pos = rot @ err.reshape(3, 3), pos + self.calib_pos[env_index]
         t = np.eye(4)
-        t[:3, :3] = d.cam_xmat[self.cam_id].reshape(3, 3) @ np.diag((1.0, -1.0, -1.0))
-        t[:3, 3] = d.cam_xpos[self.cam_id]
+        t[:3, :3] = rot @ np.diag((1.0, -1.0, -1.0))
+        t[:3, 3] = pos
         return k, t
 
     def close_extras(self, **kwargs) -> None:
@@ -665,18 +723,20 @@ class ArmEnv(gym.vector.VectorEnv):
             mujoco.mj_getState(self.models[i], self.datas[i], mj[i], STATE_SPEC)
         arrays = {k: getattr(self, k).copy() for k in self._STATE_ARRAYS}
         sd = {"mj": mj, **arrays, "gen": self.gen.get_state(), "expert_gen": self.expert_gen.get_state(),
-              "total_steps": self.total_steps, "nonfinite_resets": self.nonfinite_resets}
+              "sensor_gen": self.sensor_gen.get_state(), "total_steps": self.total_steps, "nonfinite_resets": self.nonfinite_resets}
         if self.perception is not None:
             sd["perception"] = self.perception.state_dict()
         return sd
 
-    _STATE_ARRAYS = ("goal", "mass_scale", "friction_scale", "cam_pos", "cam_quat", "t", "episode_return",
-                     "succeeded", "expert_phase", "expert_t0", "latency", "action_queue")
+    _STATE_ARRAYS = ("goal", "mass_scale", "friction_scale", "cam_pos", "cam_quat", "calib_pos", "calib_quat", "t",
+                     "episode_return", "succeeded", "expert_phase", "expert_t0", "latency", "action_queue")
     # The arrays that checkpoints of older revisions lack, and what they load as: the feature off
-    # (here: no latency, nothing in flight).
+    # (here: no latency, nothing in flight, an exactly known camera pose).
     _STATE_DEFAULTS: dict[str, Callable[["ArmEnv"], np.ndarray]] = {
         "latency": lambda env: np.zeros(env.num_envs, dtype=np.int64),
         "action_queue": lambda env: np.tile(HOLD_ACTION, env.action_queue.shape[:2] + (1,)),
+        "calib_pos": lambda env: np.zeros((env.num_envs, 3)),
+        "calib_quat": lambda env: np.tile((1.0, 0.0, 0.0, 0.0), (env.num_envs, 1)),
     }
 
     def load_state_dict(self, sd: dict) -> None:
@@ -691,6 +751,8 @@ class ArmEnv(gym.vector.VectorEnv):
             setattr(self, k, np.array(sd[k], copy=True))
         self.gen.set_state(sd["gen"])
         self.expert_gen.set_state(sd["expert_gen"])
+        if "sensor_gen" in sd:  # absent in checkpoints of older revisions: the stream goes on from here
+            self.sensor_gen.set_state(sd["sensor_gen"])
         self.total_steps, self.nonfinite_resets = sd["total_steps"], sd["nonfinite_resets"]
         if self.perception is not None and "perception" in sd:  # absent in checkpoints of older revisions
             self.perception.load_state_dict(sd["perception"])

@@ -427,7 +427,7 @@ _CENTRES = {"box_fit": _centre_box_fit, "top_face": _centre_top_face, "view_shif
 class Perception:
     """Writes the camera's cube estimate into the cube-position slice (``env.OBJECT_POS``, world, m)
     of the policy observation, env by env: what ``obs_source=perception`` uses instead of the
-    simulator's (noisy) cube position. Needs only ``env.render``, ``env.camera_info``,
+    simulator's (noisy) cube position. Needs only ``env.depth_image``, ``env.camera_info``,
     ``env.params``, ``env.num_envs`` and ``env.OBJECT_POS``; torch is not imported here.
 
     When an estimate fails (the gripper hides the cube, ...) the env keeps its last good estimate
@@ -478,9 +478,10 @@ class Perception:
         self.failures = 0
 
     def estimate(self, env_index: int) -> CubeEstimate:
-        """Estimate from env ``env_index``'s current depth image and camera pose."""
-        depth = self.env.render(env_index, rgb=False, depth=True)["depth"]
-        K, T_world_cam = self.env.camera_info(env_index)
+        """Estimate from env ``env_index``'s current depth image and the camera pose it believes (the
+        calibrated one: the true pose with the episode's calibration error)."""
+        depth = self.env.depth_image(env_index)  # the sensor's: with its noise
+        K, T_world_cam = self.env.camera_info(env_index)  # the calibrated pose, not the true one
         return estimate_cube_position(depth, K, T_world_cam, self.cube_half, self.config, self.table_height)
 
     def _release(self, ids) -> None:
