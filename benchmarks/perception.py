@@ -50,7 +50,7 @@ def frame(env, exact_depth: bool = False, true_pose: bool = False):
     depth = env.render(0, rgb=False)["depth"]
     render_s = time.perf_counter() - t0
     if not exact_depth:
-        depth = env.depth_image(0)
+        depth = env.depth_noise(depth)  # what depth_image() gives, without rendering again
     K, T = env.camera_info(0, calibrated=not true_pose)
     return depth, K, T, env.datas[0].xpos[env.cube_body].copy(), render_s
 

@@ -671,10 +671,13 @@ class ArmEnv(gym.vector.VectorEnv):
         return out
 
     def depth_image(self, env_index: int) -> np.ndarray:
-        """What the depth camera of env ``env_index`` measures: the rendered z-depth [H, W] (m) plus
-        Gaussian noise of NoiseConfig.depth times std(z) of the Nguyen et al. model, from the sensor
-        stream (pixels without a return stay as rendered)."""
-        depth = self.render(env_index, rgb=False, depth=True)["depth"]
+        """What the depth camera of env ``env_index`` measures: its rendered z-depth [H, W] (m) with
+        the sensor's noise (``depth_noise``)."""
+        return self.depth_noise(self.render(env_index, rgb=False, depth=True)["depth"])
+
+    def depth_noise(self, depth: np.ndarray) -> np.ndarray:
+        """``depth`` (an exact z-depth image, m) plus Gaussian noise of NoiseConfig.depth times std(z)
+        of the Nguyen et al. model, from the sensor stream (pixels without a return stay as they are)."""
         nz = self.cfg.noise
         if not nz.enabled or nz.depth == 0:
             return depth
