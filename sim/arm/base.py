@@ -134,6 +134,12 @@ class NoiseConfig:
     # (RandomizationConfig) is where the camera is; this is how well the robot knows it.
     camera_pos: float = 0.002  # m
     camera_angle: float = 0.2  # deg
+    # The state observation's cube position as the calibrated camera places it: the true position
+    # moved by this episode's calibration error (see seen_by_camera), before the per-step noise
+    # above. The perception's estimate carries that same error for the whole episode; a policy
+    # that will run from obs_source=perception can train on it without rendering. Off: the true
+    # position plus the per-step noise.
+    object_seen_by_camera: bool = False
 
 
 @dataclass
@@ -358,7 +364,10 @@ class ArmEnv(gym.vector.VectorEnv):
                                 self.opening[:, None], self.cube_pos, self.cube_quat, self.goal), axis=-1)
         policy = clean
         if self.cfg.noise.enabled:
-            policy = clean + self.obs_noise_std * self._randn((n, POLICY_DIM))
+            if self.cfg.noise.object_seen_by_camera and self.HAS_CUBE:
+                policy = clean.copy()  # the critic keeps the true position
+                policy[:, CUBE_POS] = self.seen_by_camera(self.cube_pos)
+            policy = policy + self.obs_noise_std * self._randn((n, POLICY_DIM))
         if self.perception is not None:  # the camera's cube estimate replaces the simulator's
             policy = policy.copy()  # the critic keeps the true position
             self.perception.update(policy, rows)
@@ -709,6 +718,18 @@ class ArmEnv(gym.vector.VectorEnv):
         t[:3, :3] = rot @ np.diag((1.0, -1.0, -1.0))
         t[:3, 3] = pos
         return k, t
+
+    def seen_by_camera(self, world_pos: np.ndarray) -> np.ndarray:
+        """[N, 3] world points (m), one per env, where the calibrated camera places them: the
+        point in the true camera frame, mapped to the world by the believed pose (camera_info).
+        With the true pose (c, R) and the believed one (c + dc, R E): c + dc + R E R^T (p - c)."""
+        out = np.empty_like(world_pos)
+        err = np.zeros(9)
+        for i, d in enumerate(self.datas):
+            rot, pos = d.cam_xmat[self.cam_id].reshape(3, 3), d.cam_xpos[self.cam_id]
+            mujoco.mju_quat2Mat(err, self.calib_quat[i])
+            out[i] = pos + self.calib_pos[i] + rot @ (err.reshape(3, 3) @ (rot.T @ (world_pos[i] - pos)))
+        return out
 
     def close_extras(self, **kwargs) -> None:
         """Free the offscreen renderer (OpenGL context); ``close()`` (gymnasium) calls this."""
