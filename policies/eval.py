@@ -1,6 +1,6 @@
 """Evaluate a trained run: ``python -m policies.eval <run_dir> [backend=torch|mujoco|pybullet]
 [episodes=100] [video=true] [plot=true] [seed=12345] [effects=ground_effect,drag]
-[obs_source=state|perception]``.
+[obs_source=state|perception] [task.<field>=value ...]``.
 
 Quadrotor tasks: prints the hover criterion's success rate and errors, writes eval_<backend>.json,
 a plot of position error over time (PNG) and optionally a GIF of a few episodes rendered
@@ -9,6 +9,10 @@ success rate over ``episodes`` episodes, written to eval_mujoco.json, and option
 first episodes seen by the front camera; ``obs_source=perception`` runs the policy from the depth
 camera's cube estimate instead of the simulator's (whatever it was trained on), written to
 eval_mujoco_perception.json (and .gif).
+
+``task.<field>=value`` evaluates under another setting of the run's task config (e.g.
+``task.randomization.max_latency_steps=2``); the JSON then lists those overrides under
+``task_overrides``. The hover criterion of the issue is the run's own task config, without them.
 """
 
 from __future__ import annotations
@@ -41,12 +45,16 @@ DEFAULTS = {"backend": None, "episodes": 100, "video": False, "plot": True, "see
 def parse(argv: list[str]) -> tuple[Path, dict]:
     if not argv or "=" in argv[0]:
         raise UserError("usage: python -m policies.eval <run_dir> [backend=torch|mujoco|pybullet] [episodes=N] "
-                        "[video=true] [plot=true] [seed=N]")
-    opts = dict(DEFAULTS)
+                        "[video=true] [plot=true] [seed=N] [task.<field>=value ...]")
+    opts = dict(DEFAULTS, task_overrides=[])
     for a in argv[1:]:
         k, _, v = a.partition("=")
+        if k.startswith("task.") and _:
+            opts["task_overrides"].append(a)
+            continue
         if k not in OPTIONS or not _:
-            raise UserError(f"unknown option '{a}': expected key=value with key in {', '.join(OPTIONS)}")
+            raise UserError(f"unknown option '{a}': expected key=value with key in {', '.join(OPTIONS)}, "
+                            "or task.<field>=value")
         try:
             opts[k] = {"true": True, "false": False}[v.lower()] if OPTIONS[k] is bool else OPTIONS[k](v)
         except (KeyError, ValueError):
@@ -62,6 +70,25 @@ def parse(argv: list[str]) -> tuple[Path, dict]:
             raise UserError(f"effects={','.join(opts['effects'])}: expected any of {', '.join(PYBULLET_EFFECTS)} "
                             "with backend=pybullet")
     return Path(argv[0]), opts
+
+
+def override_task(task_cfg, overrides: list[str]):
+    """The run's task config with ``task.<field>=value`` overrides applied, typed by the task's
+    config class; an unknown field or a value of the wrong type raises UserError naming it."""
+    if not overrides:
+        return task_cfg
+    cfg = OmegaConf.structured(task_cfg)
+    for o in overrides:
+        key, _, value = o.partition("=")
+        try:
+            OmegaConf.update(cfg, key.removeprefix("task."), OmegaConf.from_dotlist([f"v={value}"]).v, merge=False)
+        except Exception as e:  # OmegaConf's errors for an unknown key or an ill-typed value
+            raise UserError(f"override '{o}': {str(e).strip().splitlines()[0]}") from None
+    return OmegaConf.to_object(cfg)
+
+
+def with_overrides(result: dict, opts: dict) -> dict:
+    return {**result, "task_overrides": opts["task_overrides"]} if opts["task_overrides"] else result
 
 
 def plot_errors(res: EvalResult, path: Path) -> None:
@@ -129,6 +156,7 @@ def main(argv: list[str] | None = None) -> int:
         run_dir, o = parse(argv)
         actor, rec = ckpt.load_policy(run_dir, o["device"])
         task_cfg, _ = to_objects(OmegaConf.create(rec["config"]))
+        task_cfg = override_task(task_cfg, o["task_overrides"])
     except (UserError, ckpt.CheckpointError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -138,8 +166,8 @@ def main(argv: list[str] | None = None) -> int:
         if o["backend"] not in (None, "mujoco"):
             print(f"error: task {task_cfg.name} runs in MuJoCo only (backend=mujoco)", file=sys.stderr)
             return 2
-        if o["obs_source"] is not None:
-            task_cfg.obs_source = o["obs_source"]
+        if o["obs_source"] is not None or o["task_overrides"]:
+            task_cfg.obs_source = o["obs_source"] or task_cfg.obs_source
             try:
                 get_task(task_cfg.name).env_cls.check_config(task_cfg)
             except ValueError as e:  # e.g. obs_source=perception for a task without a cube
@@ -150,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
                                on_episode_end=end_cb)
         print(res.summary())
         name = "eval_mujoco_perception" if task_cfg.obs_source == "perception" else "eval_mujoco"
-        (run_dir / f"{name}.json").write_text(json.dumps(res.as_dict(), indent=2))
+        (run_dir / f"{name}.json").write_text(json.dumps(with_overrides(res.as_dict(), o), indent=2))
         if frames:
             save_gif(frames, run_dir / f"{name}.gif", get_task(task_cfg.name).contract.policy_period_s)
         return 0
@@ -175,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
 
     res = evaluate_hover(actor, task_cfg, o["episodes"], o["backend"], o["seed"], o["device"], frames_cb=cb)
     print(res.summary())
-    (run_dir / f"eval_{o['backend']}.json").write_text(json.dumps(res.as_dict(), indent=2))
+    (run_dir / f"eval_{o['backend']}.json").write_text(json.dumps(with_overrides(res.as_dict(), o), indent=2))
     if o["plot"]:
         plot_errors(res, run_dir / f"eval_{o['backend']}_error.png")
         print(f"plot: {run_dir / ('eval_' + o['backend'] + '_error.png')}")

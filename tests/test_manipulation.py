@@ -661,6 +661,28 @@ def test_eval_runs_a_state_policy_from_the_perceived_cube(base_run, run_dir):
     assert r.returncode == 2 and "obs_source applies to the manipulation tasks" in r.stderr
 
 
+def test_eval_under_task_overrides(base_run):
+    """policies.eval task.<field>=value: the run's task config with those fields changed, typed by its
+    config class, listed in the result file; an unknown field or an ill-typed value is one error line."""
+    import json
+
+    from policies.eval import override_task
+
+    cfg = get_task("arm_push").default_config()
+    new = override_task(cfg, ["task.noise.object_seen_by_camera=true", "task.randomization.max_latency_steps=2"])
+    assert new.noise.object_seen_by_camera is True and new.randomization.max_latency_steps == 2
+    assert cfg.noise.object_seen_by_camera is False and cfg.randomization.max_latency_steps == 0  # a copy
+    r = cli("policies.eval", str(base_run), "episodes=2", "task.noise.object_seen_by_camera=true")
+    assert r.returncode == 0 and "success" in r.stdout, r.stdout + r.stderr
+    result = json.loads((base_run / "eval_mujoco.json").read_text())
+    assert result["task_overrides"] == ["task.noise.object_seen_by_camera=true"]
+    for bad, says in (("task.noise.nope=1", "Key 'nope' not in 'NoiseConfig'"),
+                      ("task.randomization.max_latency_steps=two", "could not be converted to Integer")):
+        r = cli("policies.eval", str(base_run), "episodes=2", bad)
+        assert r.returncode == 2 and f"override '{bad}'" in r.stderr and says in r.stderr, r.stderr
+        assert "Traceback" not in r.stderr
+
+
 def test_eval_video_of_a_manipulation_policy(base_run):
     """policies.eval video=true on an arm task: a GIF of the first episodes side by side, one frame per
     control step from the front camera until every episode has ended, at the control rate."""
