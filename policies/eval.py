@@ -12,7 +12,9 @@ eval_mujoco_perception.json (and .gif).
 
 ``task.<field>=value`` evaluates under another setting of the run's task config (e.g.
 ``task.randomization.max_latency_steps=2``); the JSON then lists those overrides under
-``task_overrides``. The hover criterion of the issue is the run's own task config, without them.
+``task_overrides``. Quadrotor tasks: the hover criterion's conditions (initial states,
+randomization, noise) are the task's defaults whatever the run trained with; these overrides change
+them too, so the result is a judge under those conditions, no longer the criterion.
 """
 
 from __future__ import annotations
@@ -201,7 +203,13 @@ def main(argv: list[str] | None = None) -> int:
                 if t % 3 == 0:  # 33 fps
                     frames.append(np.concatenate(env.backend.render(shown, 160, 120), axis=1))
 
-    res = evaluate_hover(actor, task_cfg, o["episodes"], o["backend"], o["seed"], o["device"], frames_cb=cb)
+    conditions = None  # the criterion's: the task's default initial states, randomization and noise
+    if o["task_overrides"]:
+        conditions = override_task(get_task(task_cfg.name).default_config(), o["task_overrides"])
+        print(f"note: judged under {' '.join(o['task_overrides'])}, not the hover criterion's conditions",
+              file=sys.stderr)
+    res = evaluate_hover(actor, task_cfg, o["episodes"], o["backend"], o["seed"], o["device"], frames_cb=cb,
+                         conditions=conditions)
     print(res.summary())
     (run_dir / f"eval_{o['backend']}.json").write_text(json.dumps(with_overrides(res.as_dict(), o), indent=2))
     if o["plot"]:

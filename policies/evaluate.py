@@ -103,14 +103,16 @@ def evaluate_hover(
     seed: int = 12345,
     device: str | torch.device = "cpu",
     frames_cb: Callable | None = None,
+    conditions=None,
 ) -> EvalResult:
     """Run ``episodes`` parallel episodes of 5 s with the deterministic ``policy`` (obs -> action).
     The task (target, track, simulator substeps) is ``task_cfg``'s; the criterion's conditions are
     not: the initial states, domain randomization and observation noise are the task's defaults
     whatever the run trained with (and its termination distance the criterion's 1 m), so a pass means
-    the same for every run."""
+    the same for every run. ``conditions``, a config of the task, replaces those defaults (its init,
+    randomization and noise): a judge under other conditions, no longer the criterion."""
     cfg = copy.deepcopy(task_cfg)
-    criterion = get_task(cfg.name).default_config()
+    criterion = conditions if conditions is not None else get_task(cfg.name).default_config()
     cfg.init, cfg.randomization, cfg.noise = criterion.init, criterion.randomization, criterion.noise
     cfg.fail_distance = MAX_DISTANCE  # a run's own (stricter) termination would end episodes the criterion keeps
     cfg.episode_seconds = EPISODE_SECONDS + 1.0  # no autoreset inside the window

@@ -51,6 +51,31 @@ def test_the_criterion_ignores_a_run_trained_on_easier_conditions():
     assert np.nanmax(a.position_error[0]) > 0.1, "the episodes start away from the target"
 
 
+def test_eval_judges_under_the_conditions_its_task_overrides_give(tmp_path):
+    """policies.eval task.<field>=value on a quadrotor run changes the criterion's conditions (which
+    ignore the run's own config): evaluate_hover takes them as ``conditions``, the command says it
+    is no longer the criterion and lists the overrides in its result."""
+    from policies.eval import override_task
+    from sim.registry import get_task
+
+    policy, rec = ckpt.load_policy(PRETRAINED)
+    task_cfg, _ = to_objects(OmegaConf.create(rec["config"]))
+    quiet = ["task.randomization.enabled=false", "task.noise.enabled=false"]
+    conditions = override_task(get_task(task_cfg.name).default_config(), quiet)
+    default = evaluate_hover(policy, task_cfg, episodes=20)
+    judged = evaluate_hover(policy, task_cfg, episodes=20, conditions=conditions)
+    assert abs(judged.mean_final_error - default.mean_final_error) > 1e-3 * default.mean_final_error
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "checkpoints/best.pt").write_bytes((PRETRAINED / "checkpoints/best.pt").read_bytes())
+    r = subprocess.run([sys.executable, "-m", "policies.eval", str(run), "episodes=20", "plot=false", *quiet],
+                       cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and "not the hover criterion's conditions" in r.stderr, r.stdout + r.stderr
+    result = json.loads((run / "eval_torch.json").read_text())
+    assert result["task_overrides"] == quiet
+    assert result["mean_final_error_m"] == pytest.approx(judged.mean_final_error, rel=1e-3)
+
+
 def test_tilt_is_measured_from_the_thrust_direction_the_reference_needs():
     """Level, the tilt from vertical is 0. A vehicle rolled (about x) or pitched (about y) by 6 deg
     has a tilt of 6 deg from vertical (a fixed target) and of 0 from the thrust direction of a
