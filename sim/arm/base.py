@@ -136,9 +136,10 @@ class NoiseConfig:
     camera_angle: float = 0.2  # deg
     # The state observation's cube position as the calibrated camera places it: the true position
     # moved by this episode's calibration error (see seen_by_camera), before the per-step noise
-    # above. The perception's estimate carries that same error for the whole episode; a policy
-    # that will run from obs_source=perception can train on it without rendering. Off: the true
-    # position plus the per-step noise.
+    # above. The perception's estimate carries that same error for the whole episode: this judges
+    # a policy against it without rendering (`policies.eval <run> task.noise.object_seen_by_camera=true`).
+    # A pick_place base trained on it was no more robust (BENCHMARKS.md "Cube perception"). Off: the
+    # true position plus the per-step noise.
     object_seen_by_camera: bool = False
 
 
