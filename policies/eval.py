@@ -11,10 +11,12 @@ camera's cube estimate instead of the simulator's (whatever it was trained on), 
 eval_mujoco_perception.json (and .gif).
 
 ``task.<field>=value`` evaluates under another setting of the run's task config (e.g.
-``task.randomization.max_latency_steps=2``); the JSON then lists those overrides under
-``task_overrides``. Quadrotor tasks: the hover criterion's conditions (initial states,
-randomization, noise) are the task's defaults whatever the run trained with; these overrides change
-them too, so the result is a judge under those conditions, no longer the criterion.
+``task.randomization.max_latency_steps=2``); the results then go to ``eval_<...>_overrides.json``
+(and .png, .gif), which lists the overrides under ``task_overrides``. Quadrotor tasks: the hover
+criterion's conditions (initial states, randomization, noise) are the task's defaults whatever the
+run trained with; these overrides change them too, so the result is a judge by the criterion's
+bounds under those conditions, no longer the criterion (its termination distance and episode
+length stay fixed and cannot be overridden). The task itself (``task.name``) is the run's.
 """
 
 from __future__ import annotations
@@ -34,8 +36,8 @@ from sim.registry import get_task
 
 from . import checkpoint as ckpt
 from .config import UserError, check_device, to_objects
-from .evaluate import (EPISODE_SECONDS, LAST_SECONDS, MEAN_ERROR_LAST_2S, SUCCESS_RATE_REQUIRED, EvalResult,
-                       evaluate_hover, evaluate_success)
+from .evaluate import (CRITERION_FIXED, EPISODE_SECONDS, LAST_SECONDS, MEAN_ERROR_LAST_2S, SUCCESS_RATE_REQUIRED,
+                       EvalResult, criterion_config, evaluate_hover, evaluate_success)
 
 OPTIONS = {"backend": str, "episodes": int, "video": bool, "plot": bool, "seed": int, "device": str, "effects": str,
            "obs_source": str}
@@ -52,6 +54,8 @@ def parse(argv: list[str]) -> tuple[Path, dict]:
     for a in argv[1:]:
         k, _, v = a.partition("=")
         if k.startswith("task.") and _:
+            if k == "task.name":
+                raise UserError(f"override '{a}': the task is the run's; evaluate a run of that task instead")
             opts["task_overrides"].append(a)
             continue
         if k not in OPTIONS or not _:
@@ -158,18 +162,31 @@ def main(argv: list[str] | None = None) -> int:
         run_dir, o = parse(argv)
         actor, rec = ckpt.load_policy(run_dir, o["device"])
         task_cfg, _ = to_objects(OmegaConf.create(rec["config"]))
+        spec = get_task(task_cfg.name)
+        conditions = None  # quadrotor: the criterion's, the task's default initial states, randomization, noise
+        if o["task_overrides"] and spec.criterion != "success":
+            fixed = [x for x in o["task_overrides"] if x.partition("=")[0].removeprefix("task.") in CRITERION_FIXED]
+            if fixed:
+                raise UserError(f"override '{fixed[0]}': the hover criterion sets it (policies/evaluate.py)")
+            conditions = override_task(spec.default_config(), o["task_overrides"])
         task_cfg = override_task(task_cfg, o["task_overrides"])
+        if o["task_overrides"]:  # a value no env can run with: one line, before anything is simulated
+            try:
+                spec.env_cls.check_config(task_cfg if conditions is None else criterion_config(task_cfg, conditions))
+            except ValueError as e:
+                raise UserError(f"task {task_cfg.name}: {e}") from None
     except (UserError, ckpt.CheckpointError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    suffix = "_overrides" if o["task_overrides"] else ""
     if o["effects"] is not None:
         task_cfg.pybullet_effects = o["effects"]
     if get_task(task_cfg.name).criterion == "success":
         if o["backend"] not in (None, "mujoco"):
             print(f"error: task {task_cfg.name} runs in MuJoCo only (backend=mujoco)", file=sys.stderr)
             return 2
-        if o["obs_source"] is not None or o["task_overrides"]:
-            task_cfg.obs_source = o["obs_source"] or task_cfg.obs_source
+        if o["obs_source"] is not None:
+            task_cfg.obs_source = o["obs_source"]
             try:
                 get_task(task_cfg.name).env_cls.check_config(task_cfg)
             except ValueError as e:  # e.g. obs_source=perception for a task without a cube
@@ -179,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
         res = evaluate_success(actor, task_cfg, o["episodes"], "mujoco", o["seed"], o["device"], frames_cb=cb,
                                on_episode_end=end_cb)
         print(res.summary())
-        name = "eval_mujoco_perception" if task_cfg.obs_source == "perception" else "eval_mujoco"
+        name = ("eval_mujoco_perception" if task_cfg.obs_source == "perception" else "eval_mujoco") + suffix
         (run_dir / f"{name}.json").write_text(json.dumps(with_overrides(res.as_dict(), o), indent=2))
         if frames:
             save_gif(frames, run_dir / f"{name}.gif", get_task(task_cfg.name).contract.policy_period_s)
@@ -203,20 +220,19 @@ def main(argv: list[str] | None = None) -> int:
                 if t % 3 == 0:  # 33 fps
                     frames.append(np.concatenate(env.backend.render(shown, 160, 120), axis=1))
 
-    conditions = None  # the criterion's: the task's default initial states, randomization and noise
-    if o["task_overrides"]:
-        conditions = override_task(get_task(task_cfg.name).default_config(), o["task_overrides"])
-        print(f"note: judged under {' '.join(o['task_overrides'])}, not the hover criterion's conditions",
-              file=sys.stderr)
+    if conditions is not None:
+        print(f"note: judged by the criterion's bounds under {' '.join(o['task_overrides'])}, "
+              "not the hover criterion's conditions", file=sys.stderr)
     res = evaluate_hover(actor, task_cfg, o["episodes"], o["backend"], o["seed"], o["device"], frames_cb=cb,
                          conditions=conditions)
     print(res.summary())
-    (run_dir / f"eval_{o['backend']}.json").write_text(json.dumps(with_overrides(res.as_dict(), o), indent=2))
+    name = f"eval_{o['backend']}{suffix}"
+    (run_dir / f"{name}.json").write_text(json.dumps(with_overrides(res.as_dict(), o), indent=2))
     if o["plot"]:
-        plot_errors(res, run_dir / f"eval_{o['backend']}_error.png")
-        print(f"plot: {run_dir / ('eval_' + o['backend'] + '_error.png')}")
+        plot_errors(res, run_dir / f"{name}_error.png")
+        print(f"plot: {run_dir / (name + '_error.png')}")
     if frames:
-        save_gif(frames, run_dir / "eval_mujoco.gif", 3 * POLICY_PERIOD)
+        save_gif(frames, run_dir / f"eval_mujoco{suffix}.gif", 3 * POLICY_PERIOD)
     return 0 if res.success_rate >= SUCCESS_RATE_REQUIRED else 1
 
 

@@ -94,6 +94,24 @@ def tilt_deg(quat: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     return torch.rad2deg(torch.acos(cos))
 
 
+# Task fields the hover criterion sets itself, whatever the run's config or an evaluation's conditions say.
+CRITERION_FIXED = ("fail_distance", "episode_seconds")
+
+
+def criterion_config(task_cfg, conditions=None):
+    """The config evaluate_hover runs: ``task_cfg`` with the initial states, randomization and noise
+    of ``conditions`` (default: the task's defaults, the criterion's), the criterion's 1 m ball as
+    its termination (a run's own, stricter one would end episodes the criterion keeps) and episodes
+    longer than the 5 s window (no autoreset inside it)."""
+    cfg = copy.deepcopy(task_cfg)
+    criterion = conditions if conditions is not None else get_task(cfg.name).default_config()
+    cfg.init, cfg.randomization, cfg.noise = (copy.deepcopy(criterion.init), copy.deepcopy(criterion.randomization),
+                                              copy.deepcopy(criterion.noise))
+    cfg.fail_distance = MAX_DISTANCE
+    cfg.episode_seconds = EPISODE_SECONDS + 1.0
+    return cfg
+
+
 @torch.no_grad()
 def evaluate_hover(
     policy: Callable[[torch.Tensor], torch.Tensor],
@@ -111,11 +129,7 @@ def evaluate_hover(
     whatever the run trained with (and its termination distance the criterion's 1 m), so a pass means
     the same for every run. ``conditions``, a config of the task, replaces those defaults (its init,
     randomization and noise): a judge under other conditions, no longer the criterion."""
-    cfg = copy.deepcopy(task_cfg)
-    criterion = conditions if conditions is not None else get_task(cfg.name).default_config()
-    cfg.init, cfg.randomization, cfg.noise = criterion.init, criterion.randomization, criterion.noise
-    cfg.fail_distance = MAX_DISTANCE  # a run's own (stricter) termination would end episodes the criterion keeps
-    cfg.episode_seconds = EPISODE_SECONDS + 1.0  # no autoreset inside the window
+    cfg = criterion_config(task_cfg, conditions)
     env = get_task(cfg.name).env_cls(cfg, episodes, device=device, seed=seed, backend=backend)
     try:
         obs, _ = env.reset(seed=seed)

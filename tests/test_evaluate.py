@@ -54,7 +54,8 @@ def test_the_criterion_ignores_a_run_trained_on_easier_conditions():
 def test_eval_judges_under_the_conditions_its_task_overrides_give(tmp_path):
     """policies.eval task.<field>=value on a quadrotor run changes the criterion's conditions (which
     ignore the run's own config): evaluate_hover takes them as ``conditions``, the command says it
-    is no longer the criterion and lists the overrides in its result."""
+    is no longer the criterion and writes a result of its own that lists the overrides. What the
+    criterion fixes, or a value the env refuses, is one error line."""
     from policies.eval import override_task
     from sim.registry import get_task
 
@@ -71,9 +72,16 @@ def test_eval_judges_under_the_conditions_its_task_overrides_give(tmp_path):
     r = subprocess.run([sys.executable, "-m", "policies.eval", str(run), "episodes=20", "plot=false", *quiet],
                        cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0 and "not the hover criterion's conditions" in r.stderr, r.stdout + r.stderr
-    result = json.loads((run / "eval_torch.json").read_text())
+    result = json.loads((run / "eval_torch_overrides.json").read_text())
     assert result["task_overrides"] == quiet
     assert result["mean_final_error_m"] == pytest.approx(judged.mean_final_error, rel=1e-3)
+    assert not (run / "eval_torch.json").exists(), "the criterion's own result file is left alone"
+    for bad, says in (("task.fail_distance=0.5", "the hover criterion sets it"),
+                      ("task.randomization.max_latency_steps=-1", "randomization.max_latency_steps=-1: expected >= 0"),
+                      ("task.randomization.motor_tau.lo=0.2", "expected 0 < lo <= hi")):
+        r = subprocess.run([sys.executable, "-m", "policies.eval", str(run), "episodes=2", bad],
+                           cwd=ROOT, capture_output=True, text=True, timeout=300)
+        assert r.returncode == 2 and says in r.stderr and "Traceback" not in r.stderr, r.stderr
 
 
 def test_tilt_is_measured_from_the_thrust_direction_the_reference_needs():

@@ -663,7 +663,8 @@ def test_eval_runs_a_state_policy_from_the_perceived_cube(base_run, run_dir):
 
 def test_eval_under_task_overrides(base_run):
     """policies.eval task.<field>=value: the run's task config with those fields changed, typed by its
-    config class, listed in the result file; an unknown field or an ill-typed value is one error line."""
+    config class, its result in a file of its own that lists them; an unknown field, an ill-typed value,
+    a value the env refuses (checked on the overridden config) or another task is one error line."""
     import json
 
     from policies.eval import override_task
@@ -674,12 +675,15 @@ def test_eval_under_task_overrides(base_run):
     assert cfg.noise.object_seen_by_camera is False and cfg.randomization.max_latency_steps == 0  # a copy
     r = cli("policies.eval", str(base_run), "episodes=2", "task.noise.object_seen_by_camera=true")
     assert r.returncode == 0 and "success" in r.stdout, r.stdout + r.stderr
-    result = json.loads((base_run / "eval_mujoco.json").read_text())
+    result = json.loads((base_run / "eval_mujoco_overrides.json").read_text())
     assert result["task_overrides"] == ["task.noise.object_seen_by_camera=true"]
     for bad, says in (("task.noise.nope=1", "Key 'nope' not in 'NoiseConfig'"),
-                      ("task.randomization.max_latency_steps=two", "could not be converted to Integer")):
+                      ("task.randomization.max_latency_steps=two", "could not be converted to Integer"),
+                      ("task.image_size=10", "image_size=10: expected 64 .. 96 px"),
+                      ("task.name=arm_reach", "the task is the run's")):
         r = cli("policies.eval", str(base_run), "episodes=2", bad)
-        assert r.returncode == 2 and f"override '{bad}'" in r.stderr and says in r.stderr, r.stderr
+        field = bad.partition("=")[0].split(".")[-1]  # named in the error
+        assert r.returncode == 2 and field in r.stderr and says in r.stderr, r.stderr
         assert "Traceback" not in r.stderr
 
 
