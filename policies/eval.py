@@ -170,10 +170,14 @@ def main(argv: list[str] | None = None) -> int:
                 raise UserError(f"override '{fixed[0]}': the hover criterion sets it (policies/evaluate.py)")
             conditions = override_task(spec.default_config(), o["task_overrides"])
         task_cfg = override_task(task_cfg, o["task_overrides"])
-        if o["task_overrides"]:  # a value no env can run with: one line, before anything is simulated
+        if o["obs_source"] is not None:
+            if spec.criterion != "success":
+                raise UserError(f"obs_source applies to the manipulation tasks; {task_cfg.name} observes its state")
+            task_cfg.obs_source = o["obs_source"]
+        if o["obs_source"] is not None or o["task_overrides"]:  # a value no env runs with: one line, up front
             try:
                 spec.env_cls.check_config(task_cfg if conditions is None else criterion_config(task_cfg, conditions))
-            except ValueError as e:
+            except ValueError as e:  # e.g. obs_source=perception for a task without a cube
                 raise UserError(f"task {task_cfg.name}: {e}") from None
     except (UserError, ckpt.CheckpointError) as e:
         print(f"error: {e}", file=sys.stderr)
@@ -185,13 +189,6 @@ def main(argv: list[str] | None = None) -> int:
         if o["backend"] not in (None, "mujoco"):
             print(f"error: task {task_cfg.name} runs in MuJoCo only (backend=mujoco)", file=sys.stderr)
             return 2
-        if o["obs_source"] is not None:
-            task_cfg.obs_source = o["obs_source"]
-            try:
-                get_task(task_cfg.name).env_cls.check_config(task_cfg)
-            except ValueError as e:  # e.g. obs_source=perception for a task without a cube
-                print(f"error: task {task_cfg.name}: {e}", file=sys.stderr)
-                return 2
         frames, cb, end_cb = arm_video(o["episodes"]) if o["video"] else ([], None, None)
         res = evaluate_success(actor, task_cfg, o["episodes"], "mujoco", o["seed"], o["device"], frames_cb=cb,
                                on_episode_end=end_cb)
@@ -201,10 +198,6 @@ def main(argv: list[str] | None = None) -> int:
         if frames:
             save_gif(frames, run_dir / f"{name}.gif", get_task(task_cfg.name).contract.policy_period_s)
         return 0
-    if o["obs_source"] is not None:
-        print(f"error: obs_source applies to the manipulation tasks; {task_cfg.name} observes its state",
-              file=sys.stderr)
-        return 2
     o["backend"] = o["backend"] or "torch"
     frames: list[np.ndarray] = []
     cb = None

@@ -94,21 +94,20 @@ def tilt_deg(quat: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     return torch.rad2deg(torch.acos(cos))
 
 
-# Task fields the hover criterion sets itself, whatever the run's config or an evaluation's conditions say.
-CRITERION_FIXED = ("fail_distance", "episode_seconds")
+# Task fields the hover criterion sets itself, whatever the run's config or an evaluation's conditions
+# say: its 1 m ball as the termination (a run's own, stricter one would end episodes the criterion
+# keeps) and episodes longer than the 5 s window (no autoreset inside it).
+CRITERION_FIXED = {"fail_distance": MAX_DISTANCE, "episode_seconds": EPISODE_SECONDS + 1.0}
 
 
 def criterion_config(task_cfg, conditions=None):
     """The config evaluate_hover runs: ``task_cfg`` with the initial states, randomization and noise
-    of ``conditions`` (default: the task's defaults, the criterion's), the criterion's 1 m ball as
-    its termination (a run's own, stricter one would end episodes the criterion keeps) and episodes
-    longer than the 5 s window (no autoreset inside it)."""
+    of ``conditions`` (default: the task's defaults, the criterion's) and CRITERION_FIXED's values."""
     cfg = copy.deepcopy(task_cfg)
-    criterion = conditions if conditions is not None else get_task(cfg.name).default_config()
-    cfg.init, cfg.randomization, cfg.noise = (copy.deepcopy(criterion.init), copy.deepcopy(criterion.randomization),
-                                              copy.deepcopy(criterion.noise))
-    cfg.fail_distance = MAX_DISTANCE
-    cfg.episode_seconds = EPISODE_SECONDS + 1.0
+    criterion = copy.deepcopy(conditions) if conditions is not None else get_task(cfg.name).default_config()
+    cfg.init, cfg.randomization, cfg.noise = criterion.init, criterion.randomization, criterion.noise
+    for name, value in CRITERION_FIXED.items():
+        setattr(cfg, name, value)
     return cfg
 
 
