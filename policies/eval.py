@@ -185,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     suffix = "_overrides" if o["task_overrides"] else ""
     if o["effects"] is not None:
         task_cfg.pybullet_effects = o["effects"]
-    if get_task(task_cfg.name).criterion == "success":
+    if spec.criterion == "success":
         if o["backend"] not in (None, "mujoco"):
             print(f"error: task {task_cfg.name} runs in MuJoCo only (backend=mujoco)", file=sys.stderr)
             return 2
@@ -196,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
         name = ("eval_mujoco_perception" if task_cfg.obs_source == "perception" else "eval_mujoco") + suffix
         (run_dir / f"{name}.json").write_text(json.dumps(with_overrides(res.as_dict(), o), indent=2))
         if frames:
-            save_gif(frames, run_dir / f"{name}.gif", get_task(task_cfg.name).contract.policy_period_s)
+            save_gif(frames, run_dir / f"{name}.gif", spec.contract.policy_period_s)
         return 0
     o["backend"] = o["backend"] or "torch"
     frames: list[np.ndarray] = []
