@@ -5,7 +5,9 @@
 Quadrotor tasks: prints the hover criterion's success rate and errors, writes eval_<backend>.json,
 a plot of position error over time (PNG) and optionally a GIF of a few episodes rendered
 offscreen with MuJoCo, all into the run directory. Manipulation tasks (MuJoCo only): the task
-success rate over ``episodes`` episodes, written to eval_mujoco.json, and optionally a GIF of the
+success rate over ``episodes`` episodes and, where the task names milestones (arm_pick_place: grasped,
+lifted, over the goal), its failed episodes counted by the furthest one reached, written to
+eval_mujoco.json, and optionally a GIF of the
 first episodes seen by the front camera; ``obs_source=perception`` runs the policy from the depth
 camera's cube estimate instead of the simulator's (whatever it was trained on), written to
 eval_mujoco_perception.json (and .gif).

@@ -186,19 +186,36 @@ class SuccessResult:
     mean_success_steps: float  # control steps to success, mean over successful episodes
     success: np.ndarray  # [episodes] bool
     backend: str
+    milestones: tuple[str, ...] = ()  # the task's stages toward success (ArmEnv.MILESTONES)
+    furthest: np.ndarray | None = None  # [episodes] index in milestones of the furthest reached, -1 none
 
     @property
     def tiebreak(self) -> float:
         """Lower is better among equal success rates: faster success."""
         return self.mean_success_steps if self.mean_success_steps == self.mean_success_steps else math.inf
 
+    def failures_by_milestone(self) -> dict[str, int]:
+        """Failed episodes counted by the furthest milestone they reached ("none": not even the
+        first); empty where the task names no milestones."""
+        if not self.milestones or self.furthest is None:
+            return {}
+        failed = self.furthest[~self.success]
+        return {name: int((failed == k).sum()) for k, name in enumerate(("none", *self.milestones), start=-1)}
+
     def summary(self) -> str:
-        return (f"[{self.backend}] success {self.success_rate * 100:.1f}% of {self.episodes} episodes | "
+        text = (f"[{self.backend}] success {self.success_rate * 100:.1f}% of {self.episodes} episodes | "
                 f"mean steps to success {self.mean_success_steps:.1f}")
+        counts = self.failures_by_milestone()
+        if counts:
+            text += " | failures by the furthest milestone reached: " + ", ".join(f"{k} {v}" for k, v in counts.items())
+        return text
 
     def as_dict(self) -> dict:
-        return {"backend": self.backend, "success_rate": self.success_rate, "episodes": self.episodes,
-                "mean_success_steps": self.mean_success_steps}
+        out = {"backend": self.backend, "success_rate": self.success_rate, "episodes": self.episodes,
+               "mean_success_steps": self.mean_success_steps}
+        if self.milestones:
+            out["failures_by_milestone"] = self.failures_by_milestone()
+        return out
 
 
 @torch.no_grad()
@@ -210,12 +227,14 @@ def success_episodes(env, obs: dict[str, torch.Tensor],
     [N, H, A], whose H actions run before it is asked again (all envs together); ``finished`` [N]
     marks the envs whose first episode has ended. ``frames_cb(env, t, finished)``, if given, runs
     after every step (an env that has just finished already holds its next episode's first state).
-    Returns success [N] (the task's success held at some step of the episode) and the step [N] of
-    the first success (0 if none)."""
+    Returns success [N] (the task's success held at some step of the episode), the step [N] of
+    the first success (0 if none) and the furthest of the task's milestones each episode reached [N]
+    (index in ``env.MILESTONES``, -1 none; all -1 where the task names none)."""
     n = env.num_envs
     finished = torch.zeros(n, dtype=torch.bool)
     success = torch.zeros(n, dtype=torch.bool)
     steps = torch.zeros(n)
+    furthest = torch.full((n,), -1, dtype=torch.int64)
     queue: list[torch.Tensor] = []
     for t in range(env.max_steps):
         if not queue:
@@ -225,12 +244,17 @@ def success_episodes(env, obs: dict[str, torch.Tensor],
         first = info["success"].cpu() & ~finished & ~success
         steps[first] = t + 1
         success |= first
-        finished |= (term | trunc).cpu()
+        done = (term | trunc).cpu()
+        if "episode_milestone" in info:  # one entry per env whose episode ended here, in env order
+            ended = done.nonzero().squeeze(1)
+            first_end = ~finished[ended]
+            furthest[ended[first_end]] = info["episode_milestone"].cpu()[first_end]
+        finished |= done
         if frames_cb is not None:
             frames_cb(env, t, finished)
         if finished.all():
             break
-    return success, steps
+    return success, steps, furthest
 
 
 def evaluate_success(policy: Policy, task_cfg, episodes: int = 100, backend: str = "mujoco", seed: int = 12345,
@@ -247,13 +271,14 @@ def evaluate_success(policy: Policy, task_cfg, episodes: int = 100, backend: str
         obs, _ = env.reset(seed=seed)
         with torch.random.fork_rng():  # a stochastic policy (w ~ N(0, I)) draws reproducibly, training RNG untouched
             torch.manual_seed(seed)
-            success, steps = success_episodes(env, obs, lambda o, _: policy(o["policy"]), frames_cb)
+            success, steps, furthest = success_episodes(env, obs, lambda o, _: policy(o["policy"]), frames_cb)
     finally:
         env.close()
     ok_steps = steps[success]
     return SuccessResult(success_rate=int(success.sum()) / episodes, episodes=episodes,
                          mean_success_steps=ok_steps.mean().item() if len(ok_steps) else math.nan,
-                         success=success.numpy(), backend=backend)
+                         success=success.numpy(), backend=backend, milestones=tuple(env.MILESTONES),
+                         furthest=furthest.numpy())
 
 
 def evaluate(policy: Policy, task_cfg, episodes: int = 100, backend: str | None = None, seed: int = 12345,

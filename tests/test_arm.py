@@ -103,6 +103,53 @@ def test_scripted_expert_succeeds(task, noise):
     assert success.mean() >= 0.9, f"{task} expert at noise {noise}: {success.mean():.0%}"
 
 
+
+def test_pick_place_milestones_say_how_far_an_episode_got():
+    """The expert's successful episodes pass every milestone; the expert stopped once its fingers
+    have closed (held there, closed) gets as far as "grasped"; evaluate_success counts the failed
+    episodes by the furthest milestone, and a policy that holds still, open, reaches none."""
+    from policies.evaluate import evaluate_success
+
+    def first_episodes(env, act) -> tuple[np.ndarray, np.ndarray]:
+        n = env.num_envs
+        finished, succeeded, furthest = np.zeros(n, bool), np.zeros(n, bool), np.full(n, -2)
+        while not finished.all():
+            _, _, term, trunc, info = env.step(act())
+            done = (term | trunc).numpy()
+            if done.any():  # the info's episode entries: one per env whose episode ended, in env order
+                ended = np.flatnonzero(done)
+                first = ~finished[ended]
+                succeeded[ended[first]] = info["episode_success"].numpy()[first]
+                furthest[ended[first]] = info["episode_milestone"].numpy()[first]
+            finished |= done
+        return succeeded, furthest
+
+    env = make("arm_pick_place", 6, seed=1)
+    assert env.MILESTONES == ("grasped", "lifted", "over the goal")
+    env.reset(seed=1)
+    succeeded, furthest = first_episodes(env, env.expert_action)
+    assert succeeded.sum() >= 5 and (furthest[succeeded] == 2).all()
+
+    env = make("arm_pick_place", 4, seed=1, episode_steps=60)
+    env.reset(seed=1)
+    stopped = np.zeros(4, dtype=bool)
+
+    def stop_at_lift():
+        a = env.expert_action()
+        stopped[:] |= env.expert_phase >= 3  # phase 3 lifts: from there on, hold still with the gripper closed
+        a[torch.from_numpy(stopped)] = torch.tensor([0.0, 0.0, 0.0, 1.0])
+        return a
+
+    succeeded, furthest = first_episodes(env, stop_at_lift)
+    assert stopped.all() and not succeeded.any() and (furthest == 0).all()
+
+    cfg = dataclasses.replace(get_task("arm_pick_place").default_config(), episode_steps=20)
+    res = evaluate_success(lambda obs: torch.tensor([0.0, 0.0, 0.0, -1.0]).expand(len(obs), 4), cfg, 4, seed=0)
+    assert res.success_rate == 0.0
+    assert res.failures_by_milestone() == {"none": 4, "grasped": 0, "lifted": 0, "over the goal": 0}
+    assert res.as_dict()["failures_by_milestone"] == res.failures_by_milestone()
+    assert "failures by the furthest milestone reached: none 4, grasped 0" in res.summary()
+
 def test_worse_push_operator_misses_along_its_own_direction():
     """expert_worse_share=1: every episode's demonstrator commits to a direction 20-35 deg off the
     cube-to-goal line and pushes the cube along it (so it misses); 0.5 mixes the two operators."""

@@ -170,6 +170,9 @@ class ArmEnv(gym.vector.VectorEnv):
     TCP_POS, GRIPPER_OPENING = EE_POS, GRIPPER  # what the perception reads to follow a grasped cube
     HAS_CUBE = True
     HAS_PAD = False
+    # The task's stages on the way to success, in order (milestones()): where a failed episode got
+    # to, for the evaluation's failure breakdown. None by default.
+    MILESTONES: tuple[str, ...] = ()
     nominal_action = 0.0  # what an actor's output is initialised to: hold still, gripper half open
 
     @classmethod
@@ -255,6 +258,7 @@ class ArmEnv(gym.vector.VectorEnv):
         self.t = np.zeros(n, dtype=np.int64)
         self.episode_return = np.zeros(n)
         self.succeeded = np.zeros(n, dtype=bool)  # success at any step of the episode
+        self.furthest = np.full(n, -1, dtype=np.int64)  # index in MILESTONES of the furthest reached this episode, -1 none
         self.expert_phase = np.zeros(n, dtype=np.int64)
         self.expert_t0 = np.zeros(n, dtype=np.int64)  # step at which the current expert phase began
         self.latency = np.zeros(n, dtype=np.int64)  # control periods (RandomizationConfig.max_latency_steps)
@@ -420,6 +424,11 @@ class ArmEnv(gym.vector.VectorEnv):
             return np.zeros(self.num_envs, dtype=bool)
         return self.cube_pos[:, 2] < -0.05
 
+    def milestones(self) -> np.ndarray:
+        """[N, len(MILESTONES)] bool: which of the task's milestones hold at this step, each one
+        requiring the ones before it. Default: the task has none."""
+        return np.zeros((self.num_envs, 0), dtype=bool)
+
     def reward_terms(self, success: np.ndarray) -> dict[str, np.ndarray]:
         """Named shaping terms, each [N] in [0, weight], summed into the dense reward. Each name is
         the field of ``cfg.reward`` holding its weight, and the success bonus is named "success":
@@ -536,6 +545,7 @@ class ArmEnv(gym.vector.VectorEnv):
         self.t[idx] = 0
         self.episode_return[idx] = 0.0
         self.succeeded[idx] = False
+        self.furthest[idx] = -1
         self.expert_phase[idx] = 0
         self.expert_t0[idx] = 0
 
@@ -596,6 +606,10 @@ class ArmEnv(gym.vector.VectorEnv):
         done = terminated | truncated
         self.episode_return += reward
         self.succeeded |= success
+        held = self.milestones()
+        if held.shape[1]:  # the last milestone that holds (-1: none), kept if further than before
+            last = np.where(held.any(1), held.shape[1] - 1 - np.argmax(held[:, ::-1], 1), -1)
+            self.furthest = np.maximum(self.furthest, last)
 
         info: dict = {"success": torch.from_numpy(success).to(self.device)}
         if done.any():
@@ -610,6 +624,7 @@ class ArmEnv(gym.vector.VectorEnv):
             info["_final_obs"] = torch.from_numpy(done).to(self.device)
             info["episode_return"] = self._tensor(self.episode_return[idx])
             info["episode_success"] = torch.from_numpy(self.succeeded[idx].copy()).to(self.device)
+            info["episode_milestone"] = torch.from_numpy(self.furthest[idx].copy()).to(self.device)  # -1: none reached
             info["episode_length"] = self._tensor(self.t[idx] * self.control_period)  # s
             if self.on_episode_end is not None:
                 self.on_episode_end(self, idx)
@@ -754,14 +769,16 @@ class ArmEnv(gym.vector.VectorEnv):
         return sd
 
     _STATE_ARRAYS = ("goal", "mass_scale", "friction_scale", "cam_pos", "cam_quat", "calib_pos", "calib_quat", "t",
-                     "episode_return", "succeeded", "expert_phase", "expert_t0", "latency", "action_queue")
+                     "episode_return", "succeeded", "furthest", "expert_phase", "expert_t0", "latency", "action_queue")
     # The arrays that checkpoints of older revisions lack, and what they load as: the feature off
-    # (here: no latency, nothing in flight, an exactly known camera pose).
+    # (here: no latency, nothing in flight, an exactly known camera pose, no milestone reached yet in
+    # the episodes under way).
     _STATE_DEFAULTS: dict[str, Callable[["ArmEnv"], np.ndarray]] = {
         "latency": lambda env: np.zeros(env.num_envs, dtype=np.int64),
         "action_queue": lambda env: np.tile(HOLD_ACTION, env.action_queue.shape[:2] + (1,)),
         "calib_pos": lambda env: np.zeros((env.num_envs, 3)),
         "calib_quat": lambda env: np.tile((1.0, 0.0, 0.0, 0.0), (env.num_envs, 1)),
+        "furthest": lambda env: np.full(env.num_envs, -1, dtype=np.int64),
     }
 
     def load_state_dict(self, sd: dict) -> None:

@@ -59,6 +59,7 @@ def default_config() -> PickPlaceConfig:
 
 class ArmPickPlaceEnv(ArmEnv):
     HAS_PAD = True
+    MILESTONES = ("grasped", "lifted", "over the goal")
 
     # ------------------------------------------------------------------ episode
     def sample_episode(self, idx: np.ndarray) -> None:
@@ -81,13 +82,20 @@ class ArmPickPlaceEnv(ArmEnv):
         released = ~self.finger_touch.any(-1)
         return on_goal & resting & still & released
 
-    def reward_terms(self, success: np.ndarray) -> dict[str, np.ndarray]:
-        w, half = self.cfg.reward, self.params.cube.half
+    def milestones(self) -> np.ndarray:
+        """Both fingers on the cube; that and the cube's bottom 1 cm above the table (as the lift
+        reward); that and the cube's centre within the success radius of the goal, horizontally."""
         grasped = self.grasped()
+        lifted = grasped & (self.cube_pos[:, 2] > self.params.cube.half + 0.01)
+        over = lifted & (np.linalg.norm(self.goal[:, :2] - self.cube_pos[:, :2], axis=-1) < self.cfg.success_radius)
+        return np.stack((grasped, lifted, over), axis=1)
+
+    def reward_terms(self, success: np.ndarray) -> dict[str, np.ndarray]:
+        w, held = self.cfg.reward, self.milestones()
         return {
             "reach": w.reach * (1.0 - np.tanh(np.linalg.norm(self.cube_pos - self.ee_pos, axis=-1) / w.scale)),
-            "grasp": w.grasp * grasped,
-            "lift": w.lift * (grasped & (self.cube_pos[:, 2] > half + 0.01)),
+            "grasp": w.grasp * held[:, 0],
+            "lift": w.lift * held[:, 1],
             "place": w.place * (1.0 - np.tanh(np.linalg.norm(self.goal - self.cube_pos, axis=-1) / w.scale)),
             "success": w.success * success,
         }
