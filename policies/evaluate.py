@@ -221,7 +221,7 @@ class SuccessResult:
 @torch.no_grad()
 def success_episodes(env, obs: dict[str, torch.Tensor],
                      act: Callable[[dict[str, torch.Tensor], torch.Tensor], torch.Tensor],
-                     frames_cb: Callable | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                     frames_cb: Callable | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Run the first episode of each of a reset manipulation env's N envs (``obs``: its observation
     dict) to its end or the step limit. ``act(obs, finished)`` gives an action [N, A] or a chunk
     [N, H, A], whose H actions run before it is asked again (all envs together); ``finished`` [N]

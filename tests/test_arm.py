@@ -106,41 +106,31 @@ def test_scripted_expert_succeeds(task, noise):
 
 def test_pick_place_milestones_say_how_far_an_episode_got():
     """The expert's successful episodes pass every milestone; the expert stopped once its fingers
-    have closed (held there, closed) gets as far as "grasped"; evaluate_success counts the failed
-    episodes by the furthest milestone, and a policy that holds still, open, reaches none."""
-    from policies.evaluate import evaluate_success
-
-    def first_episodes(env, act) -> tuple[np.ndarray, np.ndarray]:
-        n = env.num_envs
-        finished, succeeded, furthest = np.zeros(n, bool), np.zeros(n, bool), np.full(n, -2)
-        while not finished.all():
-            _, _, term, trunc, info = env.step(act())
-            done = (term | trunc).numpy()
-            if done.any():  # the info's episode entries: one per env whose episode ended, in env order
-                ended = np.flatnonzero(done)
-                first = ~finished[ended]
-                succeeded[ended[first]] = info["episode_success"].numpy()[first]
-                furthest[ended[first]] = info["episode_milestone"].numpy()[first]
-            finished |= done
-        return succeeded, furthest
+    have closed (held there, closed) gets as far as "grasped"; a new episode starts with none;
+    evaluate_success counts the failed episodes by the furthest milestone, and a policy that holds
+    still, open, reaches none."""
+    from policies.evaluate import evaluate_success, success_episodes
 
     env = make("arm_pick_place", 6, seed=1)
     assert env.MILESTONES == ("grasped", "lifted", "over the goal")
-    env.reset(seed=1)
-    succeeded, furthest = first_episodes(env, env.expert_action)
+    obs, _ = env.reset(seed=1)
+    succeeded, _, furthest = success_episodes(env, obs, lambda o, finished: env.expert_action())
     assert succeeded.sum() >= 5 and (furthest[succeeded] == 2).all()
+    assert (env.furthest >= 0).any()  # second episodes under way: some have grasped again
+    env.reset(seed=2)
+    assert (env.furthest == -1).all()
 
     env = make("arm_pick_place", 4, seed=1, episode_steps=60)
-    env.reset(seed=1)
+    obs, _ = env.reset(seed=1)
     stopped = np.zeros(4, dtype=bool)
 
-    def stop_at_lift():
+    def stop_at_lift(o, finished):
         a = env.expert_action()
         stopped[:] |= env.expert_phase >= 3  # phase 3 lifts: from there on, hold still with the gripper closed
         a[torch.from_numpy(stopped)] = torch.tensor([0.0, 0.0, 0.0, 1.0])
         return a
 
-    succeeded, furthest = first_episodes(env, stop_at_lift)
+    succeeded, _, furthest = success_episodes(env, obs, stop_at_lift)
     assert stopped.all() and not succeeded.any() and (furthest == 0).all()
 
     cfg = dataclasses.replace(get_task("arm_pick_place").default_config(), episode_steps=20)

@@ -606,7 +606,7 @@ class ArmEnv(gym.vector.VectorEnv):
         done = terminated | truncated
         self.episode_return += reward
         self.succeeded |= success
-        held = self.milestones()
+        held = self.milestones() & ~bad[:, None]  # as success: nothing of a diverged (reset) state counts
         if held.shape[1]:  # the last milestone that holds (-1: none), kept if further than before
             last = np.where(held.any(1), held.shape[1] - 1 - np.argmax(held[:, ::-1], 1), -1)
             self.furthest = np.maximum(self.furthest, last)
