@@ -103,7 +103,6 @@ def test_scripted_expert_succeeds(task, noise):
     assert success.mean() >= 0.9, f"{task} expert at noise {noise}: {success.mean():.0%}"
 
 
-
 def test_pick_place_milestones_say_how_far_an_episode_got():
     """The expert's successful episodes pass every milestone; the expert stopped once its fingers
     have closed (held there, closed) gets as far as "grasped"; a new episode starts with none;
@@ -139,6 +138,7 @@ def test_pick_place_milestones_say_how_far_an_episode_got():
     assert res.failures_by_milestone() == {"none": 4, "grasped": 0, "lifted": 0, "over the goal": 0}
     assert res.as_dict()["failures_by_milestone"] == res.failures_by_milestone()
     assert "failures by the furthest milestone reached: none 4, grasped 0" in res.summary()
+
 
 def test_worse_push_operator_misses_along_its_own_direction():
     """expert_worse_share=1: every episode's demonstrator commits to a direction 20-35 deg off the
