@@ -279,6 +279,14 @@ class DSRL:
         into = self.buffer if self.demo_buffer is None else self.demo_buffer
         into.add(**batch, w=torch.zeros(n, self.latent_dim, device=self.device))
         self.demo_transitions = n
+        # The critics train on these rows from the first update on, so their normalisers count them as
+        # they count every collected decision (collect()). Without it an expert's states (a cube held up
+        # high) were scaled by statistics of the first collections alone (the cube at rest on the table)
+        # and clipped. A resume loads the statistics saved with the critics, demonstrations included.
+        self.q.obs_norm.update(torch.cat((batch["critic"], batch["chunk"]), -1))
+        share_buffers(self.q_target, self.q)
+        w_dist = torch.randn((n, self.latent_dim), generator=self.gen, device=self.device)
+        self.qw.obs_norm.update(torch.cat((batch["critic"], w_dist), -1))
 
     def _log_prior(self, w: torch.Tensor) -> torch.Tensor:
         """log density of w under the base's noise N(0, I) truncated to [-b, b], summed over dimensions."""

@@ -719,6 +719,16 @@ def test_dsrl_na_loads_demonstrations(base_run, demos):
     assert algo.buffer.data["reward"][: algo.buffer.size].sum().item() == d.episode_success().sum()
     first = algo.buffer.data["chunk"][0].reshape(algo.exec_horizon, -1).numpy()
     assert np.array_equal(first, d.action[: algo.exec_horizon])
+    # The critics' normalisers count the demonstrations' rows (Q^A: state and chunk; Q^W: state and a
+    # noise of the base's N(0, I)), as collect() counts each collected decision, the target critic's too.
+    rows = torch.cat((algo.buffer.data["critic"], algo.buffer.data["chunk"]), -1)[: algo.buffer.size].double()
+    eps = algo.pi.obs_norm.count.item()  # the count of a normaliser that has seen nothing (pi's: no collect yet)
+    for critic in (algo.q, algo.q_target, algo.qw):
+        assert critic.obs_norm.count.item() == pytest.approx(algo.buffer.size + eps)
+    assert torch.allclose(algo.q.obs_norm.mean, rows.mean(0).to(algo.q.obs_norm.mean.dtype), atol=1e-4)
+    assert torch.allclose(algo.q_target.obs_norm.mean, algo.q.obs_norm.mean)
+    critic_dim = algo.buffer.data["critic"].shape[1]
+    assert torch.allclose(algo.qw.obs_norm.mean[:critic_dim], algo.q.obs_norm.mean[:critic_dim])
     # With 3-decision returns: the same decisions, each episode's last 3 ending its return, and
     # each success's reward counted in the 3 decisions up to it, discounted.
     three = _dsrl(base_run, "na", [f"algo.demos={demos}", "algo.n_step=3"])
