@@ -280,14 +280,21 @@ class DSRL:
         into.add(**batch, w=torch.zeros(n, self.latent_dim, device=self.device))
         self.demo_transitions = n
         # The critics train on these rows from the first update on, so their normalisers count them as
-        # they count every collected decision (collect()). Without it an expert's states were scaled by the
-        # first collections' statistics alone: after one collection 94 % of arm_pick_place's demonstration
+        # they count every collected decision. Without it an expert's states were scaled by the first
+        # collections' statistics alone: after one collection 94 % of arm_pick_place's demonstration
         # rows had a feature at the normaliser's clip, after 100 1 % (BENCHMARKS.md, "DSRL on
         # arm_pick_place"). A resume loads the statistics saved with the critics, demonstrations included.
-        self.q.obs_norm.update(torch.cat((batch["critic"], batch["chunk"]), -1))
-        share_buffers(self.q_target, self.q)
-        w_dist = torch.randn((n, self.latent_dim), generator=self.gen, device=self.device)
-        self.qw.obs_norm.update(torch.cat((batch["critic"], w_dist), -1))
+        self._count_in_critic_norms(batch["critic"], batch["chunk"])
+
+    def _count_in_critic_norms(self, critic_obs: torch.Tensor, q_action: torch.Tensor) -> None:
+        """Add rows the critics train on to their observation normalisers: Q's (and its target's) over
+        the critic observation and Q's action input; DSRL-NA's Q^W's over the critic observation and
+        the w ~ N(0, I) it learns on (update())."""
+        self.q.obs_norm.update(torch.cat((critic_obs, q_action), -1))
+        share_buffers(self.q_target, self.q)  # the TD target normalises as the critic does
+        if self.cfg.variant == "na":
+            w_dist = torch.randn((len(critic_obs), self.latent_dim), generator=self.gen, device=self.device)
+            self.qw.obs_norm.update(torch.cat((critic_obs, w_dist), -1))
 
     def _log_prior(self, w: torch.Tensor) -> torch.Tensor:
         """log density of w under the base's noise N(0, I) truncated to [-b, b], summed over dimensions."""
@@ -327,11 +334,7 @@ class DSRL:
         for key in nxt:
             nxt[key][~ended] = o[key][~ended]
         self.obs = o
-        self.q.obs_norm.update(torch.cat((obs["critic"], self._q_action_input(w, chunk)), -1))
-        share_buffers(self.q_target, self.q)  # the TD target normalises as the critic does
-        if self.cfg.variant == "na":  # Q^W learns on w ~ N(0, I) (update()): normalise for those
-            w_dist = torch.randn(w.shape, generator=self.gen, device=self.device)
-            self.qw.obs_norm.update(torch.cat((obs["critic"], w_dist), -1))
+        self._count_in_critic_norms(obs["critic"], self._q_action_input(w, chunk))
         self.pending.append(dict(obs=obs["policy"], critic=obs["critic"], w=w, chunk=chunk.reshape(n, -1),
                                  reward=torch.zeros(n, device=self.device),
                                  open=torch.ones(n, dtype=torch.bool, device=self.device)))
