@@ -50,6 +50,10 @@ METHODS = {  # method -> policies.train overrides (besides task, seed, budgets)
     # DSRL-NA with the noise bound at which a noise fitted to the scripted expert's chunks passes 90 %
     # on arm_pick_place (against 71 % within the default 1.5; benchmarks.steerability, BENCHMARKS.md)
     "dsrl_na_b3": ["algo=dsrl", "algo.variant=na", "algo.noise_bound=3.0"],
+    # DSRL-NA with the base's own demonstrations as ordinary entries of Q^A's buffer ({data}: the
+    # task's dataset under --work), as DSRL's best Robomimic figures are
+    "dsrl_na_demos": ["algo=dsrl", "algo.variant=na", "algo.demos={data}"],
+    "dsrl_na_noprior_demos": ["algo=dsrl", "algo.variant=na", "algo.noise_prior=false", "algo.demos={data}"],
     "sac": ["algo=sac"],  # SAC's defaults, the quadrotor's (the tables before 2026-11-25 ran these)
     # SAC from scratch with DSRL's budget and networks: one update per 4 env steps (DSRL: one per
     # decision, a chunk of 4 actions), batch 256, 256x256 networks, LayerNorm critics, learning
@@ -204,7 +208,8 @@ def main() -> None:
             curves[m] = []
             for seed in a.seeds:
                 run = work / f"{m}_seed{seed}"
-                args = [f"task={task}", *METHODS[m], f"seed={seed}", f"run_dir={run}", f"max_env_steps={a.steps}",
+                overrides = [o.format(data=work / "data") for o in METHODS[m]]
+                args = [f"task={task}", *overrides, f"seed={seed}", f"run_dir={run}", f"max_env_steps={a.steps}",
                         f"eval_every_steps={a.eval_every}", f"eval_episodes={a.episodes}", "eval_at_start=true",
                         "stop_at_success=0", f"threads={a.threads}", "max_seconds=3600"]
                 if m.startswith("dsrl"):
@@ -226,7 +231,8 @@ def main() -> None:
         table += "".join(f"| base (w ~ N(0, I)) | {s} | - | {b * 100:.0f}% | - | - |\n" for s, b in zip(a.seeds, base))
         table += "".join(f"| {m} | {s} | {z * 100:.0f}% | {e * 100:.0f}% | {b * 100:.0f}% | {w:.2f} |\n"
                          for m, s, z, e, b, w in rows)
-        body = ("Methods: " + "; ".join(f"{m}: `{' '.join(METHODS[m])}`" for m in a.methods)
+        shown = {m: " ".join(METHODS[m]).format(data="<work>/<task>/data") for m in a.methods}
+        body = ("Methods: " + "; ".join(f"{m}: `{shown[m]}`" for m in a.methods)
                 + f"\n\nDataset: {meta['episodes']} expert episodes at noise {meta['expert_noise']} "
                 + f"({meta['successes']} successful"
                 + (f"; a share {a.worse_share:g} of them by the worse operator" if mixed else "")

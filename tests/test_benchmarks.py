@@ -69,3 +69,14 @@ def test_manipulation_reuses_a_run_only_if_it_has_the_same_settings(tmp_path):
     assert cached(run, args) == {"env_steps": 50000}
     with pytest.raises(SystemExit, match=r"other settings \(algo.variant, max_env_steps\)"):
         cached(run, [*args[:2], "algo.variant=sac", *args[3:-1], "max_env_steps=150000"])
+
+
+def test_every_manipulation_method_composes_a_valid_config(tmp_path):
+    """Each method's overrides are valid policies.train settings; the demonstrations' methods point
+    algo.demos at the task's dataset under --work."""
+    from benchmarks.manipulation import METHODS
+    from policies.config import compose_config
+
+    for m, overrides in METHODS.items():
+        cfg = compose_config(["task=arm_push", *(o.format(data=tmp_path / "data") for o in overrides)])
+        assert cfg.algo.get("demos", "") == (str(tmp_path / "data") if m.endswith("_demos") else ""), m
