@@ -9,7 +9,8 @@ Per task: collect ``--demos`` scripted-expert episodes at ``--noise`` (a deliber
 noisy dataset), train one diffusion base policy on it (seed 0), then run every method for every
 seed with ``policies.train`` and read the evaluations from each run's results.json. The base
 policy's curve is flat: it is evaluated with ``--episodes`` episodes once per seed. Writes
-``benchmarks/results/<task>_success_<date>.png`` and one section of BENCHMARKS.md per task.
+``benchmarks/results/<task>_success_<date>.png`` (``_2``, ``_3``, ... after the day's first) and
+one section of BENCHMARKS.md per task.
 
 With ``--worse-share S`` > 0 (arm_push), a share S of the demonstrations comes from the task's worse
 operator instead (``expert_worse_share`` in sim/arm/push.py): a base whose noise chooses between two
@@ -119,6 +120,14 @@ def base_policy(task: str, work: Path, a) -> tuple[Path, dict]:
     return run, meta
 
 
+def new_path(path: Path) -> Path:
+    """``path``, or if it exists the first of ``<stem>_2<suffix>``, ``<stem>_3<suffix>``, ... that does not."""
+    n = 1
+    while path.with_stem(path.stem if n == 1 else f"{path.stem}_{n}").exists():
+        n += 1
+    return path.with_stem(path.stem if n == 1 else f"{path.stem}_{n}")
+
+
 def training_seconds(res: dict) -> float:
     """Wall time of a run's training alone: its training clock (stamped after each iteration, so it
     holds every evaluation but the last, which ran after the last stamp) minus those evaluations."""
@@ -223,8 +232,9 @@ def main() -> None:
                 rows.append((m, seed, res["evals"][0]["success_rate"], res["evals"][-1]["success_rate"],
                              max(e["success_rate"] for e in res["evals"]), 1000 * train_s / res["env_steps"]))
                 print(task, rows[-1], flush=True)
-        # dated: the sections of earlier runs keep showing their own curves; --no-write leaves the repo's results alone
-        png = (work if a.no_write else OUT) / f"{name}_success_{date.today():%Y%m%d}.png"
+        # a new file: the sections of earlier runs (the same day's too) keep showing their own curves;
+        # --no-write leaves the repo's results alone
+        png = new_path((work if a.no_write else OUT) / f"{name}_success_{date.today():%Y%m%d}.png")
         plot(task, curves, base, a.steps, png)
         table = ("| method | seed | success at 0 steps | success at the end | best evaluation "
                  "| wall time per 1k env steps [s] |\n|---|---:|---:|---:|---:|---:|\n")

@@ -80,3 +80,15 @@ def test_every_manipulation_method_composes_a_valid_config(tmp_path):
     for m, overrides in METHODS.items():
         cfg = compose_config(["task=arm_push", *(o.format(data=tmp_path / "data") for o in overrides)])
         assert cfg.algo.get("demos", "") == (str(tmp_path / "data") if m.endswith("_demos") else ""), m
+
+
+def test_manipulation_plot_never_replaces_an_earlier_one(tmp_path):
+    """A second run on the same day writes its plot beside the first, which an earlier section shows."""
+    from benchmarks.manipulation import new_path
+
+    first = tmp_path / "arm_reach_success_20261127.png"
+    assert new_path(first) == first
+    first.write_bytes(b"png")
+    assert new_path(first) == tmp_path / "arm_reach_success_20261127_2.png"
+    (tmp_path / "arm_reach_success_20261127_2.png").write_bytes(b"png")
+    assert new_path(first) == tmp_path / "arm_reach_success_20261127_3.png"
