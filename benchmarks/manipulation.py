@@ -122,10 +122,11 @@ def base_policy(task: str, work: Path, a) -> tuple[Path, dict]:
 
 def new_path(path: Path) -> Path:
     """``path``, or if it exists the first of ``<stem>_2<suffix>``, ``<stem>_3<suffix>``, ... that does not."""
-    n = 1
-    while path.with_stem(path.stem if n == 1 else f"{path.stem}_{n}").exists():
+    candidate, n = path, 1
+    while candidate.exists():
         n += 1
-    return path.with_stem(path.stem if n == 1 else f"{path.stem}_{n}")
+        candidate = path.with_stem(f"{path.stem}_{n}")
+    return candidate
 
 
 def training_seconds(res: dict) -> float:
