@@ -23,7 +23,7 @@ entropy bonus, so the steering leaves w ~ N(0, I) only as far as the noise criti
 
 Two choices for sparse tasks that end at success: (1) the critic targets carry no entropy bonus
 (it stays in the actor's loss): with one, every decision before the end pays alpha * H (about
-0.17 with 16 noise dimensions at alpha 0.01), so a success, which stops that stream, would be
+0.21 with 20 noise dimensions at alpha 0.01), so a success, which stops that stream, would be
 worth less than never succeeding; (2) a time-out ends the return like a termination, since the
 critic observes the time left in the episode.
 """
@@ -71,9 +71,9 @@ class DSRLConfig:
     actor_lr: float = 3e-4
     critic_lr: float = 3e-4
     alpha_lr: float = 3e-4
-    # Entropy temperature. The initial actor's entropy over 16 noise dimensions is ~17 nats in
-    # w-space (b = 1.5; ~11 in tanh-space), so 0.1 would pay ~1.7 per decision for randomness, more
-    # than the sparse success reward of 1.
+    # Entropy temperature. The initial actor's entropy over the arm's 20 noise dimensions (a chunk
+    # of 4 actions of 5) is ~21 nats in w-space (b = 1.5; ~14 in tanh-space), so 0.1 would pay ~2.1
+    # per decision for randomness, more than the sparse success reward of 1.
     init_alpha: float = 0.01
     init_log_std: float = 0.0  # the initial actor draws u ~ N(0, 1): w close to the base's N(0, I)
     # Target entropy per noise dimension, measured for tanh(u) in [-1, 1] (DSRL's reference setting

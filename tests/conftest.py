@@ -18,13 +18,14 @@ from sim.crazyflie.params import NOMINAL
 HOVER_ACTION = NOMINAL.hover_action  # the action that hovers the nominal Crazyflie, as the trainer initialises it
 
 
-def make_actor(activation: str = "tanh", seed: int = 0, obs_dim: int = 22, state_dependent_std: bool = False) -> Actor:
+def make_actor(activation: str = "tanh", seed: int = 0, obs_dim: int = 22, state_dependent_std: bool = False,
+               act_dim: int = 4) -> Actor:
     """Actor with seeded weights large enough that actions span [-1, 1] (a fresh Actor's output
     layer is ~0, which would make every parity check trivially pass), and a normaliser whose
     mean and variance differ per feature so a wrong normalisation shows up. ``state_dependent_std``:
     SAC's actor, whose last layer also gives the log std."""
     torch.manual_seed(seed)
-    actor = Actor(obs_dim=obs_dim, act_dim=4, hidden=[32, 32], activation=activation, init_action=HOVER_ACTION,
+    actor = Actor(obs_dim=obs_dim, act_dim=act_dim, hidden=[32, 32], activation=activation, init_action=HOVER_ACTION,
                   state_dependent_std=state_dependent_std)
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():

@@ -235,7 +235,7 @@ def test_arm_video_ends_each_episode_on_its_last_state():
     frames, frames_cb, on_episode_end = arm_video(episodes=2)
 
     def bob(obs: torch.Tensor) -> torch.Tensor:  # TCP z (obs 16) about 0.25 m
-        a = torch.zeros(len(obs), 4)
+        a = torch.zeros(len(obs), 5)  # [dx, dy, dz, dyaw, gripper]
         a[:, 2] = torch.where(obs[:, 16] < 0.25, 1.0, -1.0)
         return a
 

@@ -272,7 +272,8 @@ def test_sac_actors_export_and_only_the_quadrotor_gets_c(tmp_path, task):
     from sim.registry import get_task
 
     cfg = compose_config([f"task={task}", "algo=sac"])
-    actor = make_actor(obs_dim=get_task(task).contract.obs_size, state_dependent_std=True)
+    contract = get_task(task).contract
+    actor = make_actor(obs_dim=contract.obs_size, state_dependent_std=True, act_dim=contract.action_size)
     OmegaConf.save(cfg, tmp_path / "config.yaml")
     ckpt.save_atomic(ckpt.policy_record(actor, cfg, {"success_rate": 0.5, "episodes": 10}, steps=1), tmp_path / ckpt.BEST)
     res = export_run(tmp_path)

@@ -19,6 +19,7 @@ from policies import checkpoint as ckpt
 from policies import dataset as ds
 from policies.config import UserError, compose_config, to_objects
 from policies.dsrl import DSRL
+from sim.arm.base import ACT_DIM, CRITIC_DIM, POLICY_DIM
 from sim.registry import get_task
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -52,10 +53,10 @@ def base_run(demos, tmp_path_factory) -> Path:
 
 
 def test_dataset_round_trip(demos):
-    d = ds.load(demos, task="arm_push", obs_dim=28, act_dim=4)
+    d = ds.load(demos, task="arm_push", obs_dim=POLICY_DIM, act_dim=ACT_DIM)
     assert d.num_episodes == 6 and d.meta["expert_noise"] == 0.2 and d.meta["format"] == ds.FORMAT
     assert len(d.obs) == len(d.critic) == len(d.action) == d.episode_ends[-1]
-    assert d.obs.dtype == np.float32 and d.critic.shape[1] == 43
+    assert d.obs.dtype == np.float32 and d.critic.shape[1] == CRITIC_DIM
     ok = d.episode_success()
     assert ok.sum() == d.meta["successes"] >= 5, "the expert succeeds at noise 0.2"
     for s, success in zip(d.episode_slices(), ok):
@@ -81,7 +82,7 @@ def test_dataset_save_load_is_exact_with_images(tmp_path):
     task_cfg, _ = to_objects(cfg)
     eps, period = collect(task_cfg, episodes=3, noise=0.3, seed=1, num_envs=2, progress=False)
     ds.save(tmp_path / "d", eps, {"task": "arm_reach", "expert_noise": 0.3, "control_period_s": period})
-    d = ds.load(tmp_path / "d", task="arm_reach", obs_dim=28, act_dim=4)
+    d = ds.load(tmp_path / "d", task="arm_reach", obs_dim=POLICY_DIM, act_dim=ACT_DIM)
     assert d.num_episodes == 3 and d.image is not None and d.image.shape[1:] == (1, 64, 64)
     for ep, s in zip(eps, d.episode_slices()):
         for key, value in ep.items():
@@ -146,9 +147,9 @@ def test_diffusion_bc_run(base_run):
     rec = ckpt.load(base_run / ckpt.BEST)
     assert rec["policy_class"] == "DiffusionPolicy" and rec["config"]["algo"]["name"] == "diffusion_bc"
     policy, _ = ckpt.load_policy(base_run)
-    obs = torch.zeros(3, 28)
+    obs = torch.zeros(3, POLICY_DIM)
     w = torch.randn(3, policy.latent_dim)
-    assert policy(obs, w).shape == (3, 4, 4) and torch.equal(policy(obs, w), policy(obs, w))
+    assert policy(obs, w).shape == (3, 4, ACT_DIM) and torch.equal(policy(obs, w), policy(obs, w))
 
 
 def test_bc_needs_a_matching_dataset(demos, tmp_path):
@@ -504,7 +505,7 @@ def test_steered_policy_exports_to_onnx_with_parity(base_run, tmp_path):
     with torch.no_grad():
         ref = policy(torch.as_tensor(obs)).numpy()
     got = onnx(obs)
-    assert got.shape == (200, 4, 4) and np.abs(got - ref).max() < 1e-4
+    assert got.shape == (200, 4, ACT_DIM) and np.abs(got - ref).max() < 1e-4
     assert np.abs(ref).max() > 0.3, "parity on a policy that does something"
     # A deployment reads how many of the chunk's actions to execute per query from the metadata.
     assert (onnx.metadata["exec_horizon"], onnx.metadata["pred_horizon"], onnx.metadata["ddim_steps"]) == ("4", "4", "5")
@@ -527,7 +528,8 @@ def test_unsteered_base_exports_with_a_noise_input(base_run, tmp_path):
     assert rec["gradient_steps"] == 200 and meta["gradient_steps"] == "200"
     assert "env_steps" not in rec and "env_steps" not in meta
     assert meta["exec_horizon"] == str(policy.exec_horizon) and "noise_bound" not in meta
-    obs, w = np.zeros((5, 28), np.float32), np.random.default_rng(0).standard_normal((5, 16)).astype(np.float32)
+    obs = np.zeros((5, POLICY_DIM), np.float32)
+    w = np.random.default_rng(0).standard_normal((5, policy.latent_dim)).astype(np.float32)
     with torch.no_grad():
         ref = policy(torch.as_tensor(obs), torch.as_tensor(w)).numpy()
     assert np.abs(onnx(obs, w) - ref).max() < 1e-4
@@ -577,7 +579,7 @@ def test_unet_base_trains_and_exports(demos, tmp_path):
     assert res["torch_error"] > 1e-6, "the U-Net's float32 rounding is what the rule allows for"
     assert not parity(policy, lambda *x: onnx(*x) + 1e-3, obs[:500])["ok"]
     # On other noises than the export's check used, as closely as before the rule replaced the tolerance.
-    w = np.random.default_rng(0).standard_normal((len(obs), 16)).astype(np.float32)
+    w = np.random.default_rng(0).standard_normal((len(obs), policy.latent_dim)).astype(np.float32)
     with torch.no_grad():
         ref = policy(torch.as_tensor(obs), torch.as_tensor(w)).numpy()
     assert np.abs(onnx(obs, w) - ref).max() < 3e-4 and np.abs(ref).max() > 0.1
@@ -746,7 +748,7 @@ def test_dsrl_na_loads_demonstrations(base_run, demos):
     with pytest.raises(UserError, match="DSRL-NA only"):
         _dsrl(base_run, "sac", [f"algo.demos={demos}"])
     # A run whose critic also sees the latency refuses demonstrations collected without it.
-    with pytest.raises(UserError, match="privileged observations have 43 floats, the task has 48"):
+    with pytest.raises(UserError, match=f"privileged observations have {CRITIC_DIM} floats, the task has {CRITIC_DIM + 1 + ACT_DIM}"):
         _dsrl(base_run, "na", [f"algo.demos={demos}", "task.randomization.max_latency_steps=1"])
     # Rewards and the critic's time feature must mean what they mean online.
     for override, message in (("task.episode_steps=77", "collected with episode_steps="),
@@ -828,7 +830,7 @@ def test_expert_chunk_is_the_experts_next_chunk_and_leaves_the_env_in_place():
 
     env, twin = env_after_three_expert_steps(), env_after_three_expert_steps()
     chunk = expert_chunk(env, 4)
-    assert chunk.shape == (6, 4, 4) and chunk[:, :, :3].abs().sum() > 0
+    assert chunk.shape == (6, 4, ACT_DIM) and chunk[:, :, :3].abs().sum() > 0
     twin.expert()  # expert_chunk advances the expert's phases on the current state first
     for j in range(4):
         a = twin.expert_action()

@@ -12,39 +12,39 @@ The renderer is built on env 0's model: geometry is identical across envs, and t
 
 Observation (float32), identical layout in every task so policies transfer:
 
-    policy [28]:  0:7   joint positions (rad)          7:14  joint velocities (rad/s)
+    policy [29]:  0:7   joint positions (rad)          7:14  joint velocities (rad/s)
                   14:17 TCP (``ee`` site) position (world, m)
                   17    gripper opening, distance between the fingers (m, 0 .. 0.08)
                   18:21 cube position (world, m)       21:25 cube orientation (quat w, x, y, z; w >= 0)
                   25:28 goal position (world, m)
+                  28    TCP yaw about world z (rad; 0: fingers opening along world y)
                   arm_reach has no cube: 18:25 are zeros.
                   Noise (NoiseConfig) on joint positions, joint velocities and the cube position.
-    critic [43]:  0:28  the policy observation without noise
-                  28:31 cube linear velocity (world, m/s)   31:34 cube angular velocity (cube frame, rad/s)
-                  34    cube mass scale   35 friction scale (1 = nominal)
-                  36:39 cube - TCP (m)    39:42 goal - cube (m)   (zeros without a cube)
-                  42    time fraction t / episode_steps
-                  with randomization.max_latency_steps = L > 0 only (critic [44 + 4 L]):
-                  43    the episode's actuation latency / L
-                  44:44+4L  the actions issued and not yet applied, newest first (4 per period;
+    critic [44]:  0:29  the policy observation without noise
+                  29:32 cube linear velocity (world, m/s)   32:35 cube angular velocity (cube frame, rad/s)
+                  35    cube mass scale   36 friction scale (1 = nominal)
+                  37:40 cube - TCP (m)    40:43 goal - cube (m)   (zeros without a cube)
+                  43    time fraction t / episode_steps
+                  with randomization.max_latency_steps = L > 0 only (critic [45 + 5 L]):
+                  44    the episode's actuation latency / L
+                  45:45+5L  the actions issued and not yet applied, newest first (5 per period;
                         zeros beyond the episode's latency)
     image (camera != "none"): "rgb" uint8 [3, H, W]; "depth" float32 [1, H, W] (m, z-depth);
                   "rgbd" float32 [4, H, W], RGB scaled to [0, 1] then depth in m. The depth is the
                   sensor's (``depth_image``: with NoiseConfig.depth's noise), as perception's is.
 
-Action [4] in [-1, 1]: [dx, dy, dz] desired TCP displacement per control step, world frame,
-times ``IKConfig.max_delta`` = 0.02 m (0.4 m/s at 20 Hz), turned into joint targets by the
-differential IK of control.py (gripper pointing down, yaw fixed); gripper: -1 = open (fingers
-0.08 m apart), +1 = closed, linear in between (the fingers move at up to 0.05 m/s each).
+Action [5] in [-1, 1]: [dx, dy, dz] desired TCP displacement per control step, world frame,
+times ``IKConfig.max_delta`` = 0.02 m (0.4 m/s at 20 Hz); dyaw, the desired turn of the gripper
+about world z per control step, times ``IKConfig.max_dyaw`` = 0.1 rad (2 rad/s), the yaw kept
+within +-``IKConfig.yaw_limit`` = 90 deg; both turned into joint targets by the differential IK of
+control.py, which keeps the gripper pointing down; gripper: -1 = open (fingers 0.08 m apart),
++1 = closed, linear in between (the fingers move at up to 0.05 m/s each).
 ``nominal_action`` 0.0 holds the TCP still with the gripper half open.
-The end-effector pose is controlled and observed in position only: the IK holds the gripper
-pointing down at a fixed yaw, as OpenAI's Fetch push and pick-and-place tasks do with their 4-D
-action (Plappert et al. 2018), which is what pushing and top-down grasping of the cube need: at
-a randomized cube yaw the closing fingers turn the cube square or hold it across its vertical
-edges (pick_place.py, ``expert_action``; the scripted experts pass their tests at nominal noise
-over the randomized yaws). The observation leaves the TCP orientation out: the IK holds it.
-A task that needs wrist rotation would add a yaw delta to the action and the TCP quaternion to
-the observation: a new contract version (contract.py).
+The end-effector pose is controlled and observed as position and yaw (top-down grasping): the
+fingers can be turned square to a cube at any yaw. With the yaw fixed (contract v1, as in OpenAI's
+Fetch tasks, Plappert et al. 2018) a cube at 30-45 deg was held across its vertical edges and
+slipped out while carried: a diffusion base cloned from the pick-and-place expert succeeded in
+51 % of such episodes against 80-83 % below 30 deg (BENCHMARKS.md, "The gripper's yaw").
 Control period 0.05 s (20 Hz), 25 physics steps of 2 ms each.
 
 Episodes: reward_type "sparse" gives 1.0 at every step where the task's success holds, else 0.0
@@ -75,16 +75,19 @@ if "MUJOCO_GL" not in os.environ:
 import mujoco  # noqa: E402
 
 from . import model as mdl  # noqa: E402
-from .control import DiffIK, IKConfig  # noqa: E402
+from .control import DiffIK, IKConfig, hand_yaw  # noqa: E402
 from .params import NOMINAL, ArmParams  # noqa: E402
 
-POLICY_DIM = 28
-CRITIC_DIM = 43  # without latency; 44 + 4 L with randomization.max_latency_steps = L > 0
-ACT_DIM = 4
-HOLD_ACTION = np.array([0.0, 0.0, 0.0, -1.0])  # hold the TCP still, gripper open: the command before an episode
+POLICY_DIM = 29
+CRITIC_DIM = 44  # without latency; 45 + 5 L with randomization.max_latency_steps = L > 0
+ACT_DIM = 5
+HOLD_ACTION = np.array([0.0, 0.0, 0.0, 0.0, -1.0])  # hold the TCP still, gripper open: the command before an episode
 # Policy observation slices (see the module docstring).
-JOINT_POS, JOINT_VEL, EE_POS, GRIPPER, CUBE_POS, CUBE_QUAT, GOAL_POS = (
-    slice(0, 7), slice(7, 14), slice(14, 17), slice(17, 18), slice(18, 21), slice(21, 25), slice(25, 28))
+JOINT_POS, JOINT_VEL, EE_POS, GRIPPER, CUBE_POS, CUBE_QUAT, GOAL_POS, EE_YAW = (
+    slice(0, 7), slice(7, 14), slice(14, 17), slice(17, 18), slice(18, 21), slice(21, 25), slice(25, 28),
+    slice(28, 29))
+# Action components (see the module docstring).
+MOVE, TURN, GRIP = slice(0, 3), 3, 4
 STATE_SPEC = mujoco.mjtState.mjSTATE_INTEGRATION
 _DIVERGENCE_WARNINGS = np.array([mujoco.mjtWarning.mjWARN_BADQPOS, mujoco.mjtWarning.mjWARN_BADQVEL,
                                  mujoco.mjtWarning.mjWARN_BADQACC, mujoco.mjtWarning.mjWARN_BADCTRL], dtype=int)
@@ -337,6 +340,17 @@ class ArmEnv(gym.vector.VectorEnv):
         return self.qvel[:, self.cube_dadr:self.cube_dadr + 6] if self.HAS_CUBE else np.zeros((self.num_envs, 6))
 
     @property
+    def ee_yaw(self) -> np.ndarray:
+        """[N] gripper yaw about world z (rad; 0: fingers opening along world y)."""
+        return hand_yaw(self.ee_rot)
+
+    @property
+    def cube_yaw(self) -> np.ndarray:
+        """[N] the cube's yaw about world z (rad, -pi .. pi; the x axis of an upright cube)."""
+        w, x, y, z = self.cube_quat.T
+        return np.arctan2(2 * (w * z + x * y), 1 - 2 * (y * y + z * z))
+
+    @property
     def opening(self) -> np.ndarray:
         """Distance between the fingers, m."""
         return self.qpos[:, self.finger_qadr].sum(-1)
@@ -366,7 +380,8 @@ class ArmEnv(gym.vector.VectorEnv):
         The noise is drawn for every row either way, so its stream does not depend on ``rows``."""
         n = self.num_envs
         clean = np.concatenate((self.qpos[:, self.arm_qadr], self.qvel[:, self.arm_dadr], self.ee_pos,
-                                self.opening[:, None], self.cube_pos, self.cube_quat, self.goal), axis=-1)
+                                self.opening[:, None], self.cube_pos, self.cube_quat, self.goal,
+                                self.ee_yaw[:, None]), axis=-1)
         policy = clean
         if self.cfg.noise.enabled:
             if self.cfg.noise.object_seen_by_camera and self.HAS_CUBE:
@@ -551,6 +566,9 @@ class ArmEnv(gym.vector.VectorEnv):
 
     def step(self, action: torch.Tensor):
         issued = np.clip(torch.as_tensor(action).detach().cpu().numpy().astype(np.float64), -1.0, 1.0)
+        if issued.shape != (self.num_envs, ACT_DIM):  # e.g. a policy of another contract version
+            raise ValueError(f"action of shape {tuple(issued.shape)}: expected ({self.num_envs}, {ACT_DIM}), "
+                             "[dx, dy, dz, dyaw, gripper] per environment")
         # A non-finite action (np.clip keeps NaN) fails its env as a non-finite state does; it is not
         # queued or applied (MuJoCo would zero every control of that env, and NaN in the queue would
         # reach the critic's in-flight actions).
@@ -559,9 +577,10 @@ class ArmEnv(gym.vector.VectorEnv):
         self.action_queue = np.concatenate((issued[:, None], self.action_queue[:, :-1]), axis=1)
         a = self.action_queue[np.arange(self.num_envs), self.latency]  # the action issued `latency` periods ago
         q = self.qpos[:, self.arm_qadr]
-        pos_des = self.ik.tcp_targets(self.ee_pos, a[:, :3])
-        q_target = self.ik.joint_targets(self.jac, self.ee_pos, self.ee_rot, q, pos_des)
-        grip = self.ik.gripper_target(a[:, 3])
+        pos_des = self.ik.tcp_targets(self.ee_pos, a[:, MOVE])
+        yaw_des = self.ik.yaw_targets(self.ee_rot, a[:, TURN])
+        q_target = self.ik.joint_targets(self.jac, self.ee_pos, self.ee_rot, q, pos_des, yaw_des)
+        grip = self.ik.gripper_target(a[:, GRIP])
         bad = bad_action.copy()
         for i in range(self.num_envs):
             m, d = self.models[i], self.datas[i]
@@ -648,7 +667,7 @@ class ArmEnv(gym.vector.VectorEnv):
     # ================================================================ expert
     def expert_action(self, noise: float = 0.0) -> torch.Tensor:
         """The task's scripted expert on the true simulator state, plus Gaussian noise of std
-        ``noise`` (action units), clipped to [-1, 1]. [N, 4] float32."""
+        ``noise`` (action units), clipped to [-1, 1]. [N, ACT_DIM] float32."""
         a = self.expert()
         if noise > 0:
             a = a + noise * torch.randn(a.shape, generator=self.expert_gen, dtype=torch.float64).numpy()
@@ -662,6 +681,15 @@ class ArmEnv(gym.vector.VectorEnv):
     def toward(self, target: np.ndarray, gain: float = 1.0) -> np.ndarray:
         """Action [N,3] moving the TCP toward ``target`` (world, m): proportional, saturating at 1."""
         return np.clip(gain * (target - self.ee_pos) / self.ik.cfg.max_delta, -1.0, 1.0)
+
+    def grasp_yaw(self) -> np.ndarray:
+        """[N] the gripper yaw (rad) closest to the current one that sets the fingers square to the
+        cube's faces: the cube's yaw modulo its 90 deg symmetry."""
+        return self.ee_yaw + (self.cube_yaw - self.ee_yaw + math.pi / 4) % (math.pi / 2) - math.pi / 4
+
+    def turn(self, yaw: np.ndarray, gain: float = 1.0) -> np.ndarray:
+        """Action [N] turning the gripper toward ``yaw`` (rad): proportional, saturating at 1."""
+        return np.clip(gain * (yaw - self.ee_yaw) / self.ik.cfg.max_dyaw, -1.0, 1.0)
 
     # ================================================================ camera
     def render(self, env_index: int = 0, rgb: bool = True, depth: bool = True,

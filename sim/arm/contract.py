@@ -16,7 +16,7 @@ from .params import NOMINAL
 
 @dataclass(frozen=True)
 class ArmContract(ContractBase):
-    version: str = "arm-ee-delta-v1"
+    version: str = "arm-ee-delta-v2"
     observation: tuple[Field, ...] = (
         Field("joint_positions", 7, "joints 1..7", "rad"),
         Field("joint_velocities", 7, "joints 1..7", "rad/s"),
@@ -25,11 +25,14 @@ class ArmContract(ContractBase):
         Field("cube_position", 3, "world", "m"),
         Field("cube_quaternion", 4, "w,x,y,z cube->world, w >= 0", "1"),
         Field("goal_position", 3, "world", "m"),
+        Field("tcp_yaw", 1, "gripper about world z, 0: fingers opening along world y", "rad"),
     )
     action_size: int = base.ACT_DIM
     action_range: tuple[float, float] = (-1.0, 1.0)
-    action_meaning: str = (f"[dx, dy, dz] TCP displacement per step = a * {IKConfig().max_delta} m, world frame "
-                           "(differential IK, gripper down, yaw fixed); gripper -1 open .. +1 closed")
+    action_meaning: str = (f"[dx, dy, dz] TCP displacement per step = a * {IKConfig().max_delta} m, world frame; "
+                           f"dyaw gripper turn about world z per step = a * {IKConfig().max_dyaw} rad, "
+                           f"|yaw| <= {IKConfig().yaw_limit:.4f} (differential IK, gripper down); "
+                           "gripper -1 open .. +1 closed")
     policy_period_s: float = NOMINAL.sim.control_period
 
 

@@ -1,4 +1,4 @@
-"""Cartesian control of the arm: the action [dx, dy, dz, gripper] -> actuator targets.
+"""Cartesian control of the arm: the action [dx, dy, dz, dyaw, gripper] -> actuator targets.
 
 Differential inverse kinematics, batched over environments (NumPy, float64):
 
@@ -16,8 +16,10 @@ toward (0.25, 0, 0.016) m, near the robot's base, the TCP moved up to ~70 deg aw
 and stopped 3.7 cm short with the hand tilted; it now arrives (tests/test_arm.py).
 
 J is the 6x7 Jacobian of the ``ee`` site (mj_jacSite), R_des points the gripper straight down
-with a fixed yaw (fingers opening along world y for yaw 0). ``p_des`` is the measured TCP plus
-the commanded delta, so nothing winds up when the arm is blocked (by the table or the cube).
+at the desired yaw about world z (yaw 0: fingers opening along world y). ``p_des`` and the
+desired yaw are the measured TCP position and yaw plus the commanded deltas, so nothing winds up
+when the arm is blocked (by the table or the cube); the yaw stays within +-``yaw_limit`` of 0,
+which covers every grasp of the cube (90 deg symmetry) and keeps joint 7 inside its range.
 The joint PD servos then track q_target within the control period T.
 
 Gripper: the action maps linearly to the finger opening target; the finger servo moves the
@@ -41,19 +43,28 @@ class IKConfig:
     rot_gain: float = 0.8  # fraction of the orientation error corrected per step
     null_gain: float = 0.05  # fraction of the distance to home pulled per step in the null space
     limit_margin: float = 0.05  # rad kept from every joint limit
-    yaw: float = 0.0  # rad, gripper yaw about world z (0: hand x along world x, fingers open along y)
+    # rad per control step for an action of 1 (2 rad/s at 20 Hz; the Franka's joint 7 turns at up to
+    # 2.61 rad/s, Franka Emika datasheet): 45 deg in 8 steps
+    max_dyaw: float = 0.1
+    yaw_limit: float = math.pi / 2  # rad, |desired gripper yaw about world z| (0: fingers open along world y)
 
 
-def down_rotation(yaw: float) -> np.ndarray:
-    """Hand orientation (hand-to-world rotation): z (approach) pointing down, x at ``yaw``."""
-    x = np.array((math.cos(yaw), math.sin(yaw), 0.0))
-    z = np.array((0.0, 0.0, -1.0))
-    return np.stack((x, np.cross(z, x), z), axis=1)
+def down_rotation(yaw: np.ndarray) -> np.ndarray:
+    """[N,3,3] hand orientations (hand to world): z (approach) pointing down, x at ``yaw`` [N] (rad)."""
+    c, s, z = np.cos(yaw), np.sin(yaw), np.zeros_like(yaw)
+    x = np.stack((c, s, z), -1)
+    y = np.stack((s, -c, z), -1)  # z x x, with z = -e_z
+    return np.stack((x, y, np.stack((z, z, -np.ones_like(yaw)), -1)), axis=-1)
+
+
+def hand_yaw(rot: np.ndarray) -> np.ndarray:
+    """[N] yaw (rad, about world z) of the hand x axis of ``rot`` [N,3,3] (hand to world)."""
+    return np.arctan2(rot[:, 1, 0], rot[:, 0, 0])
 
 
 def rotation_error(rot: np.ndarray, rot_des: np.ndarray) -> np.ndarray:
-    """Small-angle rotation vector (world frame, rad) taking ``rot`` [N,3,3] to ``rot_des`` [3,3]."""
-    return 0.5 * np.cross(rot, rot_des[None].repeat(len(rot), 0), axisa=1, axisb=1, axisc=1).sum(-1)
+    """Small-angle rotation vector (world frame, rad) taking ``rot`` [N,3,3] to ``rot_des`` [N,3,3]."""
+    return 0.5 * np.cross(rot, rot_des, axisa=1, axisb=1, axisc=1).sum(-1)
 
 
 class DiffIK:
@@ -66,15 +77,14 @@ class DiffIK:
         self.lo = np.array(p.q_min) + cfg.limit_margin
         self.hi = np.array(p.q_max) - cfg.limit_margin
         self.max_step = np.array(p.qd_max) * control_period  # rad per control period
-        self.rot_des = down_rotation(cfg.yaw)
         self.stroke = params.gripper.stroke
 
     def joint_targets(self, jac: np.ndarray, ee_pos: np.ndarray, ee_rot: np.ndarray, q: np.ndarray,
-                      pos_des: np.ndarray) -> np.ndarray:
+                      pos_des: np.ndarray, yaw_des: np.ndarray) -> np.ndarray:
         """jac [N,6,7] (rows: linear, angular), ee_pos [N,3], ee_rot [N,3,3] (hand to world),
-        q [N,7], pos_des [N,3] (world, m) -> joint targets [N,7] (rad)."""
+        q [N,7], pos_des [N,3] (world, m), yaw_des [N] (rad) -> joint targets [N,7] (rad)."""
         c = self.cfg
-        err = np.concatenate((pos_des - ee_pos, c.rot_gain * rotation_error(ee_rot, self.rot_des)), axis=-1)
+        err = np.concatenate((pos_des - ee_pos, c.rot_gain * rotation_error(ee_rot, down_rotation(yaw_des))), axis=-1)
         pull = c.null_gain * (self.q_home - q)  # toward home, in the null space
         dq = self._solve(jac, err, pull)
         scale = self._velocity_scale(dq)
@@ -120,6 +130,12 @@ class DiffIK:
     def tcp_targets(self, ee_pos: np.ndarray, action_xyz: np.ndarray) -> np.ndarray:
         """Desired TCP position: measured TCP + action (clipped to [-1, 1]) x max_delta (world, m)."""
         return ee_pos + self.cfg.max_delta * np.clip(action_xyz, -1.0, 1.0)
+
+    def yaw_targets(self, ee_rot: np.ndarray, action_yaw: np.ndarray) -> np.ndarray:
+        """Desired gripper yaw [N] (rad): measured yaw + action (clipped to [-1, 1]) x max_dyaw, within
+        +-yaw_limit."""
+        c = self.cfg
+        return np.clip(hand_yaw(ee_rot) + c.max_dyaw * np.clip(action_yaw, -1.0, 1.0), -c.yaw_limit, c.yaw_limit)
 
     def gripper_target(self, action_grip: np.ndarray) -> np.ndarray:
         """Gripper action -1 (open, 0.04 m per finger) .. +1 (closed, 0 m), mapped linearly to the

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from .base import ArmEnv, ArmTaskConfig
+from .base import ACT_DIM, GRIP, MOVE, TURN, ArmEnv, ArmTaskConfig
 
 
 @dataclass
@@ -161,7 +161,8 @@ class ArmPushEnv(ArmEnv):
         # Climb before moving sideways: in phase 0 hold xy until high enough.
         low = (ph == 0) & (ee[:, 2] < self.HIGH - 0.02)
         target[low, :2] = ee[low, :2]
-        a = np.zeros((self.num_envs, 4))
-        a[:, :3] = self.toward(target, gain=0.8)
-        a[:, 3] = 1.0  # closed
+        a = np.zeros((self.num_envs, ACT_DIM))
+        a[:, MOVE] = self.toward(target, gain=0.8)
+        a[:, TURN] = self.turn(np.zeros(self.num_envs))  # pushes with the closed fingers at yaw 0
+        a[:, GRIP] = 1.0  # closed
         return a
