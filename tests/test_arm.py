@@ -163,7 +163,8 @@ def test_pick_place_milestones_say_how_far_an_episode_got():
     assert stopped.all() and not succeeded.any() and (furthest == 0).all()
 
     cfg = dataclasses.replace(get_task("arm_pick_place").default_config(), episode_steps=20)
-    res = evaluate_success(lambda obs: torch.tensor([0.0, 0.0, 0.0, 0.0, -1.0]).expand(len(obs), ACT_DIM), cfg, 4, seed=0)
+    hold_open = torch.tensor([0.0, 0.0, 0.0, 0.0, -1.0])
+    res = evaluate_success(lambda obs: hold_open.expand(len(obs), ACT_DIM), cfg, 4, seed=0)
     assert res.success_rate == 0.0
     assert res.failures_by_milestone() == {"none": 4, "grasped": 0, "lifted": 0, "over the goal": 0}
     assert res.as_dict()["failures_by_milestone"] == res.failures_by_milestone()

@@ -748,7 +748,8 @@ def test_dsrl_na_loads_demonstrations(base_run, demos):
     with pytest.raises(UserError, match="DSRL-NA only"):
         _dsrl(base_run, "sac", [f"algo.demos={demos}"])
     # A run whose critic also sees the latency refuses demonstrations collected without it.
-    with pytest.raises(UserError, match=f"privileged observations have {CRITIC_DIM} floats, the task has {CRITIC_DIM + 1 + ACT_DIM}"):
+    latency_critic = CRITIC_DIM + 1 + ACT_DIM
+    with pytest.raises(UserError, match=f"privileged observations have {CRITIC_DIM} floats, the task has {latency_critic}"):
         _dsrl(base_run, "na", [f"algo.demos={demos}", "task.randomization.max_latency_steps=1"])
     # Rewards and the critic's time feature must mean what they mean online.
     for override, message in (("task.episode_steps=77", "collected with episode_steps="),
