@@ -113,6 +113,59 @@ def test_ik_turns_the_gripper_about_world_z_within_its_limit():
         env.step(torch.zeros(3, 4))
 
 
+def test_yaw_conventions_and_the_grasp_yaw_within_the_limit():
+    """down_rotation and hand_yaw invert each other (yaw +90 deg: hand x along world +y, hand z down);
+    cube_yaw reads the yaw the episode set, also for a cube tipped onto a face; grasp_yaw is square to
+    the cube and within +-yaw_limit, also where the nearest square yaw lies beyond it."""
+    import types
+
+    from sim.arm.control import down_rotation, hand_yaw
+
+    yaws = np.array([-1.5, -0.4, 0.0, 0.9, 1.5])
+    assert np.allclose(hand_yaw(down_rotation(yaws)), yaws)
+    assert np.allclose(down_rotation(np.array([np.pi / 2]))[0], [[0, 1, 0], [1, 0, 0], [0, 0, -1]], atol=1e-12)
+    env = make("arm_pick_place", 8, seed=3)
+    set_yaw = np.zeros(8)
+    set_pose = env.set_cube_pose
+
+    def record(i, xy, yaw):
+        set_yaw[i] = yaw
+        return set_pose(i, xy, yaw)
+
+    env.set_cube_pose = record
+    env.reset(seed=3)
+    assert np.abs(set_yaw).max() > 0.3 and np.allclose(env.cube_yaw, set_yaw, atol=1e-6)
+    half = np.sqrt(0.5)
+    tipped = types.SimpleNamespace(cube_quat=np.array([[half, 0.0, half, 0.0]]))  # 90 deg about y: x points down
+    assert np.allclose(type(env).cube_yaw.fget(tipped), [0.0], atol=1e-9)
+    lim = env.ik.cfg.yaw_limit
+    fake = types.SimpleNamespace(ee_yaw=np.array([1.2, 0.0, -1.2, 0.2]), cube_yaw=np.array([0.33, 0.7, -0.33, -0.5]),
+                                 ik=env.ik)
+    g = type(env).grasp_yaw(fake)
+    assert np.allclose(g, [0.33, 0.7, -0.33, -0.5]) and (np.abs(g) <= lim).all()
+    square = (g - fake.cube_yaw + np.pi / 4) % (np.pi / 2) - np.pi / 4
+    assert np.allclose(square, 0.0)
+
+
+def test_pick_place_expert_closes_the_fingers_square_to_the_cube():
+    """When the expert starts to close (phase 2), the fingers' axis (hand y) is parallel to one of
+    the cube's face normals, read from the raw rotation and quaternion: within 3 deg."""
+    env = make("arm_pick_place", 8, seed=4)
+    env.reset(seed=4)
+    checked = np.zeros(8, bool)
+    for _ in range(80):
+        env.step(env.expert_action())
+        closing = (env.expert_phase == 2) & ~checked
+        if closing.any():
+            w, x, y, z = env.cube_quat[closing].T
+            face = np.arctan2(2 * (x * y + w * z), 1 - 2 * (y * y + z * z))  # cube x axis yaw
+            fingers = np.arctan2(env.ee_rot[closing, 1, 1], env.ee_rot[closing, 0, 1])  # hand y axis yaw
+            off = (fingers - face + np.pi / 4) % (np.pi / 2) - np.pi / 4
+            assert np.degrees(np.abs(off)).max() < 3.0, np.degrees(off)
+            checked |= closing
+    assert checked.sum() >= 6
+
+
 @pytest.mark.parametrize("task", ["arm_reach", "arm_push", "arm_pick_place"])
 @pytest.mark.parametrize("noise", [0.0, 0.1])
 def test_scripted_expert_succeeds(task, noise):

@@ -11,6 +11,7 @@ import numpy as np
 import open3d as o3d
 import pytest
 
+from sim.arm.base import POLICY_DIM
 from sim.arm.params import NOMINAL
 from sim.arm.perception import Perception, PerceptionConfig, depth_to_point_cloud, estimate_cube_position
 
@@ -166,7 +167,7 @@ class _SceneEnv:
 def test_perception_writes_estimates_and_holds_on_failure():
     torch = pytest.importorskip("torch")
     env = _SceneEnv([[cube(0.45, 0.1, 0.5)], []])  # env 1: empty table
-    obs = torch.full((2, 28), -7.0)
+    obs = torch.full((2, POLICY_DIM), -7.0)
     perception = Perception(env)
     written = perception.update(obs)
     assert np.linalg.norm(written[0] - (0.45, 0.1, HALF)) < 0.005

@@ -35,8 +35,9 @@ Observation (float32), identical layout in every task so policies transfer:
 
 Action [5] in [-1, 1]: [dx, dy, dz] desired TCP displacement per control step, world frame,
 times ``IKConfig.max_delta`` = 0.02 m (0.4 m/s at 20 Hz); dyaw, the desired turn of the gripper
-about world z per control step, times ``IKConfig.max_dyaw`` = 0.1 rad (2 rad/s), the yaw kept
-within +-``IKConfig.yaw_limit`` = 90 deg; both turned into joint targets by the differential IK of
+about world z per control step, times ``IKConfig.max_dyaw`` = 0.1 rad, the yaw kept within
++-``IKConfig.yaw_limit`` = 90 deg (the IK closes ``rot_gain`` = 0.8 of the orientation error per
+step, so a held full command turns ~0.08 rad per step, 1.6 rad/s); both turned into joint targets by the differential IK of
 control.py, which keeps the gripper pointing down; gripper: -1 = open (fingers 0.08 m apart),
 +1 = closed, linear in between (the fingers move at up to 0.05 m/s each).
 ``nominal_action`` 0.0 holds the TCP still with the gripper half open.
@@ -346,9 +347,13 @@ class ArmEnv(gym.vector.VectorEnv):
 
     @property
     def cube_yaw(self) -> np.ndarray:
-        """[N] the cube's yaw about world z (rad, -pi .. pi; the x axis of an upright cube)."""
+        """[N] the yaw about world z (rad, -pi .. pi) of the cube's faces: its x axis, or, where the cube
+        lies tipped with x more than 30 deg out of the horizontal, its y axis turned back by 90 deg."""
         w, x, y, z = self.cube_quat.T
-        return np.arctan2(2 * (w * z + x * y), 1 - 2 * (y * y + z * z))
+        yaw_x = np.arctan2(2 * (w * z + x * y), 1 - 2 * (y * y + z * z))
+        yaw_y = np.arctan2(1 - 2 * (x * x + z * z), 2 * (x * y - w * z)) - math.pi / 2
+        x_up = np.abs(2 * (x * z - w * y))  # |z component| of the x axis: > 0.5, tipped more than 30 deg
+        return np.where(x_up > 0.5, yaw_y, yaw_x)
 
     @property
     def opening(self) -> np.ndarray:
@@ -451,7 +456,7 @@ class ArmEnv(gym.vector.VectorEnv):
         raise NotImplementedError
 
     def expert(self) -> np.ndarray:
-        """Scripted expert action [N,4] from the true state; updates expert_phase / expert_t0."""
+        """Scripted expert action [N, ACT_DIM] from the true state; updates expert_phase / expert_t0."""
         raise NotImplementedError
 
     # ================================================================ shared randomization
@@ -683,9 +688,11 @@ class ArmEnv(gym.vector.VectorEnv):
         return np.clip(gain * (target - self.ee_pos) / self.ik.cfg.max_delta, -1.0, 1.0)
 
     def grasp_yaw(self) -> np.ndarray:
-        """[N] the gripper yaw (rad) closest to the current one that sets the fingers square to the
-        cube's faces: the cube's yaw modulo its 90 deg symmetry."""
-        return self.ee_yaw + (self.cube_yaw - self.ee_yaw + math.pi / 4) % (math.pi / 2) - math.pi / 4
+        """[N] the gripper yaw (rad) that sets the fingers square to the cube's faces (the cube's yaw
+        modulo its 90 deg symmetry) closest to the current one within +-IKConfig.yaw_limit."""
+        g = self.ee_yaw + (self.cube_yaw - self.ee_yaw + math.pi / 4) % (math.pi / 2) - math.pi / 4
+        lim = self.ik.cfg.yaw_limit
+        return np.where(g > lim, g - math.pi / 2, np.where(g < -lim, g + math.pi / 2, g))
 
     def turn(self, yaw: np.ndarray, gain: float = 1.0) -> np.ndarray:
         """Action [N] turning the gripper toward ``yaw`` (rad): proportional, saturating at 1."""

@@ -30,7 +30,8 @@ class ArmContract(ContractBase):
     action_size: int = base.ACT_DIM
     action_range: tuple[float, float] = (-1.0, 1.0)
     action_meaning: str = (f"[dx, dy, dz] TCP displacement per step = a * {IKConfig().max_delta} m, world frame; "
-                           f"dyaw gripper turn about world z per step = a * {IKConfig().max_dyaw} rad, "
+                           f"dyaw desired gripper turn about world z per step = a * {IKConfig().max_dyaw} rad "
+                           f"(the IK closes {IKConfig().rot_gain} of it per step), "
                            f"|yaw| <= {IKConfig().yaw_limit:.4f} (differential IK, gripper down); "
                            "gripper -1 open .. +1 closed")
     policy_period_s: float = NOMINAL.sim.control_period

@@ -19,7 +19,10 @@ J is the 6x7 Jacobian of the ``ee`` site (mj_jacSite), R_des points the gripper 
 at the desired yaw about world z (yaw 0: fingers opening along world y). ``p_des`` and the
 desired yaw are the measured TCP position and yaw plus the commanded deltas, so nothing winds up
 when the arm is blocked (by the table or the cube); the yaw stays within +-``yaw_limit`` of 0,
-which covers every grasp of the cube (90 deg symmetry) and keeps joint 7 inside its range.
+which covers every grasp of the cube (90 deg symmetry). The range is not centred on joint 7's:
+toward -90 deg joint 7 reaches its limit in part of the workspace, and the joint lock below turns
+the other joints instead. The IK corrects ``rot_gain`` of the orientation error per step, so a
+held yaw command turns the gripper by ~0.8 x its desired turn per step.
 The joint PD servos then track q_target within the control period T.
 
 Gripper: the action maps linearly to the finger opening target; the finger servo moves the
@@ -43,8 +46,9 @@ class IKConfig:
     rot_gain: float = 0.8  # fraction of the orientation error corrected per step
     null_gain: float = 0.05  # fraction of the distance to home pulled per step in the null space
     limit_margin: float = 0.05  # rad kept from every joint limit
-    # rad per control step for an action of 1 (2 rad/s at 20 Hz; the Franka's joint 7 turns at up to
-    # 2.61 rad/s, Franka Emika datasheet): 45 deg in 8 steps
+    # rad, desired turn per control step for an action of 1; the IK closes rot_gain of it per step, so
+    # a held full command turns ~0.08 rad per step (1.6 rad/s at 20 Hz; the Franka's joint 7 turns at
+    # up to 2.61 rad/s, Franka Emika datasheet): 45 deg in ~10 steps
     max_dyaw: float = 0.1
     yaw_limit: float = math.pi / 2  # rad, |desired gripper yaw about world z| (0: fingers open along world y)
 
