@@ -121,9 +121,32 @@ def load_record(run_dir: str | Path, device="cpu") -> dict:
 
 
 def load_policy(run_dir: str | Path, device="cpu") -> tuple[torch.nn.Module, dict]:
-    """The best policy of a run (eval mode) and its record (config, eval result, steps)."""
+    """The best policy of a run (eval mode) and its record (config, eval result, steps); one whose
+    observation or action size is not its task's current contract's (trained on an earlier one) is a
+    CheckpointError."""
     rec = load_record(run_dir, device)
-    return policy_from_record(rec, Path(run_dir) / BEST, device), rec
+    where = Path(run_dir) / BEST
+    require_contract(rec, where)
+    return policy_from_record(rec, where, device), rec
+
+
+def require_contract(rec: dict, where: Path) -> None:
+    """CheckpointError if the record's policy (a steered one: its base) does not take the observation
+    and give the action its task's contract (sim/*/contract.py) now defines."""
+    from sim.registry import UnknownTaskError, get_task
+
+    task = (rec["config"].get("task") or {}).get("name")
+    spec = rec.get("policy_spec") or {}
+    spec = spec.get("base", spec)
+    try:
+        contract = get_task(task).contract
+    except UnknownTaskError:
+        raise CheckpointError(f"{where}: trained on task '{task}', which this version does not have") from None
+    sizes = (spec.get("obs_dim"), spec.get("act_dim"))
+    if sizes != (contract.obs_size, contract.action_size):
+        raise CheckpointError(f"{where}: its policy takes {sizes[0]} observation and gives {sizes[1]} action floats; "
+                              f"task '{task}' now has {contract.obs_size} and {contract.action_size} (contract "
+                              f"{contract.version}): it was trained on an earlier contract, train it again")
 
 
 def require_unchanged(what: str, saved: str | None, current: str | None, run: str = "run") -> None:

@@ -461,6 +461,15 @@ def test_dsrl_refuses_a_bad_base(tmp_path, run_dir, base_run):
         assert not (tmp_path / name).exists()
         r = cli("policies.eval", str(old))
         assert r.returncode == 2 and expected in r.stderr and "Traceback" not in r.stderr, (name, r.stderr)
+    # A base of an earlier arm contract (the yaw fixed: 28 observation and 4 action floats): one line
+    # each from eval and export, nothing written.
+    old = tmp_path / "base_v1"
+    ckpt.save_atomic({**rec, "policy_spec": {**spec, "obs_dim": 28, "act_dim": 4}}, old / ckpt.BEST)
+    for module in ("policies.eval", "policies.export"):
+        r = cli(module, str(old))
+        assert r.returncode == 2 and "trained on an earlier contract" in r.stderr, (module, r.stderr)
+        assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr, r.stderr
+    assert sorted(p.name for p in old.iterdir()) == [ckpt.BEST.split("/")[0]]
 
 
 def test_dsrl_benchmarks_refuse_a_run_of_another_kind(tmp_path, run_dir, base_run):
