@@ -37,9 +37,10 @@ Action [5] in [-1, 1]: [dx, dy, dz] desired TCP displacement per control step, w
 times ``IKConfig.max_delta`` = 0.02 m (0.4 m/s at 20 Hz); dyaw, the desired turn of the gripper
 about world z per control step, times ``IKConfig.max_dyaw`` = 0.1 rad, the yaw kept within
 +-``IKConfig.yaw_limit`` = 90 deg (the IK closes ``rot_gain`` = 0.8 of the orientation error per
-step, so a held full command turns ~0.08 rad per step, 1.6 rad/s); both turned into joint targets by the differential IK of
-control.py, which keeps the gripper pointing down; gripper: -1 = open (fingers 0.08 m apart),
-+1 = closed, linear in between (the fingers move at up to 0.05 m/s each).
+step, so a held full command turns ~0.08 rad per step, 1.6 rad/s); both turned into joint
+targets by the differential IK of control.py, which keeps the gripper pointing down; gripper:
+-1 = open (fingers 0.08 m apart), +1 = closed, linear in between (the fingers move at up to
+0.05 m/s each).
 ``nominal_action`` 0.0 holds the TCP still with the gripper half open.
 The end-effector pose is controlled and observed as position and yaw (top-down grasping): the
 fingers can be turned square to a cube at any yaw. With the yaw fixed (contract v1, as in OpenAI's
