@@ -150,7 +150,7 @@ def test_point_cloud_matches_open3d_and_estimates_repeat():
 class _SceneEnv:
     """The part of the arm env interface that Perception uses, over ray-cast scenes."""
 
-    OBJECT_POS, TCP_POS, GRIPPER_OPENING = slice(18, 21), slice(14, 17), slice(17, 18)
+    OBJECT_POS, TCP_POS, GRIPPER_OPENING, TCP_YAW = slice(18, 21), slice(14, 17), slice(17, 18), slice(28, 29)
     params = NOMINAL
 
     def __init__(self, scenes):
@@ -183,6 +183,31 @@ def test_perception_writes_estimates_and_holds_on_failure():
     perception.reset([0])  # ... until its episode ends
     perception.update(obs, env_ids=[0])
     np.testing.assert_allclose(obs[0, 18:21].numpy(), nominal, atol=1e-6)
+
+
+def test_perception_turns_a_carried_cube_with_the_hand():
+    """A cube hidden in the closed gripper moves with the TCP at the offset it had when last seen,
+    and that offset turns with the hand's yaw: a cube held 1 cm off the TCP along x, carried up and
+    turned by 90 deg about world z, is then 1 cm off along y (world)."""
+    torch = pytest.importorskip("torch")
+    env = _SceneEnv([[cube(0.45, 0.1, 0.0)]])
+    perception = Perception(env)
+    obs = torch.zeros((1, POLICY_DIM), dtype=torch.float64)
+    tcp = np.array((0.46, 0.1, HALF))
+    obs[0, env.TCP_POS], obs[0, env.GRIPPER_OPENING] = torch.as_tensor(tcp), 2 * HALF  # fingers on two faces
+    seen = perception.update(obs)[0]  # the cube in view, the hand around it
+    assert perception.estimates[0].ok and np.linalg.norm(seen - (0.45, 0.1, HALF)) < 0.005
+    env.scenes[0] = []  # the closed fingers hide it
+    np.testing.assert_allclose(perception.update(obs)[0], seen)  # resting: where it was seen
+    up = tcp + (0.0, 0.0, 0.05)
+    obs[0, env.TCP_POS] = torch.as_tensor(up)
+    np.testing.assert_allclose(perception.update(obs)[0], up + (seen - tcp), atol=1e-12)  # lifted with the hand
+    obs[0, env.TCP_YAW] = math.pi / 2
+    dx, dy, dz = seen - tcp
+    np.testing.assert_allclose(perception.update(obs)[0], up + (-dy, dx, dz), atol=1e-12)  # turned with it
+    again = Perception(env)  # a checkpoint keeps the grasp and the yaw it was seen at
+    again.load_state_dict(perception.state_dict())
+    np.testing.assert_array_equal(again.update(obs)[0], perception.last[0])
 
 
 # ---------------------------------------------------------------- rendered arm_push scenes

@@ -173,7 +173,7 @@ class ArmEnv(gym.vector.VectorEnv):
 
     metadata = {"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP}
     OBJECT_POS = CUBE_POS  # cube-position slice of the policy observation (the perception code overwrites it)
-    TCP_POS, GRIPPER_OPENING = EE_POS, GRIPPER  # what the perception reads to follow a grasped cube
+    TCP_POS, TCP_YAW, GRIPPER_OPENING = EE_POS, EE_YAW, GRIPPER  # what the perception reads to follow a grasped cube
     HAS_CUBE = True
     HAS_PAD = False
     # The task's stages on the way to success, in order (milestones()): where a failed episode got

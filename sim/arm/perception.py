@@ -424,6 +424,12 @@ _CENTRES = {"box_fit": _centre_box_fit, "top_face": _centre_top_face, "view_shif
 
 
 # ================================================================ environment glue
+def _turn_z(v: np.ndarray, angle: float) -> np.ndarray:
+    """The 3-vector ``v`` turned by ``angle`` (rad) about the z axis."""
+    c, s = math.cos(angle), math.sin(angle)
+    return np.array((c * v[0] - s * v[1], s * v[0] + c * v[1], v[2]))
+
+
 class Perception:
     """Writes the camera's cube estimate into the cube-position slice (``env.OBJECT_POS``, world, m)
     of the policy observation, env by env: what ``obs_source=perception`` uses instead of the
@@ -437,13 +443,15 @@ class Perception:
     arm's): while the gripper's opening spans a cube (``held_opening``) and the last estimate lies
     at the fingers, the cube is taken to rest where it was last seen until the hand has risen
     ``lift_margin`` above its lowest point since the cube was last seen, and from then on to move
-    with the TCP at the offset it had there, as a planner attaches a grasped object to the hand
-    (proprioception: the observation's own TCP position and gripper opening). Without that, a
-    lifted cube read as still on the table: the arm_pick_place bench base succeeded 2 % from the
-    estimate against 55 % from the true cube (BENCHMARKS.md "Cube perception"). Call
+    with the TCP at the offset it had there, turned with the hand about world z, as a planner
+    attaches a grasped object to the hand (proprioception: the observation's own TCP position, yaw
+    and gripper opening). Without that, a lifted cube read as still on the table: the
+    arm_pick_place bench base succeeded 2 % from the estimate against 55 % from the true cube
+    (BENCHMARKS.md "Cube perception"). Call
     ``reset(env_ids)`` for envs that start a new episode so that an old estimate is not carried
     over. ``estimates[i]`` is the last estimate of env i, ``failures`` counts failed estimates.
-    Needs ``env.TCP_POS`` and ``env.GRIPPER_OPENING`` (policy-observation slices) for the grasp.
+    Needs ``env.TCP_POS``, ``env.TCP_YAW`` and ``env.GRIPPER_OPENING`` (policy-observation slices)
+    for the grasp.
 
         perception = Perception(env)
         obs, _ = env.reset(seed=0)
@@ -464,12 +472,14 @@ class Perception:
         self.nominal = np.array((*p.cube.start_xy, p.cube.half))
         self.last = np.tile(self.nominal, (env.num_envs, 1))
         # While the gripper holds the cube: the cube minus the TCP when the hand last rested around
-        # it, the TCP's lowest height since the grasp hid it (m, world), whether the hand has lifted
-        # it since; NaN / False otherwise.
+        # it, in the hand's yaw frame (world axes turned by the TCP's yaw about z; m), the TCP's lowest
+        # height since the grasp hid it (m, world), whether the hand has lifted it since; NaN / False
+        # otherwise.
         self.grasp_offset = np.full((env.num_envs, 3), np.nan)
         self.grasp_low_z = np.full(env.num_envs, np.nan)
         self.grasp_lifted = np.zeros(env.num_envs, bool)
         self.seen_tcp = np.full((env.num_envs, 3), np.nan)  # the TCP when the cube was last seen (m, world)
+        self.seen_yaw = np.full(env.num_envs, np.nan)  # and its yaw about world z (rad)
         self.lift_margin = 0.005  # m
         # Openings that span the cube: from its width (fingers on two faces) to its face diagonal
         # (across two vertical edges), 5 mm of slack each way (m).
@@ -499,7 +509,7 @@ class Perception:
         """The estimate each env holds while none can be made, its grasp, and the failure count."""
         return {"last": self.last.copy(), "failures": self.failures, "grasp_offset": self.grasp_offset.copy(),
                 "grasp_low_z": self.grasp_low_z.copy(), "grasp_lifted": self.grasp_lifted.copy(),
-                "seen_tcp": self.seen_tcp.copy()}
+                "seen_tcp": self.seen_tcp.copy(), "seen_yaw": self.seen_yaw.copy()}
 
     def load_state_dict(self, d: dict) -> None:
         self.last, self.failures = np.array(d["last"], copy=True), d["failures"]
@@ -508,12 +518,13 @@ class Perception:
         self.grasp_low_z = np.array(d.get("grasp_low_z", np.full(n, np.nan)), copy=True)
         self.grasp_lifted = np.array(d.get("grasp_lifted", np.zeros(n, bool)), copy=True)
         self.seen_tcp = np.array(d.get("seen_tcp", np.full((n, 3), np.nan)), copy=True)
+        self.seen_yaw = np.array(d.get("seen_yaw", np.zeros(n)), copy=True)  # older: the yaw was fixed at 0
 
     def reset(self, env_ids=None) -> None:
         """Forget the last estimate of ``env_ids`` (all envs if None): they start a new episode."""
         ids = np.arange(self.env.num_envs) if env_ids is None else np.asarray(env_ids, dtype=np.int64)
         self.last[ids] = self.nominal
-        self.seen_tcp[ids] = np.nan
+        self.seen_tcp[ids], self.seen_yaw[ids] = np.nan, np.nan
         self._release(ids)
         for i in ids:
             self.estimates[i] = None
@@ -523,12 +534,13 @@ class Perception:
         for ``env_ids`` (all if None) and return the positions written, [len(env_ids), 3] (world, m)."""
         ids = np.arange(self.env.num_envs) if env_ids is None else np.asarray(env_ids, dtype=np.int64)
         tcp = np.asarray(policy_obs[:, self.env.TCP_POS], dtype=np.float64)
+        yaw = np.asarray(policy_obs[:, self.env.TCP_YAW], dtype=np.float64).reshape(-1)
         opening = np.asarray(policy_obs[:, self.env.GRIPPER_OPENING], dtype=np.float64).reshape(-1)
         for i in ids:
             est = self.estimate(int(i))
             self.estimates[i] = est
             if est.ok:
-                self.last[i], self.seen_tcp[i] = est.position, tcp[i]
+                self.last[i], self.seen_tcp[i], self.seen_yaw[i] = est.position, tcp[i], yaw[i]
                 self._release(i)
                 continue
             self.failures += 1
@@ -536,17 +548,18 @@ class Perception:
                 self._release(i)  # released, or never held: the cube stays where it was last placed
                 continue
             if np.isnan(self.grasp_low_z[i]):  # the grasp hides the cube (the hand may be rising already)
-                ref = self.seen_tcp[i] if not np.isnan(self.seen_tcp[i, 0]) else tcp[i]
+                seen = not np.isnan(self.seen_tcp[i, 0])
+                ref, ref_yaw = (self.seen_tcp[i], self.seen_yaw[i]) if seen else (tcp[i], yaw[i])
                 if not self._at_fingers(self.last[i], ref):
                     continue  # closed on something else, or the cube was not between the fingers
-                self.grasp_low_z[i], self.grasp_offset[i] = ref[2], self.last[i] - ref
+                self.grasp_low_z[i], self.grasp_offset[i] = ref[2], _turn_z(self.last[i] - ref, -ref_yaw)
             if not self.grasp_lifted[i]:
                 self.grasp_low_z[i] = min(self.grasp_low_z[i], tcp[i, 2])
                 if tcp[i, 2] <= self.grasp_low_z[i] + self.lift_margin:  # resting: the hand settles around it
-                    self.grasp_offset[i] = self.last[i] - tcp[i]
+                    self.grasp_offset[i] = _turn_z(self.last[i] - tcp[i], -yaw[i])
                     continue
                 self.grasp_lifted[i] = True
-            self.last[i] = tcp[i] + self.grasp_offset[i]
+            self.last[i] = tcp[i] + _turn_z(self.grasp_offset[i], yaw[i])
         values = self.last[ids]
         if hasattr(policy_obs, "new_tensor"):  # torch: same dtype and device as the observation
             values = policy_obs.new_tensor(values)
