@@ -3,10 +3,11 @@
 
     python -m benchmarks.manipulation [--tasks arm_push arm_pick_place] [--methods dsrl_sac dsrl_na sac_matched]
         [--seeds 0 1 2] [--steps 50000] [--eval-every 10000] [--episodes 100] [--demos 20] [--noise 0.3]
-        [--bc-steps 10000] [--threads 1] [--worse-share 0]
+        [--bc-steps 10000] [--chunk H] [--threads 1] [--worse-share 0]
 
 Per task: collect ``--demos`` scripted-expert episodes at ``--noise`` (a deliberately small,
-noisy dataset), train one diffusion base policy on it (seed 0), then run every method for every
+noisy dataset), train one diffusion base policy on it (seed 0; ``--chunk H``: H actions predicted
+and executed per query instead of diffusion_bc's default), then run every method for every
 seed with ``policies.train`` and read the evaluations from each run's results.json. The base
 policy's curve is flat: it is evaluated with ``--episodes`` episodes once per seed. Writes
 ``benchmarks/results/<task>_success_<date>.png`` (``_2``, ``_3``, ... after the day's first) and
@@ -100,6 +101,14 @@ def cached(run: Path, args: list[str]) -> dict | None:
     return json.loads((run / "results.json").read_text())
 
 
+def base_args(task: str, data: Path, run: Path, a) -> list[str]:
+    """policies.train settings of the task's diffusion base (seed 0); ``a.chunk`` actions per query
+    (its pred_horizon and exec_horizon), or the algorithm's default if None."""
+    chunk = [] if a.chunk is None else [f"algo.pred_horizon={a.chunk}", f"algo.exec_horizon={a.chunk}"]
+    return [f"task={task}", "algo=diffusion_bc", f"algo.dataset={data}", f"algo.gradient_steps={a.bc_steps}", *chunk,
+            f"run_dir={run}", "seed=0", "stop_at_success=0", f"eval_episodes={a.episodes}", f"threads={a.threads}"]
+
+
 def base_policy(task: str, work: Path, a) -> tuple[Path, dict]:
     data = work / "data"
     if not (data / "meta.json").is_file():
@@ -113,8 +122,7 @@ def base_policy(task: str, work: Path, a) -> tuple[Path, dict]:
                          f"not --demos {a.demos} --noise {a.noise} --worse-share {a.worse_share}: delete it or give "
                          f"another --work")
     run = work / "base"
-    args = [f"task={task}", "algo=diffusion_bc", f"algo.dataset={data}", f"algo.gradient_steps={a.bc_steps}",
-            f"run_dir={run}", "seed=0", "stop_at_success=0", f"eval_episodes={a.episodes}", f"threads={a.threads}"]
+    args = base_args(task, data, run, a)
     if cached(run, args) is None:
         train(args, work / "base.log")
     return run, meta
@@ -190,6 +198,9 @@ def main() -> None:
     ap.add_argument("--demos", type=int, default=20)
     ap.add_argument("--noise", type=float, default=0.3)
     ap.add_argument("--bc-steps", type=int, default=10_000)
+    ap.add_argument("--chunk", type=int, default=None,
+                    help="actions per query of the diffusion base (its pred_horizon and exec_horizon; default: "
+                         "diffusion_bc's)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--worse-share", type=float, default=0.0,
                     help="share of the demonstrations by the task's worse operator (arm_push)")
@@ -247,14 +258,17 @@ def main() -> None:
                 + f"\n\nDataset: {meta['episodes']} expert episodes at noise {meta['expert_noise']} "
                 + f"({meta['successes']} successful"
                 + (f"; a share {a.worse_share:g} of them by the worse operator" if mixed else "")
-                + f"). Base: diffusion_bc, {a.bc_steps} gradient steps. "
+                + f"). Base: diffusion_bc, {a.bc_steps} gradient steps"
+                + ("" if a.chunk is None else f", chunks of {a.chunk} actions (predicted and executed per query)")
+                + ". "
                 f"{a.episodes} evaluation episodes per point, every {a.eval_every} env steps.\n\n"
                 f"![{task}](benchmarks/results/{png.name})\n\n{table}\n{note}")
         if not a.no_write:  # one section per task: a run of one task leaves the others' results alone
             cmd = (f"python -m benchmarks.manipulation --tasks {task} --methods {' '.join(a.methods)} "
                    f"--seeds {' '.join(map(str, a.seeds))} --steps {a.steps} --eval-every {a.eval_every} "
                    f"--episodes {a.episodes} --demos {a.demos} --noise {a.noise} --bc-steps {a.bc_steps} "
-                   f"--threads {a.threads}" + (f" --worse-share {a.worse_share:g}" if mixed else ""))
+                   f"--threads {a.threads}" + (f" --worse-share {a.worse_share:g}" if mixed else "")
+                   + ("" if a.chunk is None else f" --chunk {a.chunk}"))
             write_section(f"Manipulation: {task}" + (" from mixed demonstrators" if mixed else ""), cmd, body,
                           threads=a.threads)
 

@@ -82,6 +82,29 @@ def test_every_manipulation_method_composes_a_valid_config(tmp_path):
         assert cfg.algo.get("demos", "") == (str(tmp_path / "data") if m.endswith("_demos") else ""), m
 
 
+def test_manipulation_base_chunk(tmp_path):
+    """--chunk H trains the base to predict and execute H actions per query; without it the base has
+    diffusion_bc's defaults, and a cached base of the other kind is not reused."""
+    from argparse import Namespace
+
+    from benchmarks.manipulation import base_args, cached
+    from policies.config import compose_config
+
+    a = Namespace(chunk=8, bc_steps=10, episodes=2, threads=1)
+    run = tmp_path / "base"
+    eight = base_args("arm_pick_place", tmp_path / "data", run, a)
+    cfg = compose_config(eight)
+    assert (cfg.algo.pred_horizon, cfg.algo.exec_horizon) == (8, 8)
+    default = base_args("arm_pick_place", tmp_path / "data", run, Namespace(**{**vars(a), "chunk": None}))
+    cfg = compose_config(default)
+    assert (cfg.algo.pred_horizon, cfg.algo.exec_horizon) == (4, 4)
+    run.mkdir()
+    OmegaConf.save(compose_config([*eight, "progress=false"]), run / "config.yaml")
+    (run / "results.json").write_text("{}")
+    with pytest.raises(SystemExit, match=r"other settings \(algo.exec_horizon, algo.pred_horizon\)"):
+        cached(run, default)
+
+
 def test_manipulation_plot_never_replaces_an_earlier_one(tmp_path):
     """A second run on the same day writes its plot beside the first, which an earlier section shows."""
     from benchmarks.manipulation import new_path
