@@ -187,27 +187,42 @@ def test_perception_writes_estimates_and_holds_on_failure():
 
 def test_perception_turns_a_carried_cube_with_the_hand():
     """A cube hidden in the closed gripper moves with the TCP at the offset it had when last seen,
-    and that offset turns with the hand's yaw: a cube held 1 cm off the TCP along x, carried up and
-    turned by 90 deg about world z, is then 1 cm off along y (world)."""
+    and that offset turns with the hand's yaw: seen 1 cm off the TCP along x with the hand at yaw
+    0.4 rad, carried up and turned by 90 deg about world z, it is then 1 cm off along y (world). The
+    same when the hand has already risen and turned at the first frame that hides the cube."""
     torch = pytest.importorskip("torch")
-    env = _SceneEnv([[cube(0.45, 0.1, 0.0)]])
+
+    def turned(v, angle):
+        c, s = math.cos(angle), math.sin(angle)
+        return np.array((c * v[0] - s * v[1], s * v[0] + c * v[1], v[2]))
+
+    env = _SceneEnv([[cube(0.45, 0.1, 0.3)], [cube(0.45, 0.1, 0.3)]])
     perception = Perception(env)
-    obs = torch.zeros((1, POLICY_DIM), dtype=torch.float64)
-    tcp = np.array((0.46, 0.1, HALF))
-    obs[0, env.TCP_POS], obs[0, env.GRIPPER_OPENING] = torch.as_tensor(tcp), 2 * HALF  # fingers on two faces
-    seen = perception.update(obs)[0]  # the cube in view, the hand around it
-    assert perception.estimates[0].ok and np.linalg.norm(seen - (0.45, 0.1, HALF)) < 0.005
-    env.scenes[0] = []  # the closed fingers hide it
-    np.testing.assert_allclose(perception.update(obs)[0], seen)  # resting: where it was seen
+    obs = torch.zeros((2, POLICY_DIM), dtype=torch.float64)
+    tcp, yaw = np.array((0.46, 0.1, HALF)), 0.4
+    obs[:, env.TCP_POS], obs[:, env.TCP_YAW], obs[:, env.GRIPPER_OPENING] = torch.as_tensor(tcp), yaw, 2 * HALF
+    seen = perception.update(obs)  # the cubes in view, the hands around them
+    assert all(e.ok for e in perception.estimates) and np.linalg.norm(seen - (0.45, 0.1, HALF), axis=1).max() < 0.005
+    offset = seen - tcp
+    env.scenes = [[], []]  # the closed fingers hide them
     up = tcp + (0.0, 0.0, 0.05)
+    obs[1, env.TCP_POS], obs[1, env.TCP_YAW] = torch.as_tensor(up), yaw + math.pi / 2  # env 1: risen and turned
+    now = perception.update(obs)
+    np.testing.assert_allclose(now[0], seen[0])  # env 0 resting: where it was seen
+    np.testing.assert_allclose(now[1], up + turned(offset[1], math.pi / 2), atol=1e-12)
     obs[0, env.TCP_POS] = torch.as_tensor(up)
-    np.testing.assert_allclose(perception.update(obs)[0], up + (seen - tcp), atol=1e-12)  # lifted with the hand
-    obs[0, env.TCP_YAW] = math.pi / 2
-    dx, dy, dz = seen - tcp
-    np.testing.assert_allclose(perception.update(obs)[0], up + (-dy, dx, dz), atol=1e-12)  # turned with it
-    again = Perception(env)  # a checkpoint keeps the grasp and the yaw it was seen at
+    np.testing.assert_allclose(perception.update(obs)[0], up + offset[0], atol=1e-12)  # lifted with the hand
+    obs[0, env.TCP_YAW] = yaw + math.pi / 2
+    np.testing.assert_allclose(perception.update(obs)[0], up + turned(offset[0], math.pi / 2), atol=1e-12)
+    assert abs(turned(offset[0], math.pi / 2)[1] - offset[0][0]) < 1e-12 and offset[0][0] < -0.005  # now along y
+
+    again = Perception(env)  # a checkpoint keeps the grasps and the yaws they were seen at
     again.load_state_dict(perception.state_dict())
-    np.testing.assert_array_equal(again.update(obs)[0], perception.last[0])
+    obs[:, env.TCP_YAW] = yaw
+    np.testing.assert_array_equal(again.update(obs), perception.update(obs))
+    old = {k: v for k, v in perception.state_dict().items() if k != "seen_yaw"}  # offsets in world axes
+    again.load_state_dict(old)
+    assert np.isnan(again.grasp_offset).all() and not again.grasp_lifted.any()  # forgotten, not misread
 
 
 # ---------------------------------------------------------------- rendered arm_push scenes

@@ -518,7 +518,12 @@ class Perception:
         self.grasp_low_z = np.array(d.get("grasp_low_z", np.full(n, np.nan)), copy=True)
         self.grasp_lifted = np.array(d.get("grasp_lifted", np.zeros(n, bool)), copy=True)
         self.seen_tcp = np.array(d.get("seen_tcp", np.full((n, 3), np.nan)), copy=True)
-        self.seen_yaw = np.array(d.get("seen_yaw", np.zeros(n)), copy=True)  # older: the yaw was fixed at 0
+        if "seen_yaw" in d:
+            self.seen_yaw = np.array(d["seen_yaw"], copy=True)
+        else:  # offsets in world axes (before they turned with the hand): forget them; a held cube is
+            self.seen_yaw = np.full(n, np.nan)  # attached again at its next hidden frame
+            self.seen_tcp[:] = np.nan
+            self._release(np.arange(n))
 
     def reset(self, env_ids=None) -> None:
         """Forget the last estimate of ``env_ids`` (all envs if None): they start a new episode."""
