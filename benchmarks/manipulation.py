@@ -57,17 +57,42 @@ METHODS = {  # method -> policies.train overrides (besides task, seed, budgets)
     "dsrl_na_demos": ["algo=dsrl", "algo.variant=na", "algo.demos={data}"],
     "dsrl_na_noprior_demos": ["algo=dsrl", "algo.variant=na", "algo.noise_prior=false", "algo.demos={data}"],
     "sac": ["algo=sac"],  # SAC's defaults, the quadrotor's (the tables before 2026-11-25 ran these)
-    # SAC from scratch with DSRL's budget and networks: one update per 4 env steps (DSRL: one per
-    # decision, a chunk of 4 actions), batch 256, 256x256 networks, LayerNorm critics, learning
-    # rates 3e-4, 2000 warm-up steps, and DSRL's discount of 0.99 per 4-step decision as
-    # 0.99^(1/4) = 0.9975 per step.
-    "sac_matched": ["algo=sac", "algo.num_envs=8", "algo.updates_per_iteration=2", "algo.batch_size=256",
+    # SAC from scratch with DSRL's budget and networks: one update per decision of the base's chunk
+    # (H env steps; 8 envs, 8 / H updates per iteration), batch 256, 256x256 networks, LayerNorm
+    # critics, learning rates 3e-4, 2000 warm-up steps, and DSRL's discount of 0.99 per decision as
+    # 0.99^(1/H) per step (H = 4: 2 updates per iteration, 0.9975). See method_overrides.
+    "sac_matched": ["algo=sac", "algo.num_envs=8", "algo.updates_per_iteration={sac_updates}", "algo.batch_size=256",
             "algo.warmup_steps=2000", "algo.actor_hidden=[256,256]", "algo.critic_hidden=[256,256]",
             "algo.critic_layer_norm=true", "algo.actor_lr=3e-4", "algo.critic_lr=3e-4", "algo.alpha_lr=3e-4",
-            "algo.gamma=0.9975"],
+            "algo.gamma={sac_gamma}"],
 }
 DEFAULT_METHODS = ["dsrl_sac", "dsrl_na", "sac_matched"]
 COLORS = ("tab:blue", "tab:orange", "tab:green", "tab:purple", "tab:brown", "tab:pink", "tab:olive", "tab:cyan")
+
+
+def method_overrides(method: str, data, chunk: int | None) -> list[str]:
+    """``METHODS[method]`` for a task: ``{data}`` its dataset; sac_matched's updates and discount
+    matched to one DSRL decision of ``chunk`` env steps (None: diffusion_bc's default chunk)."""
+    from policies.diffusion import DiffusionBCConfig
+
+    h = DiffusionBCConfig().exec_horizon if chunk is None else chunk
+    if method == "sac_matched" and 8 % h:
+        raise SystemExit(f"error: sac_matched makes 8 / H updates per iteration of its 8 envs; --chunk {h} does not "
+                         "divide 8")
+    return [o.format(data=data, sac_updates=8 // h, sac_gamma=f"{0.99 ** (1 / h):.4f}") for o in METHODS[method]]
+
+
+def check_steered_base(run: Path, digest: str) -> None:
+    """Stop if the cached DSRL run ``run`` steered another base than the one of ``digest`` (its
+    weights): the run directory names only the base's path, which a rebuilt base keeps."""
+    import torch
+
+    from policies import checkpoint as ckpt
+
+    steered = torch.load(run / ckpt.LAST, map_location="cpu", weights_only=False)["algo"]["base_digest"]
+    if steered != digest:
+        raise SystemExit(f"error: {run} steered another base than the one now at its algo.base: delete it to run it "
+                         "again")
 
 
 def train(args: list[str], log: Path) -> dict:
@@ -188,6 +213,9 @@ def plot(task: str, curves: dict, base: list[float], steps: int, path: Path) -> 
 
 
 def main() -> None:
+    from policies import checkpoint as ckpt
+    from policies.dsrl import weights_digest
+
     ap = argparse.ArgumentParser()
     ap.add_argument("--tasks", nargs="+", default=["arm_push", "arm_pick_place"])
     ap.add_argument("--methods", nargs="+", default=DEFAULT_METHODS, choices=list(METHODS))
@@ -223,19 +251,23 @@ def main() -> None:
         work = Path(a.work) / name
         base_run, meta = base_policy(task, work, a)
         base = [evaluate_base(base_run, s, a.episodes) for s in a.seeds]
+        base_digest = weights_digest(ckpt.load_policy(base_run)[0])
         print(f"{task}: base success {base}", flush=True)
         curves, rows = {}, []
         for m in a.methods:
             curves[m] = []
             for seed in a.seeds:
                 run = work / f"{m}_seed{seed}"
-                overrides = [o.format(data=work / "data") for o in METHODS[m]]
+                overrides = method_overrides(m, work / "data", a.chunk)
                 args = [f"task={task}", *overrides, f"seed={seed}", f"run_dir={run}", f"max_env_steps={a.steps}",
                         f"eval_every_steps={a.eval_every}", f"eval_episodes={a.episodes}", "eval_at_start=true",
                         "stop_at_success=0", f"threads={a.threads}", "max_seconds=3600"]
                 if m.startswith("dsrl"):
                     args.append(f"algo.base={base_run}")
-                res = cached(run, args) or train(args, work / f"{m}_seed{seed}.log")
+                res = cached(run, args)
+                if res is not None and m.startswith("dsrl"):
+                    check_steered_base(run, base_digest)
+                res = res or train(args, work / f"{m}_seed{seed}.log")
                 if res["env_steps"] < a.steps:
                     raise SystemExit(f"error: {run} stopped at {res['env_steps']} env steps, before --steps {a.steps} "
                                      f"(its max_seconds=3600?): delete it to run it again")
@@ -253,7 +285,7 @@ def main() -> None:
         table += "".join(f"| base (w ~ N(0, I)) | {s} | - | {b * 100:.0f}% | - | - |\n" for s, b in zip(a.seeds, base))
         table += "".join(f"| {m} | {s} | {z * 100:.0f}% | {e * 100:.0f}% | {b * 100:.0f}% | {w:.2f} |\n"
                          for m, s, z, e, b, w in rows)
-        shown = {m: " ".join(METHODS[m]).format(data="<work>/<task>/data") for m in a.methods}
+        shown = {m: " ".join(method_overrides(m, "<work>/<task>/data", a.chunk)) for m in a.methods}
         body = ("Methods: " + "; ".join(f"{m}: `{shown[m]}`" for m in a.methods)
                 + f"\n\nDataset: {meta['episodes']} expert episodes at noise {meta['expert_noise']} "
                 + f"({meta['successes']} successful"

@@ -73,13 +73,34 @@ def test_manipulation_reuses_a_run_only_if_it_has_the_same_settings(tmp_path):
 
 def test_every_manipulation_method_composes_a_valid_config(tmp_path):
     """Each method's overrides are valid policies.train settings; the demonstrations' methods point
-    algo.demos at the task's dataset under --work."""
-    from benchmarks.manipulation import METHODS
+    algo.demos at the task's dataset under --work; SAC from scratch makes one update per DSRL decision
+    of the base's chunk and discounts as DSRL does per decision (0.99)."""
+    from benchmarks.manipulation import METHODS, method_overrides
     from policies.config import compose_config
 
-    for m, overrides in METHODS.items():
-        cfg = compose_config(["task=arm_push", *(o.format(data=tmp_path / "data") for o in overrides)])
+    for m in METHODS:
+        cfg = compose_config(["task=arm_push", *method_overrides(m, tmp_path / "data", None)])
         assert cfg.algo.get("demos", "") == (str(tmp_path / "data") if m.endswith("_demos") else ""), m
+    for chunk, updates, gamma in ((None, 2, 0.9975), (4, 2, 0.9975), (8, 1, 0.9987)):
+        cfg = compose_config(["task=arm_push", *method_overrides("sac_matched", tmp_path, chunk)])
+        assert (cfg.algo.num_envs, cfg.algo.updates_per_iteration, cfg.algo.gamma) == (8, updates, gamma)
+        assert abs(cfg.algo.gamma ** (8 / updates) - 0.99) < 1e-3  # per decision of 8 / updates env steps
+    with pytest.raises(SystemExit, match="--chunk 3 does not divide 8"):
+        method_overrides("sac_matched", tmp_path, 3)
+
+
+def test_manipulation_never_reads_a_dsrl_run_of_another_base(tmp_path):
+    """A cached DSRL run is read only if it steered the base now at its algo.base (by weights digest)."""
+    import torch
+
+    from benchmarks.manipulation import check_steered_base
+
+    run = tmp_path / "dsrl_na_seed0"
+    (run / "checkpoints").mkdir(parents=True)
+    torch.save({"algo": {"base_digest": "b3cf56c869bb75f2"}}, run / "checkpoints" / "last.pt")
+    check_steered_base(run, "b3cf56c869bb75f2")
+    with pytest.raises(SystemExit, match="steered another base"):
+        check_steered_base(run, "0123456789abcdef")
 
 
 def test_manipulation_base_chunk(tmp_path):
