@@ -1,6 +1,6 @@
 """Evaluate a trained run: ``python -m policies.eval <run_dir> [backend=torch|mujoco|pybullet]
 [episodes=100] [video=true] [plot=true] [seed=12345] [effects=ground_effect,drag]
-[obs_source=state|perception] [task.<field>=value ...]``.
+[obs_source=state|perception] [base_noise=normal|zero] [task.<field>=value ...]``.
 
 Quadrotor tasks: prints the hover criterion's success rate and errors, writes eval_<backend>.json,
 a plot of position error over time (PNG) and optionally a GIF of a few episodes rendered
@@ -10,7 +10,10 @@ lifted, over the goal), its failed episodes counted by the furthest one reached,
 eval_mujoco.json, and optionally a GIF of the
 first episodes seen by the front camera; ``obs_source=perception`` runs the policy from the depth
 camera's cube estimate instead of the simulator's (whatever it was trained on), written to
-eval_mujoco_perception.json (and .gif).
+eval_mujoco_perception.json (and .gif). ``base_noise=zero`` runs a diffusion base (an algo=diffusion_bc
+run) from the initial noise w = 0 at every query, its most likely chunks and where DSRL's untrained
+actor starts, instead of the base policy's own w ~ N(0, I) (``normal``, the default); its results go
+to files ending in ``_w0``.
 
 ``task.<field>=value`` evaluates under another setting of the run's task config (e.g.
 ``task.randomization.max_latency_steps=2``); the results then go to ``eval_<...>_overrides.json``
@@ -42,16 +45,17 @@ from .evaluate import (CRITERION_FIXED, EPISODE_SECONDS, LAST_SECONDS, MEAN_ERRO
                        EvalResult, criterion_config, evaluate_hover, evaluate_success)
 
 OPTIONS = {"backend": str, "episodes": int, "video": bool, "plot": bool, "seed": int, "device": str, "effects": str,
-           "obs_source": str}
+           "obs_source": str, "base_noise": str}
 DEFAULTS = {"backend": None, "episodes": 100, "video": False, "plot": True, "seed": 12345, "device": "cpu",
             "effects": None,  # PyBullet's optional aerodynamics, comma-separated (default: the run's)
-            "obs_source": None}  # manipulation: state or perception (default: the run's)
+            "obs_source": None,  # manipulation: state or perception (default: the run's)
+            "base_noise": "normal"}  # a diffusion base's initial noise: normal (w ~ N(0, I)) or zero
 
 
 def parse(argv: list[str]) -> tuple[Path, dict]:
     if not argv or "=" in argv[0]:
         raise UserError("usage: python -m policies.eval <run_dir> [backend=torch|mujoco|pybullet] [episodes=N] "
-                        "[video=true] [plot=true] [seed=N] [task.<field>=value ...]")
+                        "[video=true] [plot=true] [seed=N] [base_noise=normal|zero] [task.<field>=value ...]")
     opts = dict(DEFAULTS, task_overrides=[])
     for a in argv[1:]:
         k, _, v = a.partition("=")
@@ -70,6 +74,8 @@ def parse(argv: list[str]) -> tuple[Path, dict]:
     check_device(opts["device"])
     if opts["episodes"] < 1:
         raise UserError(f"episodes={opts['episodes']}: expected at least 1")
+    if opts["base_noise"] not in ("normal", "zero"):
+        raise UserError(f"base_noise={opts['base_noise']}: expected normal (w ~ N(0, I)) or zero (w = 0)")
     if opts["backend"] not in (None, "torch", "mujoco", "pybullet"):
         raise UserError(f"backend={opts['backend']}: expected one of torch, mujoco, pybullet")
     if opts["effects"] is not None:
@@ -78,6 +84,17 @@ def parse(argv: list[str]) -> tuple[Path, dict]:
             raise UserError(f"effects={','.join(opts['effects'])}: expected any of {', '.join(PYBULLET_EFFECTS)} "
                             "with backend=pybullet")
     return Path(argv[0]), opts
+
+
+def with_base_noise(policy: Callable, base_noise: str) -> Callable:
+    """``policy`` as evaluated: a diffusion base (one that takes its initial noise) from w = 0 at every
+    query if ``base_noise`` is "zero"; any policy unchanged for "normal"."""
+    if base_noise == "normal":
+        return policy
+    if not getattr(policy, "takes_noise", False):
+        raise UserError("base_noise applies to a diffusion base (an algo=diffusion_bc run), whose initial noise the "
+                        "caller draws; this run's policy chooses its own")
+    return lambda obs: policy(obs, torch.zeros(len(obs), policy.latent_dim, device=obs.device))
 
 
 def override_task(task_cfg, overrides: list[str]):
@@ -172,6 +189,7 @@ def main(argv: list[str] | None = None) -> int:
                 raise UserError(f"override '{fixed[0]}': the hover criterion sets it (policies/evaluate.py)")
             conditions = override_task(spec.default_config(), o["task_overrides"])
         task_cfg = override_task(task_cfg, o["task_overrides"])
+        policy = with_base_noise(actor, o["base_noise"])
         if o["obs_source"] is not None:
             if spec.criterion != "success":
                 raise UserError(f"obs_source applies to the manipulation tasks; {task_cfg.name} observes its state")
@@ -192,10 +210,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: task {task_cfg.name} runs in MuJoCo only (backend=mujoco)", file=sys.stderr)
             return 2
         frames, cb, end_cb = arm_video(o["episodes"]) if o["video"] else ([], None, None)
-        res = evaluate_success(actor, task_cfg, o["episodes"], "mujoco", o["seed"], o["device"], frames_cb=cb,
+        res = evaluate_success(policy, task_cfg, o["episodes"], "mujoco", o["seed"], o["device"], frames_cb=cb,
                                on_episode_end=end_cb)
         print(res.summary())
         name = ("eval_mujoco_perception" if task_cfg.obs_source == "perception" else "eval_mujoco") + suffix
+        name += "_w0" if o["base_noise"] == "zero" else ""
         (run_dir / f"{name}.json").write_text(json.dumps(with_overrides(res.as_dict(), o), indent=2))
         if frames:
             save_gif(frames, run_dir / f"{name}.gif", spec.contract.policy_period_s)
@@ -218,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
     if conditions is not None:
         print(f"note: judged by the criterion's bounds under {' '.join(o['task_overrides'])}, "
               "not the hover criterion's conditions", file=sys.stderr)
-    res = evaluate_hover(actor, task_cfg, o["episodes"], o["backend"], o["seed"], o["device"], frames_cb=cb,
+    res = evaluate_hover(policy, task_cfg, o["episodes"], o["backend"], o["seed"], o["device"], frames_cb=cb,
                          conditions=conditions)
     print(res.summary())
     name = f"eval_{o['backend']}{suffix}"
