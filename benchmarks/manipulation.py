@@ -1,5 +1,6 @@
 """Manipulation learning curves: success rate vs environment steps of the diffusion base policy
-(w ~ N(0, I)), DSRL-NA, DSRL-SAC and SAC from scratch, plus wall time per 1k env steps.
+(w ~ N(0, I), and from w = 0, where DSRL's untrained actor starts), DSRL-NA, DSRL-SAC and SAC from
+scratch, plus wall time per 1k env steps.
 
     python -m benchmarks.manipulation [--tasks arm_push arm_pick_place] [--methods dsrl_sac dsrl_na sac_matched]
         [--seeds 0 1 2] [--steps 50000] [--eval-every 10000] [--episodes 100] [--demos 20] [--noise 0.3]
@@ -9,7 +10,8 @@ Per task: collect ``--demos`` scripted-expert episodes at ``--noise`` (a deliber
 noisy dataset), train one diffusion base policy on it (seed 0; ``--chunk H``: H actions predicted
 and executed per query instead of diffusion_bc's default), then run every method for every
 seed with ``policies.train`` and read the evaluations from each run's results.json. The base
-policy's curve is flat: it is evaluated with ``--episodes`` episodes once per seed. Writes
+policy's curves are flat: it is evaluated with ``--episodes`` episodes once per seed, from w ~ N(0, I)
+and from w = 0. Writes
 ``benchmarks/results/<task>_success_<date>.png`` (``_2``, ``_3``, ... after the day's first) and
 one section of BENCHMARKS.md per task.
 
@@ -172,21 +174,25 @@ def training_seconds(res: dict) -> float:
     return res["train_seconds"] - sum(durations[:-1])
 
 
-def evaluate_base(run: Path, seed: int, episodes: int) -> float:
+def evaluate_base(run: Path, seed: int, episodes: int, base_noise: str = "normal") -> float:
+    """The base's success rate with w ~ N(0, I) ("normal", the base policy) or w = 0 ("zero", its most
+    likely chunks, where DSRL's untrained actor starts) on the episodes of evaluation seed ``seed``."""
     import torch
     from omegaconf import OmegaConf
 
     from policies import checkpoint as ckpt
     from policies.config import to_objects
+    from policies.eval import with_base_noise
     from policies.evaluate import evaluate_success
 
     policy, rec = ckpt.load_policy(run)
     task_cfg, _ = to_objects(OmegaConf.create(rec["config"]))
     with torch.no_grad():
-        return evaluate_success(policy, task_cfg, episodes, seed=20_000 + seed).success_rate
+        return evaluate_success(with_base_noise(policy, base_noise), task_cfg, episodes,
+                                seed=20_000 + seed).success_rate
 
 
-def plot(task: str, curves: dict, base: list[float], steps: int, path: Path) -> None:
+def plot(task: str, curves: dict, base: list[float], base_zero: list[float], steps: int, path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -195,6 +201,8 @@ def plot(task: str, curves: dict, base: list[float], steps: int, path: Path) -> 
     fig, ax = plt.subplots(figsize=(7, 4.2))
     ax.axhspan(min(base), max(base), color="gray", alpha=0.2)
     ax.axhline(np.mean(base), color="gray", ls="--", label=f"base, w ~ N(0, I) ({np.mean(base) * 100:.0f}%)")
+    ax.axhline(np.mean(base_zero), color="black", ls="-.", lw=1,
+               label=f"base, w = 0 ({np.mean(base_zero) * 100:.0f}%)")
     for (name, runs), color in zip(curves.items(), COLORS):
         xs = {tuple(e["env_steps"] for e in r["evals"]) for r in runs}
         if len(xs) != 1:
@@ -236,7 +244,8 @@ def main() -> None:
     ap.add_argument("--no-write", action="store_true")
     a = ap.parse_args()
     note = ("Success at 0 steps is the untrained steering actor, whose deterministic noise is about w = 0 "
-            "(the base's most likely chunk), not the base with w ~ N(0, I). "
+            "(the base's most likely chunk), not the base with w ~ N(0, I); the base (w = 0) rows evaluate the base "
+            "from w = 0 on the episodes of its w ~ N(0, I) rows. "
             f"Wall time per 1k env steps is training time without evaluations, on {a.threads} thread(s). The target "
             "(from the issue): from a 30-50 % base to >= 90 % within 50k environment steps. Published "
             "reference: DSRL-NA on Robomimic Can from a 40 % base reaches about 65-75 % after 150-300k steps "
@@ -251,8 +260,9 @@ def main() -> None:
         work = Path(a.work) / name
         base_run, meta = base_policy(task, work, a)
         base = [evaluate_base(base_run, s, a.episodes) for s in a.seeds]
+        base_zero = [evaluate_base(base_run, s, a.episodes, "zero") for s in a.seeds]
         base_digest = weights_digest(ckpt.load_policy(base_run)[0])
-        print(f"{task}: base success {base}", flush=True)
+        print(f"{task}: base success {base}, at w = 0 {base_zero}", flush=True)
         curves, rows = {}, []
         for m in a.methods:
             curves[m] = []
@@ -279,10 +289,11 @@ def main() -> None:
         # a new file: the sections of earlier runs (the same day's too) keep showing their own curves;
         # --no-write leaves the repo's results alone
         png = new_path((work if a.no_write else OUT) / f"{name}_success_{date.today():%Y%m%d}.png")
-        plot(task, curves, base, a.steps, png)
+        plot(task, curves, base, base_zero, a.steps, png)
         table = ("| method | seed | success at 0 steps | success at the end | best evaluation "
                  "| wall time per 1k env steps [s] |\n|---|---:|---:|---:|---:|---:|\n")
         table += "".join(f"| base (w ~ N(0, I)) | {s} | - | {b * 100:.0f}% | - | - |\n" for s, b in zip(a.seeds, base))
+        table += "".join(f"| base (w = 0) | {s} | - | {b * 100:.0f}% | - | - |\n" for s, b in zip(a.seeds, base_zero))
         table += "".join(f"| {m} | {s} | {z * 100:.0f}% | {e * 100:.0f}% | {b * 100:.0f}% | {w:.2f} |\n"
                          for m, s, z, e, b, w in rows)
         shown = {m: " ".join(method_overrides(m, "<work>/<task>/data", a.chunk)) for m in a.methods}
