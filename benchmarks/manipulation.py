@@ -174,9 +174,9 @@ def training_seconds(res: dict) -> float:
     return res["train_seconds"] - sum(durations[:-1])
 
 
-def evaluate_base(run: Path, seed: int, episodes: int, base_noise: str = "normal") -> float:
-    """The base's success rate with w ~ N(0, I) ("normal", the base policy) or w = 0 ("zero", its most
-    likely chunks, where DSRL's untrained actor starts) on the episodes of evaluation seed ``seed``."""
+def evaluate_base(run: Path, seeds: list[int], episodes: int) -> tuple[list[float], list[float]]:
+    """The base's success rates on the episodes of each evaluation seed, with w ~ N(0, I) (the base
+    policy) and from w = 0 (its most likely chunks, where DSRL's untrained actor starts)."""
     import torch
     from omegaconf import OmegaConf
 
@@ -188,8 +188,8 @@ def evaluate_base(run: Path, seed: int, episodes: int, base_noise: str = "normal
     policy, rec = ckpt.load_policy(run)
     task_cfg, _ = to_objects(OmegaConf.create(rec["config"]))
     with torch.no_grad():
-        return evaluate_success(with_base_noise(policy, base_noise), task_cfg, episodes,
-                                seed=20_000 + seed).success_rate
+        return tuple([evaluate_success(with_base_noise(policy, noise), task_cfg, episodes, seed=20_000 + s).success_rate
+                      for s in seeds] for noise in ("normal", "zero"))
 
 
 def plot(task: str, curves: dict, base: list[float], base_zero: list[float], steps: int, path: Path) -> None:
@@ -259,8 +259,7 @@ def main() -> None:
         name = f"{task}_worse{a.worse_share:g}" if mixed else task
         work = Path(a.work) / name
         base_run, meta = base_policy(task, work, a)
-        base = [evaluate_base(base_run, s, a.episodes) for s in a.seeds]
-        base_zero = [evaluate_base(base_run, s, a.episodes, "zero") for s in a.seeds]
+        base, base_zero = evaluate_base(base_run, a.seeds, a.episodes)
         base_digest = weights_digest(ckpt.load_policy(base_run)[0])
         print(f"{task}: base success {base}, at w = 0 {base_zero}", flush=True)
         curves, rows = {}, []

@@ -17,7 +17,8 @@ to files ending in ``_w0``.
 
 ``task.<field>=value`` evaluates under another setting of the run's task config (e.g.
 ``task.randomization.max_latency_steps=2``); the results then go to ``eval_<...>_overrides.json``
-(and .png, .gif), which lists the overrides under ``task_overrides``. Quadrotor tasks: the hover
+(and .png, .gif; ``..._overrides_w0.json`` with ``base_noise=zero``), which lists the overrides under
+``task_overrides``. Quadrotor tasks: the hover
 criterion's conditions (initial states, randomization, noise) are the task's defaults whatever the
 run trained with; these overrides change them too, so the result is a judge by the criterion's
 bounds under those conditions, no longer the criterion (its termination distance and episode
@@ -92,8 +93,8 @@ def with_base_noise(policy: Callable, base_noise: str) -> Callable:
     if base_noise == "normal":
         return policy
     if not getattr(policy, "takes_noise", False):
-        raise UserError("base_noise applies to a diffusion base (an algo=diffusion_bc run), whose initial noise the "
-                        "caller draws; this run's policy chooses its own")
+        raise UserError("base_noise applies to a diffusion base (an algo=diffusion_bc run); this run's policy takes "
+                        "no initial noise (for a DSRL run, evaluate its algo.base)")
     return lambda obs: policy(obs, torch.zeros(len(obs), policy.latent_dim, device=obs.device))
 
 
@@ -214,8 +215,10 @@ def main(argv: list[str] | None = None) -> int:
                                on_episode_end=end_cb)
         print(res.summary())
         name = ("eval_mujoco_perception" if task_cfg.obs_source == "perception" else "eval_mujoco") + suffix
-        name += "_w0" if o["base_noise"] == "zero" else ""
-        (run_dir / f"{name}.json").write_text(json.dumps(with_overrides(res.as_dict(), o), indent=2))
+        result = with_overrides(res.as_dict(), o)
+        if o["base_noise"] == "zero":
+            name, result = name + "_w0", {**result, "base_noise": "zero"}
+        (run_dir / f"{name}.json").write_text(json.dumps(result, indent=2))
         if frames:
             save_gif(frames, run_dir / f"{name}.gif", spec.contract.policy_period_s)
         return 0
