@@ -174,18 +174,17 @@ def training_seconds(res: dict) -> float:
     return res["train_seconds"] - sum(durations[:-1])
 
 
-def evaluate_base(run: Path, seeds: list[int], episodes: int) -> tuple[list[float], list[float]]:
-    """The base's success rates on the episodes of each evaluation seed, with w ~ N(0, I) (the base
-    policy) and from w = 0 (its most likely chunks, where DSRL's untrained actor starts)."""
+def evaluate_base(policy, rec: dict, seeds: list[int], episodes: int) -> tuple[list[float], list[float]]:
+    """The base's (``policy`` and its run record, ``checkpoint.load_policy``) success rates on the
+    episodes of each evaluation seed, with w ~ N(0, I) (the base policy) and from w = 0 (its most
+    likely chunks, where DSRL's untrained actor starts)."""
     import torch
     from omegaconf import OmegaConf
 
-    from policies import checkpoint as ckpt
     from policies.config import to_objects
     from policies.eval import with_base_noise
     from policies.evaluate import evaluate_success
 
-    policy, rec = ckpt.load_policy(run)
     task_cfg, _ = to_objects(OmegaConf.create(rec["config"]))
     with torch.no_grad():
         return tuple([evaluate_success(with_base_noise(policy, noise), task_cfg, episodes, seed=20_000 + s).success_rate
@@ -259,8 +258,9 @@ def main() -> None:
         name = f"{task}_worse{a.worse_share:g}" if mixed else task
         work = Path(a.work) / name
         base_run, meta = base_policy(task, work, a)
-        base, base_zero = evaluate_base(base_run, a.seeds, a.episodes)
-        base_digest = weights_digest(ckpt.load_policy(base_run)[0])
+        base_net, base_rec = ckpt.load_policy(base_run)
+        base, base_zero = evaluate_base(base_net, base_rec, a.seeds, a.episodes)
+        base_digest = weights_digest(base_net)
         print(f"{task}: base success {base}, at w = 0 {base_zero}", flush=True)
         curves, rows = {}, []
         for m in a.methods:

@@ -114,7 +114,10 @@ def override_task(task_cfg, overrides: list[str]):
 
 
 def with_overrides(result: dict, opts: dict) -> dict:
-    return {**result, "task_overrides": opts["task_overrides"]} if opts["task_overrides"] else result
+    """``result`` with the options that changed what was evaluated: task overrides, a base's w = 0."""
+    if opts["task_overrides"]:
+        result = {**result, "task_overrides": opts["task_overrides"]}
+    return {**result, "base_noise": "zero"} if opts["base_noise"] == "zero" else result
 
 
 def plot_errors(res: EvalResult, path: Path) -> None:
@@ -203,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     except (UserError, ckpt.CheckpointError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    suffix = "_overrides" if o["task_overrides"] else ""
+    suffix = ("_overrides" if o["task_overrides"] else "") + ("_w0" if o["base_noise"] == "zero" else "")
     if o["effects"] is not None:
         task_cfg.pybullet_effects = o["effects"]
     if spec.criterion == "success":
@@ -215,10 +218,7 @@ def main(argv: list[str] | None = None) -> int:
                                on_episode_end=end_cb)
         print(res.summary())
         name = ("eval_mujoco_perception" if task_cfg.obs_source == "perception" else "eval_mujoco") + suffix
-        result = with_overrides(res.as_dict(), o)
-        if o["base_noise"] == "zero":
-            name, result = name + "_w0", {**result, "base_noise": "zero"}
-        (run_dir / f"{name}.json").write_text(json.dumps(result, indent=2))
+        (run_dir / f"{name}.json").write_text(json.dumps(with_overrides(res.as_dict(), o), indent=2))
         if frames:
             save_gif(frames, run_dir / f"{name}.gif", spec.contract.policy_period_s)
         return 0
