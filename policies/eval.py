@@ -13,7 +13,9 @@ camera's cube estimate instead of the simulator's (whatever it was trained on), 
 eval_mujoco_perception.json (and .gif). ``base_noise=zero`` runs a diffusion base (an algo=diffusion_bc
 run) from the initial noise w = 0 at every query, its most likely chunks and where DSRL's untrained
 actor starts, instead of the base policy's own w ~ N(0, I) (``normal``, the default); its results go
-to files ending in ``_w0``.
+to files ending in ``_w0``. An evaluation ``seed`` other than the default 12345 adds ``_seed<N>`` to
+the file names, so evaluations on other episodes sit beside the default one; every result records
+its seed.
 
 ``task.<field>=value`` evaluates under another setting of the run's task config (e.g.
 ``task.randomization.max_latency_steps=2``); the results then go to ``eval_<...>_overrides.json``
@@ -114,10 +116,19 @@ def override_task(task_cfg, overrides: list[str]):
 
 
 def with_overrides(result: dict, opts: dict) -> dict:
-    """``result`` with the options that changed what was evaluated: task overrides, a base's w = 0."""
+    """``result`` with the options that chose what was evaluated: the evaluation seed (the initial
+    states and randomization drawn), task overrides, a base's w = 0."""
+    result = {**result, "seed": opts["seed"]}
     if opts["task_overrides"]:
         result = {**result, "task_overrides": opts["task_overrides"]}
     return {**result, "base_noise": "zero"} if opts["base_noise"] == "zero" else result
+
+
+def result_suffix(opts: dict) -> str:
+    """What the result files' names add for options other than the defaults, so that evaluations
+    with other seeds or settings sit beside the default one instead of overwriting it."""
+    return (("_overrides" if opts["task_overrides"] else "") + ("_w0" if opts["base_noise"] == "zero" else "")
+            + (f"_seed{opts['seed']}" if opts["seed"] != DEFAULTS["seed"] else ""))
 
 
 def plot_errors(res: EvalResult, path: Path) -> None:
@@ -206,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
     except (UserError, ckpt.CheckpointError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    suffix = ("_overrides" if o["task_overrides"] else "") + ("_w0" if o["base_noise"] == "zero" else "")
+    suffix = result_suffix(o)
     if o["effects"] is not None:
         task_cfg.pybullet_effects = o["effects"]
     if spec.criterion == "success":
