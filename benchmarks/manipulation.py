@@ -200,6 +200,7 @@ def plot(task: str, curves: dict, base: list[float], base_zero: list[float], ste
     fig, ax = plt.subplots(figsize=(7, 4.2))
     ax.axhspan(min(base), max(base), color="gray", alpha=0.2)
     ax.axhline(np.mean(base), color="gray", ls="--", label=f"base, w ~ N(0, I) ({np.mean(base) * 100:.0f}%)")
+    ax.axhspan(min(base_zero), max(base_zero), color="black", alpha=0.08)
     ax.axhline(np.mean(base_zero), color="black", ls="-.", lw=1,
                label=f"base, w = 0 ({np.mean(base_zero) * 100:.0f}%)")
     for (name, runs), color in zip(curves.items(), COLORS):
