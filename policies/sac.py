@@ -80,10 +80,10 @@ class SAC:
         self.q.obs_norm.update(torch.cat((obs["critic"], action), -1))  # the critic's input: state and action
         share_buffers(self.q_target, self.q)  # the TD target normalises as the critic does
         self.obs, reward, term, trunc, info = self.env.step(action)
-        nxt = {k: v.clone() for k, v in self.obs.items()}
+        nxt = {k: self.obs[k] for k in ("policy", "critic")}  # the learned ones (not a camera's images)
         if "final_obs" in info:  # same-step autoreset: learn from the observation that ended the episode
             m = info["_final_obs"][:, None]
-            nxt = {k: torch.where(m, info["final_obs"][k], nxt[k]) for k in nxt}
+            nxt = {k: torch.where(m, info["final_obs"][k], v) for k, v in nxt.items()}
         keep = ~info["nonfinite"] if "nonfinite" in info else torch.ones_like(term)
         self.buffer.add(obs=obs["policy"][keep], critic=obs["critic"][keep], action=action[keep], reward=reward[keep],
                         next_obs=nxt["policy"][keep], next_critic=nxt["critic"][keep], done=term[keep].float())

@@ -964,3 +964,12 @@ def test_noise_chooser_learns_a_ranking_within_each_state():
     assert target_terminal[0].argmax() == 2 and target_terminal[0].argmin() == 5
     _, m = fit(obs, w, score, torch.arange(n) // 20, steps=1500, seed=0)  # 100 "episodes" of 20 states
     assert m["rank"] < 0.5 and m["rank_zero"] > 1.5 and m["rank_random"] > 3.0, m
+
+
+def test_sac_trains_on_an_arm_task_with_a_camera(tmp_path):
+    """SAC learns from the state observations while the env also renders its camera: the steps that end
+    an episode (arm_reach: 30 steps, crossed here) store that episode's final state, the images stay out."""
+    r = cli("policies.train", "task=arm_reach", "algo=sac", "task.camera=rgbd", "algo.num_envs=2",
+            "algo.warmup_steps=10", "algo.batch_size=8", "max_env_steps=80", "eval_every_steps=80",
+            f"run_dir={tmp_path / 'sac'}", *FAST)
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr[-2000:]
