@@ -41,6 +41,10 @@ def compile_if(fn: Callable, enabled: bool, dynamic: bool | None = None) -> Call
                       f"Python.h in {sysconfig.get_paths()['include']}: running eagerly (on Debian: apt-get "
                       "install python3-dev, as install.sh does)", stacklevel=2)
         return fn
+    # Where inductor keeps its kernels, unless TORCHINDUCTOR_CACHE_DIR says: a user cache directory,
+    # not inductor's default in /tmp, which Debian empties at every boot. install.sh compiles the
+    # quadrotor task's kernels there once, so a new machine's first training run starts warm.
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", kernel_cache_dir())
     import torch._inductor.config as inductor
 
     if inductor.cpp.vec_isa_ok is None and _gxx_builds_every_x86_vector_isa():
@@ -60,6 +64,12 @@ def compile_if(fn: Callable, enabled: bool, dynamic: bool | None = None) -> Call
         # the simulator's do; a reduction across environments would be split by thread.
         options["cpp.dynamic_threads"] = True
     return torch.compile(fn, dynamic=dynamic, options=options)
+
+
+def kernel_cache_dir() -> str:
+    """The project's inductor kernel cache: $XDG_CACHE_HOME/robolearn/torchinductor (~/.cache/...)."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "robolearn", "torchinductor")
 
 
 def _python_headers() -> bool:

@@ -48,3 +48,21 @@ def test_without_python_headers_compiling_falls_back_to_eager_with_a_warning(mon
 
     with pytest.warns(UserWarning, match="no Python.h in"):
         assert compile_if(fn, True) is fn
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="torch.compile builds CPU kernels with g++")
+def test_kernels_are_cached_where_a_reboot_keeps_them_unless_the_user_says_otherwise(monkeypatch, tmp_path):
+    """Inductor's default cache is in /tmp, which Debian empties at boot; install.sh fills the
+    project's once (see compile_if)."""
+    import os
+
+    def fn(x):
+        return x + 1
+
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    compile_if(fn, True)
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "robolearn" / "torchinductor")
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "mine"))
+    compile_if(fn, True)
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "mine")
