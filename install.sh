@@ -50,11 +50,15 @@ fi
 # --no-cache-dir: no second copy of every wheel in ~/.cache/pip
 .venv/bin/python -m pip install -q --no-cache-dir -e ".[test,deploy,perception]"
 .venv/bin/python -m deploy.ament   # register the ROS 2 package robolearn in .venv (editable installs skip data-files)
-# Compile the quadrotor task's simulator and PPO kernels into inductor's cache (sim/compiled.py:
+# Compile the quadrotor training's simulator and PPO kernels into inductor's cache (sim/compiled.py:
 # ~/.cache/robolearn/torchinductor) with two iterations and two evaluations of the main job's
-# configuration: about a minute here once, a few seconds when they are there already. A new machine's
-# first `policies.train task=quad_hover` then loads them instead of compiling (BENCHMARKS.md "Time to hover").
+# configuration: ~40 s once on the 2-core AMD EPYC of BENCHMARKS.md, ~10 s when they are there already. The first
+# `policies.train task=quad_hover` then loads them instead of compiling (BENCHMARKS.md "Time to hover").
+# Everything is installed by now: a failure here only leaves the kernels to the first training run.
 warmup=$(mktemp -d)
-.venv/bin/python -m policies.train task=quad_hover max_env_steps=32768 eval_every_steps=16384 stop_at_success=0 \
-  progress=false run_dir="$warmup/run" >"$warmup/log" 2>&1 || { cat "$warmup/log" >&2; rm -rf "$warmup"; exit 1; }
-rm -rf "$warmup"
+trap 'rm -rf "$warmup"' EXIT
+if ! .venv/bin/python -m policies.train task=quad_hover max_env_steps=32768 eval_every_steps=16384 stop_at_success=0 \
+    progress=false run_dir="$warmup/run" >"$warmup/log" 2>&1; then
+  tail -n 20 "$warmup/log" >&2
+  echo "warning: compiling the training's kernels failed (above); the first training run will compile them" >&2
+fi

@@ -41,10 +41,7 @@ def compile_if(fn: Callable, enabled: bool, dynamic: bool | None = None) -> Call
                       f"Python.h in {sysconfig.get_paths()['include']}: running eagerly (on Debian: apt-get "
                       "install python3-dev, as install.sh does)", stacklevel=2)
         return fn
-    # Where inductor keeps its kernels, unless TORCHINDUCTOR_CACHE_DIR says: a user cache directory,
-    # not inductor's default in /tmp, which Debian empties at every boot. install.sh compiles the
-    # quadrotor task's kernels there once, so a new machine's first training run starts warm.
-    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", kernel_cache_dir())
+    _use_project_kernel_cache()
     import torch._inductor.config as inductor
 
     if inductor.cpp.vec_isa_ok is None and _gxx_builds_every_x86_vector_isa():
@@ -67,9 +64,33 @@ def compile_if(fn: Callable, enabled: bool, dynamic: bool | None = None) -> Call
 
 
 def kernel_cache_dir() -> str:
-    """The project's inductor kernel cache: $XDG_CACHE_HOME/robolearn/torchinductor (~/.cache/...)."""
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    """The project's inductor kernel cache: $XDG_CACHE_HOME/robolearn/torchinductor (~/.cache/...;
+    a relative XDG_CACHE_HOME is ignored, as the XDG base directory specification says)."""
+    base = os.environ.get("XDG_CACHE_HOME", "")
+    if not os.path.isabs(base):
+        base = os.path.join(os.path.expanduser("~"), ".cache")
     return os.path.join(base, "robolearn", "torchinductor")
+
+
+def _use_project_kernel_cache() -> None:
+    """Point inductor's kernel cache at :func:`kernel_cache_dir` unless TORCHINDUCTOR_CACHE_DIR names
+    another: inductor's default is in /tmp, which Debian empties at every boot, and install.sh compiles
+    the quadrotor training's kernels once into the project's, so a new machine's first training run
+    loads them. Inductor writes its default into the variable the first time it looks (any import of
+    torch._dynamo does), so that value counts as unset. Where the directory cannot be made or written
+    (no writable home), inductor's default stays."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir  # light: no dynamo import
+
+    current = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if current is not None and os.path.abspath(current) != os.path.abspath(default_cache_dir()):
+        return  # the user's choice
+    path = kernel_cache_dir()
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError:
+        return
+    if os.access(path, os.W_OK | os.X_OK):
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = path
 
 
 def _python_headers() -> bool:

@@ -53,16 +53,27 @@ def test_without_python_headers_compiling_falls_back_to_eager_with_a_warning(mon
 @pytest.mark.skipif(shutil.which("g++") is None, reason="torch.compile builds CPU kernels with g++")
 def test_kernels_are_cached_where_a_reboot_keeps_them_unless_the_user_says_otherwise(monkeypatch, tmp_path):
     """Inductor's default cache is in /tmp, which Debian empties at boot; install.sh fills the
-    project's once (see compile_if)."""
+    project's once (see compile_if). Inductor's own default in the variable (written there by any
+    import of torch._dynamo, as this test's process has done) counts as unset; a user's choice stays."""
     import os
 
-    def fn(x):
-        return x + 1
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
 
-    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    def fn(x):
+        return (3.0 * x).cos()
+
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    ours = tmp_path / "robolearn" / "torchinductor"
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", default_cache_dir())
+    compiled = compile_if(fn, True)
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(ours)
+    torch.testing.assert_close(compiled(torch.ones(8)), fn(torch.ones(8)))
+    assert any(p.is_file() for p in ours.rglob("*")), "inductor wrote nothing into the project's cache"
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR")
+    monkeypatch.setenv("XDG_CACHE_HOME", "relative/dir")  # ignored: not an absolute path
     compile_if(fn, True)
-    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "robolearn" / "torchinductor")
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == os.path.join(os.path.expanduser("~"), ".cache", "robolearn",
+                                                                  "torchinductor")
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "mine"))
     compile_if(fn, True)
     assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "mine")

@@ -700,8 +700,12 @@ def test_eval_runs_a_diffusion_base_from_zero_noise(base_run, run_dir, monkeypat
     default = (base_run / "eval_mujoco.json").read_text()
     assert "base_noise" not in json.loads(default) and json.loads(default)["seed"] == 12345
     # other episodes go beside the default evaluation, not over it, and say which they were
+    zero_default = (base_run / "eval_mujoco_w0.json").read_text()
     assert ev.main([str(base_run), "episodes=2", "base_noise=zero", "seed=7"]) == 0
     assert json.loads((base_run / "eval_mujoco_w0_seed7.json").read_text())["seed"] == 7
+    assert (base_run / "eval_mujoco_w0.json").read_text() == zero_default
+    assert ev.main([str(base_run), "episodes=2", "seed=7"]) == 0
+    assert json.loads((base_run / "eval_mujoco_seed7.json").read_text())["seed"] == 7
     assert (base_run / "eval_mujoco.json").read_text() == default
     r = cli("policies.eval", str(base_run), "episodes=2", "base_noise=one")
     assert r.returncode == 2 and "base_noise=one: expected normal" in r.stderr and "Traceback" not in r.stderr
