@@ -15,7 +15,8 @@ run) from the initial noise w = 0 at every query, its most likely chunks and whe
 actor starts, instead of the base policy's own w ~ N(0, I) (``normal``, the default); its results go
 to files ending in ``_w0``. An evaluation ``seed`` other than the default 12345 adds ``_seed<N>`` to
 the file names, so evaluations on other episodes sit beside the default one; every result records
-its seed.
+its seed. ``effects=`` (PyBullet's optional aerodynamics instead of the run's) writes ``eval_pybullet_effects*``,
+which lists them.
 
 ``task.<field>=value`` evaluates under another setting of the run's task config (e.g.
 ``task.randomization.max_latency_steps=2``); the results then go to ``eval_<...>_overrides.json``
@@ -117,8 +118,10 @@ def override_task(task_cfg, overrides: list[str]):
 
 def with_overrides(result: dict, opts: dict) -> dict:
     """``result`` with the options that chose what was evaluated: the evaluation seed (the initial
-    states and randomization drawn), task overrides, a base's w = 0."""
+    states and randomization drawn), task overrides, PyBullet's effects, a base's w = 0."""
     result = {**result, "seed": opts["seed"]}
+    if opts["effects"] is not None:
+        result = {**result, "pybullet_effects": opts["effects"]}
     if opts["task_overrides"]:
         result = {**result, "task_overrides": opts["task_overrides"]}
     return {**result, "base_noise": "zero"} if opts["base_noise"] == "zero" else result
@@ -127,7 +130,8 @@ def with_overrides(result: dict, opts: dict) -> dict:
 def result_suffix(opts: dict) -> str:
     """What the result files' names add for options other than the defaults, so that evaluations
     with other seeds or settings sit beside the default one instead of overwriting it."""
-    return (("_overrides" if opts["task_overrides"] else "") + ("_w0" if opts["base_noise"] == "zero" else "")
+    return (("_overrides" if opts["task_overrides"] else "") + ("_effects" if opts["effects"] is not None else "")
+            + ("_w0" if opts["base_noise"] == "zero" else "")
             + (f"_seed{opts['seed']}" if opts["seed"] != DEFAULTS["seed"] else ""))
 
 

@@ -51,6 +51,26 @@ def test_the_criterion_ignores_a_run_trained_on_easier_conditions():
     assert np.nanmax(a.position_error[0]) > 0.1, "the episodes start away from the target"
 
 
+def test_eval_results_of_other_episodes_or_effects_go_beside_the_default(tmp_path):
+    """policies.eval on a quadrotor run: another seed, or PyBullet's effects other than the run's, write
+    result files of their own that say so, and leave the default evaluation's alone."""
+    from policies.eval import main
+
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "checkpoints/best.pt").write_bytes((PRETRAINED / "checkpoints/best.pt").read_bytes())
+    common = [str(run), "backend=pybullet", "episodes=4"]
+    main(common)
+    default = (run / "eval_pybullet.json").read_text()
+    assert json.loads(default)["seed"] == 12345 and "pybullet_effects" not in json.loads(default)
+    main([*common, "seed=3"])
+    main([*common, "effects=drag"])
+    assert json.loads((run / "eval_pybullet_seed3.json").read_text())["seed"] == 3
+    assert (run / "eval_pybullet_seed3_error.png").is_file()
+    assert json.loads((run / "eval_pybullet_effects.json").read_text())["pybullet_effects"] == ["drag"]
+    assert (run / "eval_pybullet.json").read_text() == default
+
+
 def test_eval_judges_under_the_conditions_its_task_overrides_give(tmp_path):
     """policies.eval task.<field>=value on a quadrotor run changes the criterion's conditions (which
     ignore the run's own config): evaluate_hover takes them as ``conditions``, the command says it
