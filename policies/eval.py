@@ -116,23 +116,20 @@ def override_task(task_cfg, overrides: list[str]):
     return OmegaConf.to_object(cfg)
 
 
-def with_overrides(result: dict, opts: dict) -> dict:
-    """``result`` with the options that chose what was evaluated: the evaluation seed (the initial
-    states and randomization drawn), task overrides, PyBullet's effects, a base's w = 0."""
-    result = {**result, "seed": opts["seed"]}
-    if opts["effects"] is not None:
-        result = {**result, "pybullet_effects": opts["effects"]}
+def evaluated_as(opts: dict) -> tuple[str, dict]:
+    """For the options that chose what was evaluated: what the result files' names add (nothing for the
+    defaults, so that other seeds or settings sit beside the default evaluation instead of over it) and
+    the fields the result records (the evaluation seed always: the initial states and randomization drawn)."""
+    suffix, fields = "", {"seed": opts["seed"]}
     if opts["task_overrides"]:
-        result = {**result, "task_overrides": opts["task_overrides"]}
-    return {**result, "base_noise": "zero"} if opts["base_noise"] == "zero" else result
-
-
-def result_suffix(opts: dict) -> str:
-    """What the result files' names add for options other than the defaults, so that evaluations
-    with other seeds or settings sit beside the default one instead of overwriting it."""
-    return (("_overrides" if opts["task_overrides"] else "") + ("_effects" if opts["effects"] is not None else "")
-            + ("_w0" if opts["base_noise"] == "zero" else "")
-            + (f"_seed{opts['seed']}" if opts["seed"] != DEFAULTS["seed"] else ""))
+        suffix, fields["task_overrides"] = suffix + "_overrides", opts["task_overrides"]
+    if opts["effects"] is not None:
+        suffix, fields["pybullet_effects"] = suffix + "_effects", opts["effects"]
+    if opts["base_noise"] == "zero":
+        suffix, fields["base_noise"] = suffix + "_w0", "zero"
+    if opts["seed"] != DEFAULTS["seed"]:
+        suffix += f"_seed{opts['seed']}"
+    return suffix, fields
 
 
 def plot_errors(res: EvalResult, path: Path) -> None:
@@ -221,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     except (UserError, ckpt.CheckpointError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    suffix = result_suffix(o)
+    suffix, recorded = evaluated_as(o)
     if o["effects"] is not None:
         task_cfg.pybullet_effects = o["effects"]
     if spec.criterion == "success":
@@ -233,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
                                on_episode_end=end_cb)
         print(res.summary())
         name = ("eval_mujoco_perception" if task_cfg.obs_source == "perception" else "eval_mujoco") + suffix
-        (run_dir / f"{name}.json").write_text(json.dumps(with_overrides(res.as_dict(), o), indent=2))
+        (run_dir / f"{name}.json").write_text(json.dumps({**res.as_dict(), **recorded}, indent=2))
         if frames:
             save_gif(frames, run_dir / f"{name}.gif", spec.contract.policy_period_s)
         return 0
@@ -259,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
                          conditions=conditions)
     print(res.summary())
     name = f"eval_{o['backend']}{suffix}"
-    (run_dir / f"{name}.json").write_text(json.dumps(with_overrides(res.as_dict(), o), indent=2))
+    (run_dir / f"{name}.json").write_text(json.dumps({**res.as_dict(), **recorded}, indent=2))
     if o["plot"]:
         plot_errors(res, run_dir / f"{name}_error.png")
         print(f"plot: {run_dir / (name + '_error.png')}")
