@@ -146,6 +146,7 @@ def test_hover_hil(prefix):
     (dict(stale_timeout=".nan"), "stale_timeout nan: expected finite values"),
     (dict(clock_timeout="-1.0"), "parameter clock_timeout=-1.0: expected a positive time (s)"),
     (dict(recover_count=0), "recover_count 0: expected a whole number >= 1"),
+    (dict(target=[0.0, 0.0, 3.0]), "target [0.0, 0.0, 3.0] must lie inside the geofence [-1.5, -1.5, -0.2]..[1.5, 1.5, 2.5]"),
 ])
 def test_bad_parameters_are_one_error_line(seeded_policy, params, message):
     with world() as w:

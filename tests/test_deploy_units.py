@@ -270,9 +270,31 @@ def test_recovery_needs_consecutive_valid_states_inside_the_geofence():
     assert c.tick(0.03).mode is Mode.ARMED
 
 
+def test_a_policy_that_keeps_leaving_the_fence_lands_after_max_recoveries():
+    """Closed loop with a policy that climbs whenever it flies: every breach of the ceiling fails safe
+    and the descent brings it back inside, where valid states would hand it back to the policy. Without
+    a limit this bounces at the fence for as long as the battery lasts; with it the failsafe after
+    ``max_recoveries`` recoveries lands."""
+    c, _ = armed_controller()
+    z, vz, t, dt = 1.0, 0.0, 0.0, 0.01
+    while t < 60.0 and c.mode is not Mode.DISARMED:
+        c.on_state(make_state([0.0, 0.0, z], [1, 0, 0, 0], [0.0, 0.0, vz], [0, 0, 0], t), t)
+        mode = c.tick(t).mode
+        vz += (2.0 if mode is Mode.ARMED else -c.descent_accel) * dt  # the policy climbs at 2 m/s^2
+        z, t = z + vz * dt, t + dt
+        if z <= 0.0:  # on the floor
+            z, vz = 0.0, 0.0
+    assert c.mode is Mode.DISARMED, (t, z, c.failsafe_count)
+    assert c.recoveries == c.cfg.max_recoveries == 3 and c.failsafe_count == 4
+    assert "3 recoveries since arming, no more" in c.reason and "rotors cut" in c.reason
+    c.on_state(hover_state(t), t)
+    assert c.arm(t) == (True, "armed") and c.recoveries == 0  # the operator's arming grants them again
+
+
 @pytest.mark.parametrize("bad", [dict(stale_timeout=math.nan), dict(stale_timeout=0.0), dict(landed_height=math.nan),
                                  dict(ground_height=math.inf), dict(target=(0.0, math.nan, 1.0)),
-                                 dict(recover_count=0), dict(recover_count=2.5)])
+                                 dict(target=(0.0, 0.0, 3.0)), dict(recover_count=0), dict(recover_count=2.5),
+                                 dict(max_recoveries=-1)])
 def test_safety_config_refuses_limits_that_would_switch_a_rule_off(bad):
     with pytest.raises(ValueError, match=next(iter(bad))):
         SafetyConfig(**bad)
