@@ -8,7 +8,8 @@ export directory flies the network whenever it receives absolute position setpoi
 the motors on a stop setpoint. Stock firmware has no way to take rotor speeds over the radio, so
 this bridge streams setpoints, chosen by the same safety layer (deploy/safety.py) as policy_node:
 
-  ARMED      position setpoint = the hover target (the onboard policy flies to it), every period
+  ARMED      position setpoint = the safety layer's setpoint (the onboard policy flies to it), every
+             period: from where the vehicle was armed (on the floor) to the target at takeoff_speed
   FAILSAFE   position setpoint descending from the failsafe height along z(t) = z0 - (1 - r) g t^2 / 2
              (r = descent_thrust_ratio: the same profile and duration as the simulated failsafe),
              at the last valid x, y; when the radio link itself is lost nothing reaches the vehicle
@@ -172,7 +173,7 @@ class CrazyflieBridge(ControllerNode):
             return
         self._failsafe_from = None
         if cmd.mode is Mode.ARMED:
-            x, y, z = self.controller.target
+            x, y, z = self.controller.setpoint(now)
             self.cf.commander.send_position_setpoint(x, y, z, 0.0)
         else:
             self.cf.commander.send_stop_setpoint()

@@ -118,6 +118,7 @@ class ControllerNode(Node):
             landed_height=float(param(self, "landed_height", d.landed_height, "m above the floor")),
             recover_count=int(param(self, "recover_count", d.recover_count, "valid states ending a failsafe")),
             max_recoveries=int(param(self, "max_recoveries", d.max_recoveries, "recovered failsafes per arming")),
+            takeoff_speed=float(param(self, "takeoff_speed", d.takeoff_speed, "m/s: setpoint from take-over to target")),
             auto_arm=bool(param(self, "auto_arm", d.auto_arm, "arm on the first valid state")),
         )
         self.clock_timeout = float(param(self, "clock_timeout", 0.5, "sim time: wall s without /clock = dead"))

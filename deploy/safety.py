@@ -8,7 +8,12 @@ Modes and rules, checked on every tick:
   DISARMED  rotors at idle (0 rpm). ``arm()`` (std_srvs/SetBool true) switches to ARMED only with
             a fresh, valid state inside the geofence. With ``auto_arm`` the first such state arms
             once after start-up (simulation and HIL launch files use it, real flights do not).
-  ARMED     the policy flies. A state problem (older than ``stale_timeout``, non-finite, out of
+  ARMED     the policy flies, to a setpoint that starts where the vehicle is when the policy takes
+            over (arming, recovery) and moves in a straight line to ``target`` at ``takeoff_speed``
+            (a vehicle armed on the floor, as a real one is, would otherwise start 1 m and more from
+            its target, farther than the hover training's initial states: the heaviest, weakest
+            vehicles of the randomization then tipped over on the floor instead of taking off).
+            A state problem (older than ``stale_timeout``, non-finite, out of
             range, outside the geofence) or a policy error (exception, non-finite or misshapen
             output) switches to FAILSAFE in the same tick. Actions are clipped to [-1, max_action].
   FAILSAFE  controlled descent: every rotor at the speed giving ``descent_thrust_ratio`` of the
@@ -71,6 +76,7 @@ class SafetyConfig:
     landed_height: float = 0.05  # m above the floor: below this the vehicle counts as on the ground
     recover_count: int = 3  # consecutive valid states that end a failsafe descent
     max_recoveries: int = 3  # failsafe descents that may end in recovery per arming; after them a failsafe lands
+    takeoff_speed: float = 0.5  # m/s: the setpoint's speed from where the policy takes over to the target
     auto_arm: bool = False
 
     def __post_init__(self):
@@ -95,6 +101,8 @@ class SafetyConfig:
         t = np.asarray(self.target, float)
         if t.shape != (3,) or not ((lo < t) & (t < hi)).all():  # a policy flying to it would fail safe at the fence
             raise ValueError(f"target {t.tolist()} must lie inside the geofence {lo.tolist()}..{hi.tolist()}")
+        if not self.takeoff_speed > 0.0 or not math.isfinite(self.takeoff_speed):
+            raise ValueError(f"takeoff_speed {self.takeoff_speed}: expected a positive speed (m/s)")
         if not (0.0 < self.descent_thrust_ratio < 1.0):
             raise ValueError(f"descent_thrust_ratio {self.descent_thrust_ratio}: expected a value in (0, 1)")
         if not (-1.0 < self.max_action <= 1.0):
@@ -115,6 +123,7 @@ class SafeController:
                  params: CrazyflieParams = NOMINAL):
         self.policy, self.cfg = policy, cfg
         self.target = np.asarray(cfg.target, dtype=np.float64)
+        self._ramp_from, self._ramp_start = self.target, 0.0  # setpoint ramp: start position (world, m), time (s)
         self.hover_action = params.hover_action
         self.descent_action = rpm_to_action(params.hover_rpm * math.sqrt(cfg.descent_thrust_ratio), params.rpm_max)
         self.descent_accel = (1.0 - cfg.descent_thrust_ratio) * GRAVITY  # m/s^2, downwards
@@ -130,6 +139,7 @@ class SafeController:
         self._may_recover = True
         self._auto_arm_pending = cfg.auto_arm
         self._policy_error = ""
+        self._now_seen = 0.0  # the last tick's time (s), for status()
 
     # ------------------------------------------------------------------ inputs
     def on_state(self, state: State | None, now: float, error: str | None = None) -> None:
@@ -177,9 +187,18 @@ class SafeController:
             self.prev_action = np.full(ACT_DIM, self.hover_action)
         # (from a failsafe descent the rotors still turn: the previous action is the descent command)
         self._set(Mode.ARMED, "armed")
+        self._start_ramp(now)
         self.recoveries = 0
         self._auto_arm_pending = False
         return True, "armed"
+
+    def setpoint(self, now: float) -> np.ndarray:
+        """Where the policy is told to fly at ``now`` (world, m): from the position where it last took
+        over, toward ``target`` at ``takeoff_speed``, then ``target``."""
+        d = self.target - self._ramp_from
+        dist = float(np.linalg.norm(d))
+        travelled = self.cfg.takeoff_speed * max(now - self._ramp_start, 0.0)
+        return self.target.copy() if travelled >= dist else self._ramp_from + d * (travelled / dist)
 
     def disarm(self, now: float) -> str:
         self._auto_arm_pending = False
@@ -195,6 +214,7 @@ class SafeController:
     # ------------------------------------------------------------------ control
     def tick(self, now: float) -> Command:
         """One policy period: decide the mode, return the rotor command."""
+        self._now_seen = now
         problem = self.state_problem(now)
         if problem is not None:
             self._good_streak = 0
@@ -206,7 +226,7 @@ class SafeController:
             if problem is not None:
                 self._enter_failsafe(problem, now)
             else:
-                action = self._run_policy()
+                action = self._run_policy(now)
                 if action is not None:
                     return self._command(action)
                 self._enter_failsafe(self._policy_error, now)
@@ -218,6 +238,7 @@ class SafeController:
         return {"mode": self.mode.value, "reason": self.reason, "failsafe_count": self.failsafe_count,
                 "recoveries": self.recoveries,
                 "target": [float(v) for v in self.target],
+                "setpoint": [round(float(v), 4) for v in self.setpoint(self._now_seen)],
                 "prev_action": [round(float(a), 4) for a in self.prev_action]}
 
     # ------------------------------------------------------------------ internals
@@ -228,8 +249,11 @@ class SafeController:
         self.prev_action = action
         return Command(action.copy(), self.mode, self.reason)
 
-    def _run_policy(self) -> np.ndarray | None:
-        obs = observation(self._latest, self.target, self.prev_action.astype(np.float32))
+    def _start_ramp(self, now: float) -> None:
+        self._ramp_from, self._ramp_start = self._latest.pos.astype(np.float64).copy(), now
+
+    def _run_policy(self, now: float) -> np.ndarray | None:
+        obs = observation(self._latest, self.setpoint(now), self.prev_action.astype(np.float32))
         try:
             out = np.asarray(self.policy(obs), dtype=np.float64).reshape(-1)
         except Exception as e:  # any failure of the policy is a failsafe, never a crash
@@ -269,4 +293,5 @@ class SafeController:
             self._set(Mode.DISARMED, f"{self.reason}; landed: rotors cut, re-arm to fly")
         elif self._may_recover and problem is None and self._good_streak >= self.cfg.recover_count:
             self.recoveries += 1
+            self._start_ramp(now)
             self._set(Mode.ARMED, f"recovered: valid state again ({self.recoveries} of {self.cfg.max_recoveries})")

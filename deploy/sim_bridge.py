@@ -48,6 +48,18 @@ from .state import State, fill_odometry
 BACKENDS = ("torch", "mujoco", "pybullet")
 
 
+def keep_on_floor(backend, state, vehicle) -> None:
+    """The floor, z = 0 (world): a vehicle of ``state`` ([1, 17], after a step) below it is put back on
+    it at rest (no contact model: its attitude is kept)."""
+    import torch
+
+    if float(state[0, 2]) < 0.0:
+        s = state.clone()
+        s[0, 2] = 0.0
+        s[0, 7:13] = 0.0
+        backend.set_state(torch.arange(1), s, vehicle)
+
+
 class SimBridge(Node):
     def __init__(self):
         super().__init__("sim_bridge")
@@ -146,12 +158,7 @@ class SimBridge(Node):
                                       f"{self._cmd_step * self.period:.2f} s): rotors stopped "
                                       f"({self.watchdog_stops} so far)")
         if moving:
-            state = self.backend.step(self.rpm_cmd, self.zeros, self.zeros)
-            if float(state[0, 2]) < 0.0:  # floor: put the vehicle back on it, at rest
-                s = state.clone()
-                s[0, 2] = 0.0
-                s[0, 7:13] = 0.0
-                self.backend.set_state(self.torch.arange(1), s, self.vehicle)
+            keep_on_floor(self.backend, self.backend.step(self.rpm_cmd, self.zeros, self.zeros), self.vehicle)
         self.steps += 1
         self._publish()
 

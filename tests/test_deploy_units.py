@@ -300,6 +300,72 @@ def test_safety_config_refuses_limits_that_would_switch_a_rule_off(bad):
         SafetyConfig(**bad)
 
 
+def test_the_policy_flies_to_a_setpoint_moving_from_where_it_took_over_to_the_target():
+    seen = []
+    c = SafeController(lambda obs: seen.append(obs.copy()) or np.full(4, 0.3), SafetyConfig(takeoff_speed=0.5))
+    start = np.array([0.3, 0.0, 0.0])  # on the floor
+    c.on_state(hover_state(pos=start), 0.0)
+    assert c.arm(0.0) == (True, "armed")
+    d = TARGET - start
+    for t in (0.0, 1.0, 2.5):  # the target is 1.04 m away: reached after 2.09 s
+        c.on_state(hover_state(t, pos=start), t)
+        assert c.tick(t).mode is Mode.ARMED
+        expected = start + d * min(1.0, 0.5 * t / np.linalg.norm(d))
+        assert np.allclose(c.setpoint(t), expected) and np.allclose(seen[-1][:3], start - expected, atol=1e-6)
+    c.on_state(hover_state(2.9, z=0.8), 2.9)  # in the air
+    assert c.tick(2.9).mode is Mode.ARMED
+    c.on_state(None, 3.0, "nonfinite: NaN")  # a failsafe, then a recovery 0.5 m below the target
+    assert c.tick(3.0).mode is Mode.FAILSAFE
+    for k in range(1, 4):
+        c.on_state(hover_state(3.0 + 0.01 * k, z=0.5), 3.0 + 0.01 * k)
+        mode = c.tick(3.0 + 0.01 * k).mode
+    assert mode is Mode.ARMED and np.allclose(seen[-1][:3], 0.0)  # the ramp starts again where it took over
+    assert np.allclose(c.setpoint(3.03 + 0.5), [0.0, 0.0, 0.75])
+
+
+@pytest.mark.parametrize("vehicle", ["nominal", "heavy, weak, slow motors"])
+def test_the_shipped_policy_takes_off_from_the_floor(vehicle):
+    """A real Crazyflie is armed on the floor, rotors stopped, 1 m below its target. The shipped hover
+    policy, behind the safety layer, takes off and hovers in the torch simulator with the sim_bridge's
+    floor, for the nominal vehicle and for the randomization's corner with the least thrust margin
+    (mass x1.2, kf x0.9, battery 0.85, motor time constant 0.12 s: thrust-to-weight ~1.4), which
+    without the setpoint ramp tipped over on the floor."""
+    from deploy.policy_node import load_onnx_policy
+    from deploy.sim_bridge import keep_on_floor
+    from sim.crazyflie.dynamics import STATE_DIM, TorchBackend, VehicleBatch
+    from sim.crazyflie.params import NOMINAL, action_to_rpm
+
+    policy, contract = load_onnx_policy(str(REPO / "policies/pretrained/quad_hover/export/policy.onnx"))
+    backend = TorchBackend(1, NOMINAL, contract["policy_period_s"])
+    v = VehicleBatch.nominal(1, NOMINAL)
+    if vehicle != "nominal":
+        v.mass *= 1.2
+        v.kf *= 0.9
+        v.thrust_scale[:] = 0.85
+        v.motor_tau[:] = 0.12
+    for start in ([0.0, 0.0, 0.0], [0.3, -0.2, 0.0]):
+        s = torch.zeros(1, STATE_DIM)
+        s[0, :3], s[0, 3] = torch.tensor(start), 1.0  # level, at rest, rotors stopped
+        backend.set_state(torch.arange(1), s, v)
+        c = SafeController(policy, SafetyConfig())
+        errors, tilts = [], []
+        for k in range(500):  # 5 s
+            t = k * contract["policy_period_s"]
+            x = backend.state[0].double().numpy()
+            c.on_state(make_state(x[0:3], x[3:7], x[7:10], x[10:13], t), t)
+            if k == 0:
+                assert c.arm(t) == (True, "armed")
+            cmd = c.tick(t)
+            assert cmd.mode is Mode.ARMED, (t, cmd.reason)
+            rpm = torch.as_tensor(action_to_rpm(cmd.action, contract["rpm_max"]), dtype=torch.float32)[None]
+            keep_on_floor(backend, backend.step(rpm, torch.zeros(1, 3), torch.zeros(1, 3)), v)
+            x = backend.state[0].double().numpy()
+            errors.append(np.linalg.norm(x[0:3] - TARGET))
+            tilts.append(math.degrees(math.acos(np.clip(1 - 2 * (x[4] ** 2 + x[5] ** 2), -1, 1))))
+        assert np.mean(errors[-200:]) < 0.05, (start, np.mean(errors[-200:]))  # the hover criterion's bound
+        assert max(tilts) < 15.0, (start, max(tilts))
+
+
 def test_failsafe_on_the_ground_cuts_at_once_and_estop_latches():
     c, _ = armed_controller()
     c.on_state(hover_state(z=0.01), 0.0)
