@@ -7,7 +7,8 @@ the policy differs: ``firmware.pil.McuPolicy`` builds the exported C policy (pol
 next to policy.onnx) into the bare-metal STM32F405 image and runs it in QEMU; every control tick
 sends the observation over the emulated UART and uses the action the MCU computes. A nonzero
 return code from policy_step on the MCU (its own input/output checks) is a policy error, so the
-safety layer fails safe. The ONNX file is loaded too, for the contract check.
+safety layer fails safe. The ONNX file is loaded too, for the contract check, and the image is
+refused unless its policy.c computes the ONNX model's actions (``McuPolicy.check_against``).
 """
 
 from __future__ import annotations
@@ -43,12 +44,14 @@ class FirmwareBridge(ControllerNode):
         from export.onnx_policy import OnnxPolicy
         from firmware.pil import McuPolicy
 
-        contract = OnnxPolicy(path).contract  # refuses a model of another contract
+        onnx = OnnxPolicy(path)  # refuses a model of another contract
         self.mcu = McuPolicy(Path(path).parent, compare_onnx=False, timeout_s=1.0)
         if self.mcu.boot.self_test_rc != 0:
             raise ValueError(f"the MCU image failed its policy self-test (rc {self.mcu.boot.self_test_rc})")
+        diff = self.mcu.check_against(onnx)
         self.get_logger().info(f"MCU booted: self-test passed, {self.mcu.boot.self_test_instructions:.0f} "
-                               f"instructions per policy step")
+                               f"instructions per policy step, actions within {diff:.1e} of {onnx.path.name}")
+        contract = onnx.contract
         return McuAdapter(self.mcu), contract
 
     def close(self) -> None:

@@ -74,7 +74,7 @@ class OnnxPolicy:
     def __init__(self, path: str | Path, contract: ContractBase = CONTRACT):
         import onnxruntime as ort
 
-        path = Path(path)
+        self.path = path = Path(path)
         if not path.is_file():
             raise ContractError(f"no ONNX model at {path}: export one with python -m policies.export <run_dir>")
         try:

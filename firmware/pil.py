@@ -50,6 +50,9 @@ FRAME_OBS, FRAME_ACTION, FRAME_BOOT, FRAME_NACK, FRAME_QUIT = (ord(c) for c in "
 MAX_PAYLOAD = 96
 HEADER_SIZE = 5
 FRAMES_PER_WRITE = 32  # keeps both pipe directions far below their 64 KB buffers
+# MCU vs onnxruntime, per action, for the same network: the export's C check allows 1e-5 against
+# onnxruntime on 20k observations (3-5e-7 measured on the MCU); another network differs by ~0.1.
+MATCH_TOL = 1e-4
 
 
 class PilError(Exception):
@@ -296,6 +299,23 @@ class McuPolicy:
                 rc, a0, a1, a2, a3, t = struct.unpack("<i4fI", f.payload)
                 actions[i], rcs[i], ticks[i] = (a0, a1, a2, a3), rc, t
         return actions, rcs, ticks
+
+    def check_against(self, onnx: OnnxPolicy, samples: int = 32, tol: float = MATCH_TOL) -> float:
+        """Refuse an image whose policy.c is not ``onnx``'s network (a stale or swapped file next to
+        the ONNX model: the image's boot self-test only checks policy.c against itself). Runs
+        ``samples`` fixed observations around hover on both; returns the largest action difference."""
+        rng = np.random.default_rng(0)
+        hover = np.zeros(CONTRACT.obs_size, np.float32)
+        hover[3:12] = np.eye(3, dtype=np.float32).reshape(9)
+        obs = (hover + rng.normal(0.0, 0.3, (samples, CONTRACT.obs_size))).astype(np.float32)
+        actions, rcs, _ = self.exchange(obs)
+        if (rcs != 0).any():
+            raise PilError(f"policy_step on the MCU returned {int(rcs[rcs != 0][0])} on a test observation")
+        diff = float(np.abs(actions - onnx(obs)).max())
+        if not diff <= tol:
+            raise PilError(f"the MCU image's policy.c does not compute {onnx.path.name}'s policy: actions differ by "
+                           f"up to {diff:.3g} (allowed {tol:g}); export the run again (python -m policies.export)")
+        return diff
 
     def __call__(self, obs: torch.Tensor) -> torch.Tensor:
         x = obs.detach().to("cpu", torch.float32).numpy()
