@@ -9,7 +9,8 @@ the motors on a stop setpoint. Stock firmware has no way to take rotor speeds ov
 this bridge streams setpoints, chosen by the same safety layer (deploy/safety.py) as policy_node:
 
   ARMED      position setpoint = the safety layer's setpoint (the onboard policy flies to it), every
-             period: from where the vehicle was armed (on the floor) to the target at takeoff_speed
+             period: from where the policy took over (armed on the floor, or a recovery) to the
+             target at takeoff_speed
   FAILSAFE   position setpoint descending from the failsafe height along z(t) = z0 - (1 - r) g t^2 / 2
              (r = descent_thrust_ratio: the same profile and duration as the simulated failsafe),
              at the last valid x, y; when the radio link itself is lost nothing reaches the vehicle

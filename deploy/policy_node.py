@@ -5,7 +5,8 @@
 Subscribes   odom (nav_msgs/Odometry: pose world ENU, twist BODY frame, REP 105)
 Publishes    rotor_cmd (std_msgs/Float32MultiArray: 4 rotor speed setpoints in rpm, M1..M4, the
              policy contract's mapping rpm = (a + 1) / 2 * rpm_max of the clipped action a),
-             status (std_msgs/String, JSON: mode, reason, failsafe_count, target, latency and
+             status (std_msgs/String, JSON: mode, reason, failsafe_count, recoveries (within the
+             window), target, setpoint (what the policy flies to, null when it does not fly), latency and
              inference time percentiles in ms, accepted and rejected state counts, control ticks
              and watchdog ticks; on every mode change and at 10 Hz)
 Services     arm (std_srvs/SetBool), emergency_stop (std_srvs/Trigger)
@@ -117,7 +118,8 @@ class ControllerNode(Node):
             ground_height=float(param(self, "ground_height", d.ground_height, "world z of the floor, m")),
             landed_height=float(param(self, "landed_height", d.landed_height, "m above the floor")),
             recover_count=int(param(self, "recover_count", d.recover_count, "valid states ending a failsafe")),
-            max_recoveries=int(param(self, "max_recoveries", d.max_recoveries, "recovered failsafes per arming")),
+            max_recoveries=int(param(self, "max_recoveries", d.max_recoveries, "recovered failsafes per window")),
+            recovery_window=float(param(self, "recovery_window", d.recovery_window, "s: window of max_recoveries")),
             takeoff_speed=float(param(self, "takeoff_speed", d.takeoff_speed, "m/s: setpoint from take-over to target")),
             auto_arm=bool(param(self, "auto_arm", d.auto_arm, "arm on the first valid state")),
         )

@@ -28,10 +28,11 @@ Modes and rules, checked on every tick:
             On the ground (or with no valid state ever) the rotors are cut at once.
             Recovery: while still descending, ``recover_count`` consecutive valid states inside
             the geofence (a stale gap or a state outside starts the count again) hand control
-            back to the policy without re-arming, at most ``max_recoveries`` times per arming: a
-            policy that keeps flying out of the fence (or a fault that keeps coming back) would
-            otherwise chatter between ARMED and FAILSAFE at the fence forever, as each new failsafe
-            starts a new descent; once they are used up, a failsafe lands.
+            back to the policy without re-arming, at most ``max_recoveries`` times within
+            ``recovery_window`` seconds: a policy that keeps flying out of the fence (or a fault that
+            keeps coming back) would otherwise chatter between ARMED and FAILSAFE at the fence
+            forever, as each new failsafe starts a new descent; once they are used up, a failsafe
+            lands. Link gaps spread over a long flight do not add up (re-arming also clears them).
   ESTOP     ``estop()`` (std_srvs/Trigger): rotors cut at once, latched until ``arm()``.
 ``disarm()`` (SetBool false) in flight is a controlled descent without recovery; on the ground it
 cuts the rotors.
@@ -75,7 +76,8 @@ class SafetyConfig:
     ground_height: float = 0.0  # m, world z of the floor
     landed_height: float = 0.05  # m above the floor: below this the vehicle counts as on the ground
     recover_count: int = 3  # consecutive valid states that end a failsafe descent
-    max_recoveries: int = 3  # failsafe descents that may end in recovery per arming; after them a failsafe lands
+    max_recoveries: int = 3  # failsafe descents that may end in recovery within recovery_window; then one lands
+    recovery_window: float = 30.0  # s
     takeoff_speed: float = 0.5  # m/s: the setpoint's speed from where the policy takes over to the target
     auto_arm: bool = False
 
@@ -93,14 +95,20 @@ class SafetyConfig:
             raise ValueError(f"landed_height {self.landed_height}: expected a height >= 0 (m)")
         if int(self.recover_count) != self.recover_count or self.recover_count < 1:
             raise ValueError(f"recover_count {self.recover_count}: expected a whole number >= 1")
-        if int(self.max_recoveries) != self.max_recoveries or self.max_recoveries < 0:
+        if not (math.isfinite(self.max_recoveries) and int(self.max_recoveries) == self.max_recoveries
+                and self.max_recoveries >= 0):
             raise ValueError(f"max_recoveries {self.max_recoveries}: expected a whole number >= 0")
+        if not self.recovery_window > 0.0 or not math.isfinite(self.recovery_window):
+            raise ValueError(f"recovery_window {self.recovery_window}: expected a positive time (s)")
         lo, hi = np.asarray(self.geofence_min, float), np.asarray(self.geofence_max, float)
         if lo.shape != (3,) or hi.shape != (3,) or not (lo < hi).all():
             raise ValueError(f"geofence_min {lo.tolist()} must be below geofence_max {hi.tolist()} on every axis")
         t = np.asarray(self.target, float)
         if t.shape != (3,) or not ((lo < t) & (t < hi)).all():  # a policy flying to it would fail safe at the fence
             raise ValueError(f"target {t.tolist()} must lie inside the geofence {lo.tolist()}..{hi.tolist()}")
+        if not t[2] > self.ground_height + self.landed_height:
+            raise ValueError(f"target {t.tolist()} must be above the floor (ground_height + landed_height = "
+                             f"{self.ground_height + self.landed_height:g} m)")
         if not self.takeoff_speed > 0.0 or not math.isfinite(self.takeoff_speed):
             raise ValueError(f"takeoff_speed {self.takeoff_speed}: expected a positive speed (m/s)")
         if not (0.0 < self.descent_thrust_ratio < 1.0):
@@ -130,7 +138,7 @@ class SafeController:
         self.mode, self.reason = Mode.DISARMED, "start-up"
         self.prev_action = np.full(ACT_DIM, IDLE_ACTION)
         self.failsafe_count = 0
-        self.recoveries = 0  # failsafe descents ended by recovery since the last arming
+        self._recovered_at: list[float] = []  # times (s) of the recoveries within recovery_window
         self._latest: State | None = None  # last valid state
         self._latest_time = -math.inf  # time it was received (s, the caller's clock)
         self._input_error: str | None = "no state received yet"
@@ -188,7 +196,7 @@ class SafeController:
         # (from a failsafe descent the rotors still turn: the previous action is the descent command)
         self._set(Mode.ARMED, "armed")
         self._start_ramp(now)
-        self.recoveries = 0
+        self._recovered_at = []
         self._auto_arm_pending = False
         return True, "armed"
 
@@ -236,9 +244,11 @@ class SafeController:
 
     def status(self) -> dict:
         return {"mode": self.mode.value, "reason": self.reason, "failsafe_count": self.failsafe_count,
-                "recoveries": self.recoveries,
+                "recoveries": sum(self._now_seen - t < self.cfg.recovery_window for t in self._recovered_at),
                 "target": [float(v) for v in self.target],
-                "setpoint": [round(float(v), 4) for v in self.setpoint(self._now_seen)],
+                # what the policy flies to (None when it does not fly)
+                "setpoint": ([round(float(v), 4) for v in self.setpoint(self._now_seen)]
+                             if self.mode is Mode.ARMED else None),
                 "prev_action": [round(float(a), 4) for a in self.prev_action]}
 
     # ------------------------------------------------------------------ internals
@@ -266,9 +276,10 @@ class SafeController:
 
     def _enter_failsafe(self, why: str, now: float, may_recover: bool = True) -> None:
         self.failsafe_count += 1
-        self._may_recover = may_recover and self.recoveries < self.cfg.max_recoveries
+        self._recovered_at = [t for t in self._recovered_at if now - t < self.cfg.recovery_window]
+        self._may_recover = may_recover and len(self._recovered_at) < self.cfg.max_recoveries
         if may_recover and not self._may_recover:
-            why += f"; {self.recoveries} recoveries since arming, no more"
+            why += f"; {len(self._recovered_at)} recoveries in the last {self.cfg.recovery_window:g} s, no more"
         self._good_streak = 0
         h = self.height()
         if h is None or h < self.cfg.landed_height:
@@ -292,6 +303,7 @@ class SafeController:
         if now >= self._descent_end or (fresh_height is not None and fresh_height < self.cfg.landed_height):
             self._set(Mode.DISARMED, f"{self.reason}; landed: rotors cut, re-arm to fly")
         elif self._may_recover and problem is None and self._good_streak >= self.cfg.recover_count:
-            self.recoveries += 1
+            self._recovered_at.append(now)
             self._start_ramp(now)
-            self._set(Mode.ARMED, f"recovered: valid state again ({self.recoveries} of {self.cfg.max_recoveries})")
+            self._set(Mode.ARMED, f"recovered: valid state again ({len(self._recovered_at)} of "
+                                  f"{self.cfg.max_recoveries} within {self.cfg.recovery_window:g} s)")

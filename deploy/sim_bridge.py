@@ -40,17 +40,28 @@ from __future__ import annotations
 import sys
 import time
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from .ros import CONTROL_PUB_QOS, CONTROL_QOS, ODOM, ROTOR_CMD, WORLD_FRAME, Node, param, run_node, vector_param
 from .state import State, fill_odometry
 
+if TYPE_CHECKING:
+    import torch
+
+    from sim.crazyflie.dynamics import TorchBackend, VehicleBatch
+    from sim.crazyflie.mujoco_backend import MujocoBackend
+    from sim.crazyflie.pybullet_backend import PybulletBackend
+
 BACKENDS = ("torch", "mujoco", "pybullet")
 
 
-def keep_on_floor(backend, state, vehicle) -> None:
-    """The floor, z = 0 (world): a vehicle of ``state`` ([1, 17], after a step) below it is put back on
-    it at rest (no contact model: its attitude is kept)."""
+def keep_on_floor(backend: TorchBackend | MujocoBackend | PybulletBackend, state: torch.Tensor,
+                  vehicle: VehicleBatch) -> None:
+    """The floor, z = 0 (world): a vehicle of ``state`` ([1, 17], after a step of ``backend``, one of
+    ``sim.crazyflie.hover.make_backend``'s) below it is put back on it at rest (no contact model: its
+    attitude is kept)."""
     import torch
 
     if float(state[0, 2]) < 0.0:

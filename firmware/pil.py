@@ -313,8 +313,9 @@ class McuPolicy:
             raise PilError(f"policy_step on the MCU returned {int(rcs[rcs != 0][0])} on a test observation")
         diff = float(np.abs(actions - onnx(obs)).max())
         if not diff <= tol:
-            raise PilError(f"the MCU image's policy.c does not compute {onnx.path.name}'s policy: actions differ by "
-                           f"up to {diff:.3g} (allowed {tol:g}); export the run again (python -m policies.export)")
+            raise PilError(f"the MCU image's policy.c does not compute {onnx.path}'s policy: actions differ by "
+                           f"up to {diff:.3g} (allowed {tol:g}); export the run again (python -m policies.export "
+                           f"<run_dir>) so that both files come from one export")
         return diff
 
     def __call__(self, obs: torch.Tensor) -> torch.Tensor:

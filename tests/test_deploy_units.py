@@ -285,16 +285,32 @@ def test_a_policy_that_keeps_leaving_the_fence_lands_after_max_recoveries():
         if z <= 0.0:  # on the floor
             z, vz = 0.0, 0.0
     assert c.mode is Mode.DISARMED, (t, z, c.failsafe_count)
-    assert c.recoveries == c.cfg.max_recoveries == 3 and c.failsafe_count == 4
-    assert "3 recoveries since arming, no more" in c.reason and "rotors cut" in c.reason
+    assert c.status()["recoveries"] == c.cfg.max_recoveries == 3 and c.failsafe_count == 4
+    assert "3 recoveries in the last 30 s, no more" in c.reason and "rotors cut" in c.reason
     c.on_state(hover_state(t), t)
-    assert c.arm(t) == (True, "armed") and c.recoveries == 0  # the operator's arming grants them again
+    assert c.arm(t) == (True, "armed") and c.status()["recoveries"] == 0  # re-arming grants them again
+
+
+def test_recoveries_far_apart_do_not_add_up():
+    """Single link gaps over a long flight: each one recovers, however many there are."""
+    c, _ = armed_controller()
+    for k in range(6):  # a stale gap every 20 s; max_recoveries = 3 within 30 s
+        t0 = 20.0 * k + 1.0
+        c.on_state(hover_state(t0 - 0.1), t0 - 0.1)
+        assert c.tick(t0 - 0.1).mode is Mode.ARMED
+        assert c.tick(t0).mode is Mode.FAILSAFE  # stale
+        for i in range(1, 4):
+            c.on_state(hover_state(t0 + 0.01 * i), t0 + 0.01 * i)
+            mode = c.tick(t0 + 0.01 * i).mode
+        assert mode is Mode.ARMED and c.status()["recoveries"] <= 2, (k, c.reason)
 
 
 @pytest.mark.parametrize("bad", [dict(stale_timeout=math.nan), dict(stale_timeout=0.0), dict(landed_height=math.nan),
                                  dict(ground_height=math.inf), dict(target=(0.0, math.nan, 1.0)),
-                                 dict(target=(0.0, 0.0, 3.0)), dict(recover_count=0), dict(recover_count=2.5),
-                                 dict(max_recoveries=-1)])
+                                 dict(target=(0.0, 0.0, 3.0)), dict(target=(0.0, 0.0, -0.1)),
+                                 dict(recover_count=0), dict(recover_count=2.5), dict(max_recoveries=-1),
+                                 dict(max_recoveries=math.nan), dict(recovery_window=0.0), dict(takeoff_speed=0.0),
+                                 dict(takeoff_speed=math.inf)])
 def test_safety_config_refuses_limits_that_would_switch_a_rule_off(bad):
     with pytest.raises(ValueError, match=next(iter(bad))):
         SafetyConfig(**bad)
@@ -868,6 +884,33 @@ def test_stopping_the_bridge_in_flight_descends_before_the_motors_stop():
     assert fall - 0.05 <= sent[first_stop][0] - sent[0][0] <= fall + 0.2
     assert all(z == "stop" for _, z in sent[first_stop:])
     assert bridge.controller.mode is Mode.DISARMED
+
+
+def test_the_bridge_streams_the_safety_layers_setpoint_to_the_onboard_policy():
+    """Armed on the floor: the position setpoints the real vehicle's onboard policy flies to start where
+    it stands and rise to the target, the setpoint the offboard copy of the policy observes."""
+    from deploy.crazyflie_bridge import CrazyflieBridge
+
+    class Commander:
+        def __init__(self):
+            self.sent = []
+
+        def send_position_setpoint(self, x, y, z, yaw):
+            self.sent.append((x, y, z))
+
+    bridge = object.__new__(CrazyflieBridge)  # no ROS node, no radio
+    bridge.controller = c = SafeController(FakePolicy(), SafetyConfig())
+    bridge.cf = type("Crazyflie", (), {"commander": Commander()})()
+    bridge.connected, bridge._failsafe_from = True, None
+    start = [0.3, 0.0, 0.0]
+    c.on_state(hover_state(pos=start), 0.0)
+    assert c.arm(0.0) == (True, "armed")
+    for t in (0.0, 1.0, 5.0):
+        c.on_state(hover_state(t, pos=start), t)
+        bridge.actuate(c.tick(t), t)
+        assert np.allclose(bridge.cf.commander.sent[-1], c.setpoint(t))
+    sent = np.array(bridge.cf.commander.sent)
+    assert np.allclose(sent[0], start) and 0.0 < sent[1][2] < 1.0 and np.allclose(sent[-1], TARGET)
 
 
 def test_descent_setpoint_follows_the_simulated_failsafe():
