@@ -222,6 +222,10 @@ def test_mujoco_render_shows_drone_and_target(make):
     assert ((g > r + 60) & (g > b + 60)).sum() > 5, "target marker (green) not visible"
     r, g, b = (backend.render([0], width=96, height=72)[0, ..., c].astype(int) for c in range(3))
     assert ((g > r + 60) & (g > b + 60)).sum() == 0, "target marker drawn without a target"
+    alone = backend.render([0], width=96, height=72)
+    s[1, POS] = s[0, POS] + torch.tensor((0.05, 0.02, 0.0))  # the other environment's drone in the same place
+    backend.set_state(torch.arange(2), s, vehicles(2))
+    assert np.array_equal(backend.render([0], width=96, height=72), alone), "another environment's drone drawn"
 
 
 def test_pybullet_effects_are_chosen_in_the_task_config():

@@ -227,7 +227,11 @@ class MujocoBackend:
             hidden[self._target] = targets is None
             for g in r.scene.geoms[: r.scene.ngeom]:
                 if g.objtype == mujoco.mjtObj.mjOBJ_GEOM and hidden[geom_body[g.objid]]:
+                    # Shrunk to nothing, not only transparent: the other environments' drones fly
+                    # where this one does, and blending ~100 of them in front of the camera made a
+                    # software-rendered frame ~17x slower.
                     g.rgba[3] = 0.0
+                    g.size[:] = 0.0
             r.render(out=frames[k])
         return frames
 
