@@ -13,9 +13,9 @@ camera's cube estimate instead of the simulator's (whatever it was trained on), 
 eval_mujoco_perception.json (and .gif). ``base_noise=zero`` runs a diffusion base (an algo=diffusion_bc
 run) from the initial noise w = 0 at every query, its most likely chunks and where DSRL's untrained
 actor starts, instead of the base policy's own w ~ N(0, I) (``normal``, the default); its results go
-to files ending in ``_w0``. An evaluation ``seed`` other than the default 12345 adds ``_seed<N>`` to
-the file names, so evaluations on other episodes sit beside the default one; every result records
-its seed. ``effects=`` (PyBullet's optional aerodynamics instead of the run's) writes ``eval_pybullet_effects*``,
+to files ending in ``_w0``. Another number of ``episodes`` than the default 100 adds ``_episodes<N>``
+and an evaluation ``seed`` other than the default 12345 adds ``_seed<N>`` to the file names, so
+evaluations of other episodes sit beside the default one; every result records its seed. ``effects=`` (PyBullet's optional aerodynamics instead of the run's) writes ``eval_pybullet_effects*``,
 which lists them.
 
 ``task.<field>=value`` evaluates under another setting of the run's task config (e.g.
@@ -127,6 +127,8 @@ def evaluated_as(opts: dict) -> tuple[str, dict]:
         suffix, fields["pybullet_effects"] = suffix + "_effects", opts["effects"]
     if opts["base_noise"] == "zero":
         suffix, fields["base_noise"] = suffix + "_w0", "zero"
+    if opts["episodes"] != DEFAULTS["episodes"]:  # e.g. a few episodes for a video
+        suffix += f"_episodes{opts['episodes']}"
     if opts["seed"] != DEFAULTS["seed"]:
         suffix += f"_seed{opts['seed']}"
     return suffix, fields

@@ -52,8 +52,8 @@ def test_the_criterion_ignores_a_run_trained_on_easier_conditions():
 
 
 def test_eval_results_of_other_episodes_or_effects_go_beside_the_default(tmp_path):
-    """policies.eval on a quadrotor run: another seed, or PyBullet's effects other than the run's, write
-    result files of their own that say so, and leave the default evaluation's alone."""
+    """policies.eval on a quadrotor run: another seed or number of episodes, or PyBullet's effects other
+    than the run's, write result files of their own that say so, and leave the default evaluation's alone."""
     from policies.eval import main
 
     run = tmp_path / "run"
@@ -61,14 +61,19 @@ def test_eval_results_of_other_episodes_or_effects_go_beside_the_default(tmp_pat
     (run / "checkpoints/best.pt").write_bytes((PRETRAINED / "checkpoints/best.pt").read_bytes())
     common = [str(run), "backend=pybullet", "episodes=4"]
     main(common)
-    default = (run / "eval_pybullet.json").read_text()
+    default = (run / "eval_pybullet_episodes4.json").read_text()
     assert json.loads(default)["seed"] == 12345 and "pybullet_effects" not in json.loads(default)
     main([*common, "seed=3"])
     main([*common, "effects=drag"])
-    assert json.loads((run / "eval_pybullet_seed3.json").read_text())["seed"] == 3
-    assert (run / "eval_pybullet_seed3_error.png").is_file()
-    assert json.loads((run / "eval_pybullet_effects.json").read_text())["pybullet_effects"] == ["drag"]
-    assert (run / "eval_pybullet.json").read_text() == default
+    assert json.loads((run / "eval_pybullet_episodes4_seed3.json").read_text())["seed"] == 3
+    assert (run / "eval_pybullet_episodes4_seed3_error.png").is_file()
+    assert json.loads((run / "eval_pybullet_effects_episodes4.json").read_text())["pybullet_effects"] == ["drag"]
+    assert (run / "eval_pybullet_episodes4.json").read_text() == default
+    main([str(run), "backend=pybullet", "plot=false"])  # the default evaluation: 100 episodes
+    full = (run / "eval_pybullet.json").read_text()
+    assert json.loads(full)["episodes"] == 100
+    main([*common, "plot=false"])  # a few episodes (e.g. for a video) go beside it
+    assert (run / "eval_pybullet.json").read_text() == full
 
 
 def test_eval_judges_under_the_conditions_its_task_overrides_give(tmp_path):
@@ -92,10 +97,10 @@ def test_eval_judges_under_the_conditions_its_task_overrides_give(tmp_path):
     r = subprocess.run([sys.executable, "-m", "policies.eval", str(run), "episodes=20", "plot=false", *quiet],
                        cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0 and "not the hover criterion's conditions" in r.stderr, r.stdout + r.stderr
-    result = json.loads((run / "eval_torch_overrides.json").read_text())
+    result = json.loads((run / "eval_torch_overrides_episodes20.json").read_text())
     assert result["task_overrides"] == quiet
     assert result["mean_final_error_m"] == pytest.approx(judged.mean_final_error, rel=1e-3)
-    assert not (run / "eval_torch.json").exists(), "the criterion's own result file is left alone"
+    assert not (run / "eval_torch_episodes20.json").exists(), "the criterion's own result file is left alone"
     for bad, says in (("task.fail_distance=0.5", "the hover criterion sets it"),
                       ("task.randomization.max_latency_steps=-1", "randomization.max_latency_steps=-1: expected >= 0"),
                       ("task.randomization.motor_tau.lo=0.2", "expected 0 < lo <= hi")):
@@ -227,13 +232,13 @@ def test_eval_command_writes_results_plot_and_video(tmp_path):
     r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300,
                        env={**os.environ, "MUJOCO_GL": os.environ.get("MUJOCO_GL", "egl")})
     assert r.returncode in (0, 1) and "Traceback" not in r.stderr, r.stderr
-    res = json.loads((run / "eval_mujoco.json").read_text())
+    res = json.loads((run / "eval_mujoco_episodes2.json").read_text())
     assert res["episodes"] == 2 and res["backend"] == "mujoco" and f"{res['success_rate'] * 100:.1f}%" in r.stdout
-    assert (run / "eval_mujoco_error.png").stat().st_size > 10_000
-    frames = imageio.mimread(run / "eval_mujoco.gif")
+    assert (run / "eval_mujoco_episodes2_error.png").stat().st_size > 10_000
+    frames = imageio.mimread(run / "eval_mujoco_episodes2.gif")
     assert len(frames) == 167 and frames[0].shape[:2] == (120, 2 * 160), (len(frames), frames[0].shape)
     assert np.ptp(frames[0]) > 0, "a rendered scene, not a blank image"
-    gif = Image.open(run / "eval_mujoco.gif")
+    gif = Image.open(run / "eval_mujoco_episodes2.gif")
     gif.seek(1)
     assert gif.info["duration"] == 30, "every third 10 ms step: real time"
 

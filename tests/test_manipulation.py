@@ -664,7 +664,7 @@ def test_eval_runs_a_state_policy_from_the_perceived_cube(base_run, run_dir):
     meaning (a quadrotor run) and for an unknown source, in one line."""
     r = cli("policies.eval", str(base_run), "episodes=2", "obs_source=perception")
     assert r.returncode == 0 and "success" in r.stdout, r.stdout + r.stderr
-    assert (base_run / "eval_mujoco_perception.json").is_file()
+    assert (base_run / "eval_mujoco_perception_episodes2.json").is_file()
     r = cli("policies.eval", str(base_run), "episodes=2", "obs_source=camera")
     assert r.returncode == 2 and "obs_source='camera': expected state or perception" in r.stderr
     assert "Traceback" not in r.stderr
@@ -696,17 +696,17 @@ def test_eval_runs_a_diffusion_base_from_zero_noise(base_run, run_dir, monkeypat
         assert torch.equal(evaluated[-1](obs), base(obs, torch.zeros(5, base.latent_dim)))
         assert ev.main([str(base_run), "episodes=2"]) == 0
         assert evaluated[-1] is not None and not torch.equal(evaluated[-1](obs), evaluated[-1](obs))
-    assert json.loads((base_run / "eval_mujoco_w0.json").read_text())["base_noise"] == "zero"
-    default = (base_run / "eval_mujoco.json").read_text()
+    assert json.loads((base_run / "eval_mujoco_w0_episodes2.json").read_text())["base_noise"] == "zero"
+    default = (base_run / "eval_mujoco_episodes2.json").read_text()
     assert "base_noise" not in json.loads(default) and json.loads(default)["seed"] == 12345
     # other episodes go beside the default evaluation, not over it, and say which they were
-    zero_default = (base_run / "eval_mujoco_w0.json").read_text()
+    zero_default = (base_run / "eval_mujoco_w0_episodes2.json").read_text()
     assert ev.main([str(base_run), "episodes=2", "base_noise=zero", "seed=7"]) == 0
-    assert json.loads((base_run / "eval_mujoco_w0_seed7.json").read_text())["seed"] == 7
-    assert (base_run / "eval_mujoco_w0.json").read_text() == zero_default
+    assert json.loads((base_run / "eval_mujoco_w0_episodes2_seed7.json").read_text())["seed"] == 7
+    assert (base_run / "eval_mujoco_w0_episodes2.json").read_text() == zero_default
     assert ev.main([str(base_run), "episodes=2", "seed=7"]) == 0
-    assert json.loads((base_run / "eval_mujoco_seed7.json").read_text())["seed"] == 7
-    assert (base_run / "eval_mujoco.json").read_text() == default
+    assert json.loads((base_run / "eval_mujoco_episodes2_seed7.json").read_text())["seed"] == 7
+    assert (base_run / "eval_mujoco_episodes2.json").read_text() == default
     r = cli("policies.eval", str(base_run), "episodes=2", "base_noise=one")
     assert r.returncode == 2 and "base_noise=one: expected normal" in r.stderr and "Traceback" not in r.stderr
     r = cli("policies.eval", str(run_dir), "base_noise=zero")
@@ -727,7 +727,7 @@ def test_eval_under_task_overrides(base_run):
     assert cfg.noise.object_seen_by_camera is False and cfg.randomization.max_latency_steps == 0  # a copy
     r = cli("policies.eval", str(base_run), "episodes=2", "task.noise.object_seen_by_camera=true")
     assert r.returncode == 0 and "success" in r.stdout, r.stdout + r.stderr
-    result = json.loads((base_run / "eval_mujoco_overrides.json").read_text())
+    result = json.loads((base_run / "eval_mujoco_overrides_episodes2.json").read_text())
     assert result["task_overrides"] == ["task.noise.object_seen_by_camera=true"]
     for bad, says in (("task.noise.nope=1", ("override 'task.noise.nope=1'", "Key 'nope' not in 'NoiseConfig'")),
                       ("task.randomization.max_latency_steps=two",
@@ -747,7 +747,7 @@ def test_eval_video_of_a_manipulation_policy(base_run):
 
     r = cli("policies.eval", str(base_run), "episodes=2", "video=true")
     assert r.returncode == 0 and "video:" in r.stdout, r.stdout + r.stderr
-    path = base_run / "eval_mujoco.gif"
+    path = base_run / "eval_mujoco_episodes2.gif"
     frames = imageio.mimread(path)
     assert frames[0].shape[:2] == (160, 2 * 160), frames[0].shape
     assert 10 < len(frames) <= get_task("arm_push").default_config().episode_steps, len(frames)
