@@ -127,6 +127,9 @@ def compose_config(overrides: list[str]) -> DictConfig:
             raise UserError(f"unknown algo '{value}'. Valid algos: {', '.join(sorted(ALGOS))}")
         if "=" not in o:
             raise UserError(f"override '{o}' is not of the form key=value")
+        if key[:1] in "+~":  # Hydra's key addition and deletion: a typo would be kept and never read
+            raise UserError(f"override '{o}': adding (+) or deleting (~) config keys is not supported; every "
+                            f"setting already exists (see policies/config/ and the task's config class)")
     _register_task_schema(next((o.split("=", 1)[1] for o in reversed(overrides) if o.split("=", 1)[0] == "task"),
                                DEFAULT_TASK))
     try:
@@ -185,7 +188,8 @@ def _first_lines(e: Exception) -> str:
     msgs = []
     while e is not None:
         text = " ".join(line.strip() for line in str(e).splitlines() if line.strip() and "full_key" not in line
-                        and "object_type" not in line and "reference_type" not in line)
+                        and "object_type" not in line and "reference_type" not in line
+                        and not line.strip().startswith("To append to your config use +"))  # refused above
         if text and text not in msgs:
             msgs.append(text)
         e = e.__cause__

@@ -392,6 +392,8 @@ def test_a_pass_is_confirmed_in_every_simulator(tmp_path, monkeypatch):
     (["task=quad_hoover"], "unknown task 'quad_hoover'. Valid tasks: arm_pick_place, arm_push, arm_reach, quad_hover, quad_track"),
     (["seed=abc"], "seed=abc"),
     (["not_a_key=1"], "not_a_key"),
+    (["algo.nonexistent=1"], "Could not override 'algo.nonexistent'.: Key 'nonexistent' not in 'PPOConfig'"),
+    (["+algo.nonexistent=1"], "override '+algo.nonexistent=1': adding (+) or deleting (~) config keys is not supported"),
     (["algo.lr=fast"], "algo.lr=fast"),
     (["algo=dqn"], "unknown algo 'dqn'"),
     # values that would fail halfway through a run (after writing it) or learn nothing without saying so
