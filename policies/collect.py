@@ -24,7 +24,7 @@ from export.onnx_policy import source_revision
 from sim.registry import get_task
 
 from . import dataset as ds
-from .config import UserError, compose_config, to_objects
+from .config import UserError, compose_config, help_requested, to_objects
 
 OPTIONS = {"episodes": int, "noise": float, "seed": int, "out": str, "num_envs": int, "successful_only": bool,
            "progress": bool}
@@ -117,6 +117,8 @@ def collect(task_cfg, episodes: int, noise: float, seed: int, num_envs: int, suc
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if help_requested(argv, __doc__):
+        return 0
     try:
         o, overrides = parse(argv)
         cfg = compose_config(overrides)

@@ -108,6 +108,30 @@ ALGO_RANGES = {"gamma": (0.0, 1.0, True), "gae_lambda": (0.0, 1.0, True), "tau":
                "alpha_lr": (0.0, math.inf, True)}
 
 
+def help_requested(argv: list[str], usage: str) -> bool:
+    """``-h`` / ``--help`` anywhere on a command line: print ``usage`` and say so (the caller exits 0)."""
+    if any(a in ("-h", "--help") for a in argv):
+        print(usage.strip())
+        return True
+    return False
+
+
+def train_usage() -> str:
+    return f"""usage: python -m policies.train [key=value ...]
+
+  task=<name>        {', '.join(sorted(TASKS))} (default {DEFAULT_TASK})
+  algo=<name>        {', '.join(sorted(ALGOS))} (default ppo)
+  seed=0 device=cpu|cuda threads=<n> progress=true|false
+  max_env_steps=<n> max_seconds=<s> eval_every_steps=<n> eval_episodes=<n> stop_at_success=<rate>
+  run_dir=<dir>      (default runs/<task>/<algo>_seed<seed>_<time>, linked from runs/latest)
+  resume=<run_dir>   continue a killed run from its last checkpoint
+  base=<run_dir>     the diffusion base that algo=dsrl steers; dataset=<dir> the demonstrations of diffusion_bc
+  task.<field>=value, algo.<field>=value: any field of the task's and the algorithm's config
+                     (policies/config/task/, policies/config/algo/; typed in the task's file under
+                     sim/ and in policies/<algo>.py); the run's own fields: policies/config.py (RunConfig)
+"""
+
+
 def expand_shorthands(overrides: list[str]) -> list[str]:
     """base=<run> -> algo.base=<run>, dataset=<dir> -> algo.dataset=<dir>; other overrides as given."""
     return [SHORTHANDS[o.split("=", 1)[0]] + "=" + o.split("=", 1)[1] if o.split("=", 1)[0] in SHORTHANDS

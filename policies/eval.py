@@ -44,7 +44,7 @@ from sim.crazyflie.hover import POLICY_PERIOD, PYBULLET_EFFECTS
 from sim.registry import get_task
 
 from . import checkpoint as ckpt
-from .config import UserError, check_device, to_objects
+from .config import UserError, check_device, help_requested, to_objects
 from .evaluate import (CRITERION_FIXED, EPISODE_SECONDS, LAST_SECONDS, MEAN_ERROR_LAST_2S, SUCCESS_RATE_REQUIRED,
                        EvalResult, criterion_config, evaluate_hover, evaluate_success)
 
@@ -195,6 +195,8 @@ def arm_video(episodes: int) -> tuple[list[np.ndarray], Callable, Callable]:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if help_requested(argv, __doc__):
+        return 0
     try:
         run_dir, o = parse(argv)
         actor, rec = ckpt.load_policy(run_dir, o["device"])

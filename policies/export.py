@@ -26,7 +26,7 @@ from sim.crazyflie.contract import CONTRACT as CRAZYFLIE_CONTRACT
 from sim.registry import get_task
 
 from . import checkpoint as ckpt
-from .config import UserError, config_hash, to_objects
+from .config import UserError, config_hash, help_requested, to_objects
 from .networks import Actor
 
 # Parity rule: onnxruntime may add no error beyond float32 rounding, whatever the network. Against
@@ -172,6 +172,8 @@ def parity(policy, onnx: Callable[..., np.ndarray], obs: np.ndarray) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if help_requested(argv, __doc__):
+        return 0
     if len(argv) != 1:
         print("usage: python -m policies.export <run_dir>", file=sys.stderr)
         return 2

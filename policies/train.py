@@ -27,7 +27,7 @@ from sim.registry import get_task
 
 from . import checkpoint as ckpt
 from .config import (RESUMABLE_OVERRIDES, UserError, check_device, compose_config, config_hash, diff_keys,
-                     expand_shorthands, to_objects)
+                     expand_shorthands, help_requested, to_objects, train_usage)
 from .evaluate import evaluate, evaluate_backends
 
 _IMPORTED = time.time()
@@ -318,6 +318,8 @@ def main(argv: list[str] | None = None) -> int:
     # torch.compile, TensorBoard). With argv (a call from Python), from this call.
     t_start = process_start_time() if argv is None else time.time()
     argv = sys.argv[1:] if argv is None else argv
+    if help_requested(argv, train_usage()):
+        return 0
     try:
         cfg, run_dir, state = prepare(argv)
     except UserError as e:

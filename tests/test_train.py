@@ -378,6 +378,18 @@ def test_a_pass_is_confirmed_in_every_simulator(tmp_path, monkeypatch):
         assert ["start", "mujoco", str(20_001 + 10 * check)] in calls
 
 
+def test_help_prints_the_usage_of_each_command(capsys):
+    from policies import collect, eval as evaluate_cmd, export, train
+
+    for main, says in ((train.main, "usage: python -m policies.train [key=value ...]"),
+                       (evaluate_cmd.main, "python -m policies.eval <run_dir>"),
+                       (export.main, "python -m policies.export <run_dir>"),
+                       (collect.main, "python -m policies.collect task=arm_push episodes=")):
+        for flag in ("--help", "-h"):
+            assert main([flag]) == 0
+            assert says in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("args, expected", [
     (["confirm_backends=[torch,gazebo]"], "confirm_backends=['torch', 'gazebo']: expected one or more of torch"),
     (["confirm_backends=[]"], "confirm_backends=[]: expected one or more of"),
