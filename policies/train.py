@@ -175,6 +175,8 @@ def run(cfg: DictConfig, run_dir: Path, resume_state: dict | None, t_start: floa
             ckpt.settle_best(run_dir, tr["evals"], steps_key)
             if tr["evals"] and tr.get("eval_every", eval_every) != eval_every:  # a new interval, from the last evaluation on
                 tr["next_eval"] = tr["evals"][-1][steps_key] + eval_every
+            print(f"resuming {run_dir} at {tr['env_steps']:,} {unit}s ({tr['seconds']:.1f} s of training, "
+                  f"{len(tr['evals'])} evaluations before it)", flush=True)
         tr["eval_every"] = eval_every
         latest = run_dir.parent.parent / "latest" if run_dir.parent.parent.name == "runs" else None
         if latest is not None:  # runs/latest -> this run (once a resume has loaded), for the README's commands

@@ -214,7 +214,9 @@ def test_same_seed_same_result_and_resume_is_exact(tmp_path, tiny, capsys):
     straight, split = tmp_path / "straight", tmp_path / "split"
     assert train_main([*tiny, f"run_dir={straight}", "max_env_steps=4096"]) == 0
     assert train_main([*tiny, f"run_dir={split}", "max_env_steps=2048"]) == 0
+    capsys.readouterr()
     assert train_main([f"resume={split}", "max_env_steps=4096", "progress=false"]) == 0
+    assert f"resuming {split} at 2,048 steps" in capsys.readouterr().out
     a, b = _weights(straight), _weights(split)
     assert all(torch.equal(a[k], b[k]) for k in a), "resumed run diverged from the uninterrupted one"
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
