@@ -334,7 +334,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     passed = res["passed"]  # a pass confirmed on new episodes, not merely the best evaluation
     steps = f"{res['gradient_steps']:,} gradient steps" if "gradient_steps" in res else f"{res['env_steps']:,} env steps"
-    print(f"best success rate {res['best_success'] * 100:.1f}% after {steps}, {res['train_seconds']:.1f} s"
+    last = f", the last evaluation {res['evals'][-1]['success_rate'] * 100:.1f}%" if res["evals"] else ""
+    print(f"{steps} in {res['train_seconds']:.1f} s: best success rate {res['best_success'] * 100:.1f}% "
+          f"(checkpoints/best.pt){last}"
           + (f" ({'a' if passed else 'no'} pass of {cfg.stop_at_success:g} confirmed on new episodes)"
              if cfg.stop_at_success > 0 else ""))
     print(f"run directory: {run_dir}  (config.yaml, checkpoints/, tb/, results.json)")
