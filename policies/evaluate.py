@@ -203,8 +203,9 @@ class SuccessResult:
         return {name: int((failed == k).sum()) for k, name in enumerate(("none", *self.milestones), start=-1)}
 
     def summary(self) -> str:
-        text = (f"[{self.backend}] success {self.success_rate * 100:.1f}% of {self.episodes} episodes | "
-                f"mean steps to success {self.mean_success_steps:.1f}")
+        text = f"[{self.backend}] success {self.success_rate * 100:.1f}% of {self.episodes} episodes"
+        if self.success_rate > 0:  # no mean without a success
+            text += f" | mean steps to success {self.mean_success_steps:.1f}"
         counts = self.failures_by_milestone()
         if counts:
             text += " | failures by the furthest milestone reached: " + ", ".join(f"{k} {v}" for k, v in counts.items())
