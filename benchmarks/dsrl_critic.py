@@ -206,6 +206,7 @@ def main() -> None:
     table = ("| run | variant | env steps | Q(s, 0) | Q(s, w ~ N(0, I)) | Q(s, actor's w) | Q(s, buffer w) | "
              f"states with Q(s, 0) > Q(s, w ~ N(0, I)) | mean norm of the actor's w |{sel}\n"
              "|---|---|---:|---:|---:|---:|---:|---:|---:|" + ("---:|" * 3 if a.select > 0 else "") + "\n")
+    print(table, end="", flush=True)  # the header; each run's row as it comes
     rows = []
     for run in a.runs:
         r = critic_ranking(Path(run), a.states, a.select, a.episodes)
@@ -226,6 +227,7 @@ def main() -> None:
                  f"training evaluations use seed + 10000, other states) with "
                  f"the run's last actor, with w = 0, and with the noise the critic values most among w = 0 and "
                  f"{a.select - 1} draws of b tanh(u), u ~ N(0, I), chosen at every query.")
+    print(note)
     if not a.no_write:
         write_section("DSRL critic: does it rank the noises?",
                       f"python -m benchmarks.dsrl_critic {' '.join(a.runs)} --select {a.select} "
@@ -236,6 +238,7 @@ def main() -> None:
 def advantage_main(a: argparse.Namespace) -> None:
     table = ("| run | variant | env steps | b | queries | alternative | true advantage (SE) | true > 0 / < 0 | "
              "critic's estimate | correlation | sign agreement |\n|---|---|---:|---:|---:|---|---:|---:|---:|---:|---:|\n")
+    print(table, end="", flush=True)  # the header; the rows as they come
     dists = []
     for run in a.runs:
         r = decision_advantage(Path(run), a.advantage)

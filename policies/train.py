@@ -73,6 +73,9 @@ def prepare(argv: list[str]) -> tuple[DictConfig, Path, dict | None]:
         if (run_dir / ckpt.LAST).exists():
             raise UserError(f"{run_dir} already holds a run; continue it with resume={run_dir} or pick another run_dir")
         cfg.run_dir = str(run_dir)
+        for key in ("base", "dataset", "demos"):  # read again by evaluations and resumes, from any directory
+            if cfg.algo.get(key):
+                cfg.algo[key] = str(Path(cfg.algo[key]).expanduser().resolve())
         return cfg, run_dir, None
 
     run_dir = Path(resume)

@@ -380,6 +380,19 @@ def test_a_pass_is_confirmed_in_every_simulator(tmp_path, monkeypatch):
         assert ["start", "mujoco", str(20_001 + 10 * check)] in calls
 
 
+def test_a_new_run_records_the_paths_it_reads_again_as_absolute(tmp_path, monkeypatch):
+    """A DSRL run reads its base again whenever it is evaluated or resumed, maybe from another working
+    directory: a relative base=, dataset= or algo.demos= is stored resolved."""
+    from policies.train import prepare
+
+    monkeypatch.chdir(tmp_path)
+    cfg, _, _ = prepare(["task=arm_push", "algo=dsrl", "base=runs/push_base", "algo.demos=data/push",
+                         f"run_dir={tmp_path / 'run'}"])
+    assert cfg.algo.base == str(tmp_path / "runs/push_base") and cfg.algo.demos == str(tmp_path / "data/push")
+    cfg, _, _ = prepare(["task=arm_push", "algo=diffusion_bc", "dataset=data/push", f"run_dir={tmp_path / 'r2'}"])
+    assert cfg.algo.dataset == str(tmp_path / "data/push")
+
+
 def test_help_prints_the_usage_of_each_command(capsys):
     from policies import collect, eval as evaluate_cmd, export, train
 
