@@ -43,7 +43,7 @@ def parse(argv: list[str]) -> tuple[dict, list[str]]:
                 opts[k] = {"true": True, "false": False}[v.lower()] if OPTIONS[k] is bool else OPTIONS[k](v)
             except (KeyError, ValueError):
                 raise UserError(f"{k}={v}: expected a value of type {OPTIONS[k].__name__}") from None
-        elif k == "task" or k.startswith("task.") or k.startswith("+task."):
+        elif k == "task" or k.startswith("task."):
             rest.append(a)
         else:
             raise UserError(f"unknown option '{k}': expected task=..., task.<field>=... or one of {', '.join(OPTIONS)}")

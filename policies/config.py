@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
@@ -96,6 +97,7 @@ DEFAULT_TASK = next(d.task for d in OmegaConf.load(CONFIG_DIR / "config.yaml").d
 
 # Short forms on the command line: base=<run> for algo.base=<run> (dsrl), dataset=<dir> for algo.dataset=<dir>.
 SHORTHANDS = {"base": "algo.base", "dataset": "algo.dataset"}
+PATH_KEYS = ("base", "dataset", "demos")  # algo fields naming a directory: stored absolute
 # Algorithm settings (in the algorithms that have them) that must be at least 1, and those that must
 # lie in a range (lo, hi, whether lo itself is allowed): outside them a run would fail later, halfway,
 # or learn nothing without saying so.
@@ -111,12 +113,13 @@ ALGO_RANGES = {"gamma": (0.0, 1.0, True), "gae_lambda": (0.0, 1.0, True), "tau":
 def help_requested(argv: list[str], usage: str) -> bool:
     """``-h`` / ``--help`` anywhere on a command line: print ``usage`` and say so (the caller exits 0)."""
     if any(a in ("-h", "--help") for a in argv):
-        print(usage.strip())
+        print((usage or "").strip())  # a module docstring is None under python -OO
         return True
     return False
 
 
 def train_usage() -> str:
+    """What ``python -m policies.train --help`` prints."""
     return f"""usage: python -m policies.train [key=value ...]
 
   task=<name>        {', '.join(sorted(TASKS))} (default {DEFAULT_TASK})
@@ -149,9 +152,9 @@ def compose_config(overrides: list[str]) -> DictConfig:
             raise UserError(f"unknown task '{value}'. Valid tasks: {', '.join(sorted(TASKS))}")
         if key == "algo" and value not in ALGOS:
             raise UserError(f"unknown algo '{value}'. Valid algos: {', '.join(sorted(ALGOS))}")
-        if "=" not in o:
+        if "=" not in o or not key:
             raise UserError(f"override '{o}' is not of the form key=value")
-        if key[:1] in "+~":  # Hydra's key addition and deletion: a typo would be kept and never read
+        if key.startswith(("+", "~")):  # Hydra's key addition and deletion: a typo would be kept and never read
             raise UserError(f"override '{o}': adding (+) or deleting (~) config keys is not supported; every "
                             f"setting already exists (see policies/config/ and the task's config class)")
     _register_task_schema(next((o.split("=", 1)[1] for o in reversed(overrides) if o.split("=", 1)[0] == "task"),
@@ -164,6 +167,9 @@ def compose_config(overrides: list[str]) -> DictConfig:
     for k, v in get_task(cfg.task.name).run_defaults.items():
         if cfg[k] is None:
             cfg[k] = v
+    for key in PATH_KEYS:  # read again by resumes and benchmarks, maybe from another working directory
+        if cfg.algo.get(key):
+            cfg.algo[key] = os.path.abspath(os.path.expanduser(cfg.algo[key]))  # symlinks kept as given
     sims = get_task(cfg.task.name).backends
     if not cfg.confirm_backends or any(b not in sims for b in cfg.confirm_backends):
         raise UserError(f"confirm_backends={list(cfg.confirm_backends)}: expected one or more of {', '.join(sims)} "

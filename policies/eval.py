@@ -15,7 +15,8 @@ run) from the initial noise w = 0 at every query, its most likely chunks and whe
 actor starts, instead of the base policy's own w ~ N(0, I) (``normal``, the default); its results go
 to files ending in ``_w0``. Another number of ``episodes`` than the default 100 adds ``_episodes<N>``
 and an evaluation ``seed`` other than the default 12345 adds ``_seed<N>`` to the file names, so
-evaluations of other episodes sit beside the default one; every result records its seed. ``effects=`` (PyBullet's optional aerodynamics instead of the run's) writes ``eval_pybullet_effects*``,
+evaluations of other episodes sit beside the default one; every result records its seed.
+``effects=`` (PyBullet's optional aerodynamics instead of the run's) writes ``eval_pybullet_effects*``,
 which lists them.
 
 ``task.<field>=value`` evaluates under another setting of the run's task config (e.g.

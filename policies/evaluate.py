@@ -213,7 +213,7 @@ class SuccessResult:
 
     def as_dict(self) -> dict:
         out = {"backend": self.backend, "success_rate": self.success_rate, "episodes": self.episodes,
-               "mean_success_steps": self.mean_success_steps}
+               "mean_success_steps": self.mean_success_steps if self.success_rate > 0 else None}  # JSON has no NaN
         if self.milestones:
             out["failures_by_milestone"] = self.failures_by_milestone()
         return out

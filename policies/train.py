@@ -73,9 +73,6 @@ def prepare(argv: list[str]) -> tuple[DictConfig, Path, dict | None]:
         if (run_dir / ckpt.LAST).exists():
             raise UserError(f"{run_dir} already holds a run; continue it with resume={run_dir} or pick another run_dir")
         cfg.run_dir = str(run_dir)
-        for key in ("base", "dataset", "demos"):  # read again by evaluations and resumes, from any directory
-            if cfg.algo.get(key):
-                cfg.algo[key] = str(Path(cfg.algo[key]).expanduser().resolve())
         return cfg, run_dir, None
 
     run_dir = Path(resume)
@@ -97,7 +94,7 @@ def prepare(argv: list[str]) -> tuple[DictConfig, Path, dict | None]:
     new, old = OmegaConf.to_container(cfg), OmegaConf.to_container(saved)
     for k in RESUMABLE_OVERRIDES:
         old[k] = new[k]
-    explicit = {a.split("=", 1)[0].lstrip("+") for a in expand_shorthands(argv)}
+    explicit = {a.split("=", 1)[0] for a in expand_shorthands(argv)}
     # a key given on the command line, or inside one given whole (task.reward={...}, task=...)
     bad = [k for k in diff_keys(new, old) if any(k == e or k.startswith(e + ".") for e in explicit)
            or k.split(".")[0] in explicit]

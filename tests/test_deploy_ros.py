@@ -235,7 +235,10 @@ def test_stale_nan_out_of_range_states_failsafe_and_recover(seeded_policy):
         from nav_msgs.msg import Odometry
 
         pub = node.create_publisher(Odometry, "/cf1/odom", 10)
-        policy = w.start(*w.node_cmd("policy_node", policy=seeded_policy, auto_arm=True), name="policy")
+        # four faults in a few seconds, each to recover from: more than the default 3 recoveries per 30 s
+        # (that limit: test_a_policy_that_keeps_leaving_the_fence_lands_after_max_recoveries)
+        policy = w.start(*w.node_cmd("policy_node", policy=seeded_policy, auto_arm=True, max_recoveries=10),
+                         name="policy")
         fault = {"kind": None}
 
         def publish():

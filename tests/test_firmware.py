@@ -178,7 +178,8 @@ def test_an_image_whose_policy_c_is_another_network_than_the_onnx_is_refused(mcu
 
     assert mcu.check_against(OnnxPolicy(export_dir / "policy.onnx")) < ACTION_TOL
     other = export_actor(random_actor(seed=1), tmp_path, "another random actor") / "policy.onnx"
-    with pytest.raises(pil.PilError, match=f"policy.c does not compute {re.escape(str(other))}'s policy: actions differ"):
+    says = f"policy.c does not compute {re.escape(str(other))}'s policy: actions differ"
+    with pytest.raises(pil.PilError, match=says):
         mcu.check_against(OnnxPolicy(other))
 
 

@@ -380,17 +380,27 @@ def test_a_pass_is_confirmed_in_every_simulator(tmp_path, monkeypatch):
         assert ["start", "mujoco", str(20_001 + 10 * check)] in calls
 
 
-def test_a_new_run_records_the_paths_it_reads_again_as_absolute(tmp_path, monkeypatch):
-    """A DSRL run reads its base again whenever it is evaluated or resumed, maybe from another working
-    directory: a relative base=, dataset= or algo.demos= is stored resolved."""
+def test_a_run_records_the_directories_it_reads_as_absolute_paths(tmp_path, monkeypatch):
+    """A DSRL run reads its base again when it is resumed or analysed (benchmarks.dsrl_critic), maybe from
+    another working directory: a relative base=, dataset= or algo.demos= is stored absolute, and a resume
+    that repeats the same relative base= from the same directory changes nothing."""
+    from omegaconf import OmegaConf
+
+    from policies.config import UserError
     from policies.train import prepare
 
     monkeypatch.chdir(tmp_path)
-    cfg, _, _ = prepare(["task=arm_push", "algo=dsrl", "base=runs/push_base", "algo.demos=data/push",
-                         f"run_dir={tmp_path / 'run'}"])
+    cfg, run_dir, _ = prepare(["task=arm_push", "algo=dsrl", "base=runs/push_base", "algo.demos=data/push",
+                               f"run_dir={tmp_path / 'run'}"])
     assert cfg.algo.base == str(tmp_path / "runs/push_base") and cfg.algo.demos == str(tmp_path / "data/push")
     cfg, _, _ = prepare(["task=arm_push", "algo=diffusion_bc", "dataset=data/push", f"run_dir={tmp_path / 'r2'}"])
     assert cfg.algo.dataset == str(tmp_path / "data/push")
+    run_dir.mkdir()
+    cfg = prepare(["task=arm_push", "algo=dsrl", "base=runs/push_base", f"run_dir={run_dir}"])[0]
+    OmegaConf.save(cfg, run_dir / "config.yaml")
+    with pytest.raises(UserError) as e:  # the config check passes; only the checkpoint is missing
+        prepare([f"resume={run_dir}", "base=runs/push_base"])
+    assert "no checkpoint" in str(e.value) and "cannot change" not in str(e.value), e.value
 
 
 def test_help_prints_the_usage_of_each_command(capsys):
@@ -420,7 +430,8 @@ def test_help_prints_the_usage_of_each_command(capsys):
     (["seed=abc"], "seed=abc"),
     (["not_a_key=1"], "not_a_key"),
     (["algo.nonexistent=1"], "Could not override 'algo.nonexistent'.: Key 'nonexistent' not in 'PPOConfig'"),
-    (["+algo.nonexistent=1"], "override '+algo.nonexistent=1': adding (+) or deleting (~) config keys is not supported"),
+    (["+algo.nonexistent=1"], "override '+algo.nonexistent=1': adding (+) or deleting (~) config keys"),
+    (["=5"], "override '=5' is not of the form key=value"),
     (["algo.lr=fast"], "algo.lr=fast"),
     (["algo=dqn"], "unknown algo 'dqn'"),
     # values that would fail halfway through a run (after writing it) or learn nothing without saying so
