@@ -223,6 +223,8 @@ class SafeController:
     def tick(self, now: float) -> Command:
         """One policy period: decide the mode, return the rotor command."""
         self._now_seen = now
+        if self._recovered_at and now - self._recovered_at[0] >= self.cfg.recovery_window:
+            self._recovered_at = [t for t in self._recovered_at if now - t < self.cfg.recovery_window]
         problem = self.state_problem(now)
         if problem is not None:
             self._good_streak = 0
@@ -244,7 +246,7 @@ class SafeController:
 
     def status(self) -> dict:
         return {"mode": self.mode.value, "reason": self.reason, "failsafe_count": self.failsafe_count,
-                "recoveries": sum(self._now_seen - t < self.cfg.recovery_window for t in self._recovered_at),
+                "recoveries": len(self._recovered_at),
                 "target": [float(v) for v in self.target],
                 # what the policy flies to (None when it does not fly)
                 "setpoint": ([round(float(v), 4) for v in self.setpoint(self._now_seen)]
@@ -276,7 +278,6 @@ class SafeController:
 
     def _enter_failsafe(self, why: str, now: float, may_recover: bool = True) -> None:
         self.failsafe_count += 1
-        self._recovered_at = [t for t in self._recovered_at if now - t < self.cfg.recovery_window]
         self._may_recover = may_recover and len(self._recovered_at) < self.cfg.max_recoveries
         if may_recover and not self._may_recover:
             why += f"; {len(self._recovered_at)} recoveries in the last {self.cfg.recovery_window:g} s, no more"

@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import sys
 import time
-
 from typing import TYPE_CHECKING
 
 import numpy as np

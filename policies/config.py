@@ -146,7 +146,10 @@ def compose_config(overrides: list[str]) -> DictConfig:
     overrides = expand_shorthands(overrides)
     for o in overrides:
         key, _, value = o.partition("=")
-        if key.lstrip("+~").startswith("hydra."):  # Hydra's own settings: this entry point has its own run_dir
+        if key.startswith(("+", "~")):  # Hydra's key addition and deletion: a typo would be kept and never read
+            raise UserError(f"override '{o}': adding (+) or deleting (~) config keys is not supported; every "
+                            f"setting already exists (see policies/config/ and the task's config class)")
+        if key.startswith("hydra."):  # Hydra's own settings: this entry point has its own run_dir
             raise UserError(f"override '{o}': hydra.* settings are not used here (the run directory is run_dir=)")
         if key == "task" and value not in TASKS:
             raise UserError(f"unknown task '{value}'. Valid tasks: {', '.join(sorted(TASKS))}")
@@ -154,9 +157,6 @@ def compose_config(overrides: list[str]) -> DictConfig:
             raise UserError(f"unknown algo '{value}'. Valid algos: {', '.join(sorted(ALGOS))}")
         if "=" not in o or not key:
             raise UserError(f"override '{o}' is not of the form key=value")
-        if key.startswith(("+", "~")):  # Hydra's key addition and deletion: a typo would be kept and never read
-            raise UserError(f"override '{o}': adding (+) or deleting (~) config keys is not supported; every "
-                            f"setting already exists (see policies/config/ and the task's config class)")
     _register_task_schema(next((o.split("=", 1)[1] for o in reversed(overrides) if o.split("=", 1)[0] == "task"),
                                DEFAULT_TASK))
     try:
