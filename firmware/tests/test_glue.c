@@ -252,6 +252,19 @@ static void test_deadman(void)
   /* Landed (supervisor no longer flying): motors idle. */
   in.in_flight = false;
   CHECK(cfp_update(&c, &in) == CFP_IDLE);
+  /* The supervisor's null setpoint (a stop stamped 0, e.g. after its 2 s commander timeout) cuts
+   * the motors but is not the operator's stop: the fault stays, and returning position
+   * setpoints do not re-engage the policy. */
+  in.setpoint_kind = CFP_SETPOINT_STOP;
+  in.setpoint_ms = 0;
+  in.now_ms = 10550;
+  CHECK(cfp_update(&c, &in) == CFP_IDLE);
+  CHECK(c.fault == CFP_FAULT_DEADMAN);
+  CHECK(motors_off(&c));
+  in = hover_input(10600);
+  in.in_flight = false;
+  CHECK(cfp_update(&c, &in) == CFP_IDLE);
+  CHECK(c.fault == CFP_FAULT_DEADMAN);
   /* Only a stop setpoint re-arms the policy. */
   in.setpoint_kind = CFP_SETPOINT_STOP;
   CHECK(cfp_update(&c, &in) == CFP_IDLE);

@@ -96,7 +96,12 @@ cfp_mode_t cfp_update(cfp_t *c, const cfp_input_t *in)
   const cfp_mode_t previous = c->mode;
 
   if (in->setpoint_kind == CFP_SETPOINT_STOP) {
-    c->fault = CFP_FAULT_NONE; /* the operator's stop is what re-arms the policy after a fault */
+    /* The operator's stop is what re-arms the policy after a fault. The firmware's supervisor
+     * substitutes its own stop (the zero-initialised null setpoint, timestamp 0) on a commander
+     * timeout, a tumble or an emergency stop: that one is stale and leaves the fault latched. */
+    if (fresh) {
+      c->fault = CFP_FAULT_NONE;
+    }
     c->mode = CFP_IDLE;
   } else {
     if (previous == CFP_POLICY && !fresh) {

@@ -9,8 +9,10 @@
  *   CFP_FALLBACK  the stock PID controller (the adapter calls it with the firmware's setpoint)
  *
  * Rules, checked in this order on every call:
- *   1. Stop setpoint (no position control and zero thrust, e.g. cflib send_stop_setpoint): IDLE,
- *      and a latched fault is cleared. This is the only way to re-arm the policy after a fault.
+ *   1. Stop setpoint (no position control and zero thrust, e.g. cflib send_stop_setpoint): IDLE.
+ *      A fresh one also clears a latched fault: the operator's stop is the only way to re-arm the
+ *      policy after a fault. The supervisor's own stop (its null setpoint, stamped 0, on a
+ *      commander timeout, tumble or emergency stop) is stale and leaves the fault latched.
  *   2. The policy was flying and the setpoint got older than deadman_ms (link lost), or the policy
  *      returned an error (non-finite observation or output): the fault is latched.
  *   3. Latched fault: FALLBACK when in flight (stock PID flies on; the firmware's supervisor then
