@@ -121,6 +121,7 @@ class ControllerNode(Node):
             max_recoveries=int(param(self, "max_recoveries", d.max_recoveries, "recovered failsafes per window")),
             recovery_window=float(param(self, "recovery_window", d.recovery_window, "s: window of max_recoveries")),
             takeoff_speed=float(param(self, "takeoff_speed", d.takeoff_speed, "m/s: setpoint from take-over to target")),
+            ground_timeout=float(param(self, "ground_timeout", d.ground_timeout, "s on the floor while armed: cut")),
             auto_arm=bool(param(self, "auto_arm", d.auto_arm, "arm on the first valid state")),
         )
         self.clock_timeout = float(param(self, "clock_timeout", 0.5, "sim time: wall s without /clock = dead"))

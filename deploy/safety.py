@@ -16,6 +16,9 @@ Modes and rules, checked on every tick:
             A state problem (older than ``stale_timeout``, non-finite, out of
             range, outside the geofence) or a policy error (exception, non-finite or misshapen
             output) switches to FAILSAFE in the same tick. Actions are clipped to [-1, max_action].
+            A vehicle whose valid states show it on the floor (below ``landed_height``) for
+            ``ground_timeout`` without a break while ARMED did not take off, or came down and cannot
+            leave the floor (tipped over, a broken rotor): the rotors are cut and the mode is DISARMED.
   FAILSAFE  controlled descent: every rotor at the speed giving ``descent_thrust_ratio`` of the
             hover thrust (a fixed, attitude-neutral command: with no trustworthy state there is
             nothing to close a loop on), so the vehicle sinks at (1 - ratio) g, for the time the
@@ -79,6 +82,9 @@ class SafetyConfig:
     max_recoveries: int = 3  # failsafe descents that may end in recovery within recovery_window; then one lands
     recovery_window: float = 30.0  # s
     takeoff_speed: float = 0.5  # m/s: the setpoint's speed from where the policy takes over to the target
+    # s on the floor while ARMED before the rotors are cut: twice the 0.96 s the shipped policy takes to
+    # leave the floor in the randomization's weakest corner (deploy/README.md, "Safety layer").
+    ground_timeout: float = 2.0
     auto_arm: bool = False
 
     def __post_init__(self):
@@ -111,6 +117,8 @@ class SafetyConfig:
                              f"{self.ground_height + self.landed_height:g} m)")
         if not self.takeoff_speed > 0.0 or not math.isfinite(self.takeoff_speed):
             raise ValueError(f"takeoff_speed {self.takeoff_speed}: expected a positive speed (m/s)")
+        if not self.ground_timeout > 0.0 or not math.isfinite(self.ground_timeout):
+            raise ValueError(f"ground_timeout {self.ground_timeout}: expected a positive time (s)")
         if not (0.0 < self.descent_thrust_ratio < 1.0):
             raise ValueError(f"descent_thrust_ratio {self.descent_thrust_ratio}: expected a value in (0, 1)")
         if not (-1.0 < self.max_action <= 1.0):
@@ -132,6 +140,7 @@ class SafeController:
         self.policy, self.cfg = policy, cfg
         self.target = np.asarray(cfg.target, dtype=np.float64)
         self._ramp_from, self._ramp_start = self.target, 0.0  # setpoint ramp: start position (world, m), time (s)
+        self._on_floor_since: float | None = None  # time (s) since which an ARMED vehicle has been on the floor
         self.hover_action = params.hover_action
         self.descent_action = rpm_to_action(params.hover_rpm * math.sqrt(cfg.descent_thrust_ratio), params.rpm_max)
         self.descent_accel = (1.0 - cfg.descent_thrust_ratio) * GRAVITY  # m/s^2, downwards
@@ -195,7 +204,7 @@ class SafeController:
             self.prev_action = np.full(ACT_DIM, self.hover_action)
         # (from a failsafe descent the rotors still turn: the previous action is the descent command)
         self._set(Mode.ARMED, "armed")
-        self._start_ramp(now)
+        self._take_over(now)
         self._recovered_at = []
         self._auto_arm_pending = False
         return True, "armed"
@@ -235,6 +244,9 @@ class SafeController:
         if self.mode is Mode.ARMED:
             if problem is not None:
                 self._enter_failsafe(problem, now)
+            elif self._stuck_on_floor(now):
+                self._set(Mode.DISARMED, f"on the floor for {self.cfg.ground_timeout:g} s while armed: "
+                                         "rotors cut, re-arm to fly")
             else:
                 action = self._run_policy(now)
                 if action is not None:
@@ -261,8 +273,19 @@ class SafeController:
         self.prev_action = action
         return Command(action.copy(), self.mode, self.reason)
 
-    def _start_ramp(self, now: float) -> None:
+    def _take_over(self, now: float) -> None:
+        """The policy takes over (arming, recovery): the setpoint ramp starts where the vehicle is."""
         self._ramp_from, self._ramp_start = self._latest.pos.astype(np.float64).copy(), now
+        self._on_floor_since = None
+
+    def _stuck_on_floor(self, now: float) -> bool:
+        """Whether the (fresh, valid) state has shown the vehicle on the floor for ``ground_timeout``."""
+        if self.height() >= self.cfg.landed_height:
+            self._on_floor_since = None
+            return False
+        if self._on_floor_since is None:
+            self._on_floor_since = now
+        return now - self._on_floor_since >= self.cfg.ground_timeout
 
     def _run_policy(self, now: float) -> np.ndarray | None:
         obs = observation(self._latest, self.setpoint(now), self.prev_action.astype(np.float32))
@@ -305,6 +328,6 @@ class SafeController:
             self._set(Mode.DISARMED, f"{self.reason}; landed: rotors cut, re-arm to fly")
         elif self._may_recover and problem is None and self._good_streak >= self.cfg.recover_count:
             self._recovered_at.append(now)
-            self._start_ramp(now)
+            self._take_over(now)
             self._set(Mode.ARMED, f"recovered: valid state again ({len(self._recovered_at)} of "
                                   f"{self.cfg.max_recoveries} within {self.cfg.recovery_window:g} s)")

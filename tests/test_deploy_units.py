@@ -310,7 +310,8 @@ def test_recoveries_far_apart_do_not_add_up():
                                  dict(target=(0.0, 0.0, 3.0)), dict(target=(0.0, 0.0, -0.1)),
                                  dict(recover_count=0), dict(recover_count=2.5), dict(max_recoveries=-1),
                                  dict(max_recoveries=math.nan), dict(recovery_window=0.0), dict(takeoff_speed=0.0),
-                                 dict(takeoff_speed=math.inf)])
+                                 dict(takeoff_speed=math.inf), dict(ground_timeout=0.0),
+                                 dict(ground_timeout=math.nan)])
 def test_safety_config_refuses_limits_that_would_switch_a_rule_off(bad):
     with pytest.raises(ValueError, match=next(iter(bad))):
         SafetyConfig(**bad)
@@ -318,7 +319,9 @@ def test_safety_config_refuses_limits_that_would_switch_a_rule_off(bad):
 
 def test_the_policy_flies_to_a_setpoint_moving_from_where_it_took_over_to_the_target():
     seen = []
-    c = SafeController(lambda obs: seen.append(obs.copy()) or np.full(4, 0.3), SafetyConfig(takeoff_speed=0.5))
+    # (the vehicle stays on the floor for 2.5 s here: longer than the default ground_timeout)
+    c = SafeController(lambda obs: seen.append(obs.copy()) or np.full(4, 0.3),
+                       SafetyConfig(takeoff_speed=0.5, ground_timeout=5.0))
     start = np.array([0.3, 0.0, 0.0])  # on the floor
     c.on_state(hover_state(pos=start), 0.0)
     assert c.arm(0.0) == (True, "armed")
@@ -364,7 +367,7 @@ def test_the_shipped_policy_takes_off_from_the_floor(vehicle):
         s[0, :3], s[0, 3] = torch.tensor(start), 1.0  # level, at rest, rotors stopped
         backend.set_state(torch.arange(1), s, v)
         c = SafeController(policy, SafetyConfig())
-        errors, tilts = [], []
+        errors, tilts, lift_off = [], [], None
         for k in range(500):  # 5 s
             t = k * contract["policy_period_s"]
             x = backend.state[0].double().numpy()
@@ -378,8 +381,36 @@ def test_the_shipped_policy_takes_off_from_the_floor(vehicle):
             x = backend.state[0].double().numpy()
             errors.append(np.linalg.norm(x[0:3] - TARGET))
             tilts.append(math.degrees(math.acos(np.clip(1 - 2 * (x[4] ** 2 + x[5] ** 2), -1, 1))))
+            if lift_off is None and x[2] >= c.cfg.landed_height:
+                lift_off = t
         assert np.mean(errors[-200:]) < 0.05, (start, np.mean(errors[-200:]))  # the hover criterion's bound
         assert max(tilts) < 15.0, (start, max(tilts))
+        # off the floor well before the safety layer would cut the rotors there (0.35 s nominal, 0.96 s weak)
+        assert lift_off is not None and lift_off < 0.75 * c.cfg.ground_timeout, (start, lift_off)
+
+
+def test_a_vehicle_that_stays_on_the_floor_while_armed_is_cut():
+    """Armed on the floor, a vehicle that does not take off (or comes down and cannot leave the floor:
+    tipped over, a broken rotor) has its rotors cut after ground_timeout; a moment off the floor
+    starts the count again."""
+    policy = FakePolicy()
+    c = SafeController(policy, SafetyConfig(ground_timeout=1.0))
+    c.on_state(hover_state(z=0.0), 0.0)
+    assert c.arm(0.0)[0]
+    for k in range(300):
+        t = 0.01 * k
+        z = 0.2 if 50 <= k < 60 else 0.01  # off the floor from 0.5 s to 0.6 s
+        c.on_state(hover_state(t, z=z), t)
+        cmd = c.tick(t)
+        if cmd.mode is not Mode.ARMED:
+            break
+    assert cmd.mode is Mode.DISARMED and t == pytest.approx(1.6) and "on the floor for 1 s" in cmd.reason
+    assert cmd.action.tolist() == [IDLE_ACTION] * 4
+    # Re-arming starts a new count.
+    c.on_state(hover_state(3.0, z=0.01), 3.0)
+    assert c.arm(3.0)[0] and c.tick(3.0).mode is Mode.ARMED
+    c.on_state(hover_state(3.99, z=0.01), 3.99)
+    assert c.tick(3.99).mode is Mode.ARMED
 
 
 def test_failsafe_on_the_ground_cuts_at_once_and_estop_latches():
@@ -899,7 +930,8 @@ def test_the_bridge_streams_the_safety_layers_setpoint_to_the_onboard_policy():
             self.sent.append((x, y, z))
 
     bridge = object.__new__(CrazyflieBridge)  # no ROS node, no radio
-    bridge.controller = c = SafeController(FakePolicy(), SafetyConfig())
+    # (the state stays on the floor for 5 s here: longer than the default ground_timeout)
+    bridge.controller = c = SafeController(FakePolicy(), SafetyConfig(ground_timeout=10.0))
     bridge.cf = type("Crazyflie", (), {"commander": Commander()})()
     bridge.connected, bridge._failsafe_from = True, None
     start = [0.3, 0.0, 0.0]
