@@ -312,7 +312,11 @@ class DSRL:
     @torch.no_grad()
     def collect(self) -> torch.Tensor:
         """One decision in every environment: exec_horizon env steps of the steered base. An env
-        whose episode ends inside the chunk starts its next episode with the chunk's remaining actions."""
+        whose episode ends inside the chunk runs the chunk's remaining actions in the episode the
+        env's same-step reset began; that episode is dropped and a new one started after the chunk
+        (ArmEnv.restart), so every episode starts as in evaluation: at t = 0, at home, at rest. The
+        dropped steps count as env steps: 1.5 per episode on average, 1.9 % of a 50k-step arm_push DSRL-NA
+        run's steps (634 episodes started at t = 0, 1, 2, 3 in 157 / 180 / 126 / 171 of them before this)."""
         obs, n = self.obs, self.env.num_envs
         self.pi.obs_norm.update(obs["policy"])
         w, _ = self._sample_w(obs["policy"])
@@ -333,6 +337,13 @@ class DSRL:
                 ended |= new
         for key in nxt:
             nxt[key][~ended] = o[key][~ended]
+        restart = ended & ~(term | trunc)  # ended before the chunk's last step
+        if restart.any():
+            rows = restart.nonzero()[:, 0]
+            fresh = self.env.restart(rows.cpu().numpy())
+            o = {k: v.clone() for k, v in o.items()}
+            for key, v in fresh.items():
+                o[key][rows] = v
         self.obs = o
         self._count_in_critic_norms(obs["critic"], self._q_action_input(w, chunk))
         self.pending.append(dict(obs=obs["policy"], critic=obs["critic"], w=w, chunk=chunk.reshape(n, -1),

@@ -274,17 +274,34 @@ def test_dsrl_never_stores_a_nonfinite_decision(base_run):
     assert all(torch.isfinite(v[: algo.buffer.size]).all() for v in algo.buffer.data.values())
 
 
+def test_dsrl_starts_every_episode_at_home_as_an_evaluation_does(base_run):
+    """An episode that ends inside a chunk is not continued by the chunk's remaining actions: the next
+    decision starts a new episode at t = 0, the arm at home and at rest, as evaluation's do."""
+    algo = _dsrl(base_run, "na", ["task.episode_steps=22"])
+    env, n = algo.env, algo.env.num_envs
+    assert n >= 3
+    env.t[:3] = [20, 18, 0]  # env 0 ends at the chunk's 2nd step, env 1 at its last, env 2 goes on
+    algo.collect()
+    assert env.t[:3].tolist() == [0, 0, 4] and algo.buffer.data["done"][:2].tolist() == [1.0, 1.0]
+    home = np.array(env.params.panda.home)
+    for i in (0, 1):
+        assert np.allclose(env.qpos[i, env.arm_qadr], home) and np.allclose(env.qvel[i, env.arm_dadr], 0.0)
+        assert algo.obs["critic"][i, CRITIC_DIM - 1] == 0.0  # the critic's episode clock t / episode_steps
+    assert not np.allclose(env.qpos[2, env.arm_qadr], home)
+
+
 def test_dsrl_n_step_rows_sum_the_one_step_rows(base_run):
     """algo.n_step=3 collects what n_step=1 does and stores, for every decision, the discounted sum
     of its next 3 decisions' rewards with the state after them, cut short where the episode ends
     (here mid-chunk, at different decisions in different envs); decisions whose 3 successors are not
     collected yet stay pending. A decision that reaches a non-finite state is stored by neither; with
     n_step 3 the pending decisions of that env are stored cut short before it."""
-    one, three = (_dsrl(base_run, "sac", ["task.reward_type=dense", "task.episode_steps=22", *o])
+    one, three = (_dsrl(base_run, "sac", ["task.reward_type=dense", "task.episode_steps=34", *o])
                   for o in ([], ["algo.n_step=3"]))
     T, n, g = 24, one.env.num_envs, one.cfg.gamma
-    for algo in (one, three):  # episode clocks staggered: episodes end mid-chunk, envs at different decisions
-        algo.env.t[:] = np.arange(n) * 5 % 22
+    assert n <= 8
+    for algo in (one, three):  # episode clocks staggered: env e's episodes end at the 2nd step of
+        algo.env.t[:] = 32 - 4 * np.arange(n)  # decisions e, e + 9, e + 18 (a new one starts at each decision)
     for _ in range(T):
         one.collect()
         three.collect()

@@ -546,6 +546,17 @@ class ArmEnv(gym.vector.VectorEnv):
         self._reset_envs(np.arange(self.num_envs))
         return self._observe(), {}
 
+    def restart(self, idx: np.ndarray) -> dict[str, torch.Tensor]:
+        """Start new episodes in envs ``idx`` between steps; returns their observations (rows ``idx``).
+        For a policy that executes action chunks: step() resets an env in the step that ends its
+        episode, so an episode ending inside a chunk would start the next one with the chunk's
+        remaining actions, from a state (arm moving, up to 8 cm from home, at t = 1..3) that an
+        evaluation, which starts every episode at t = 0 from home at rest, never shows."""
+        idx = np.asarray(idx)
+        self._reset_envs(idx)
+        obs = self._observe(idx)
+        return {k: v[torch.as_tensor(idx, device=v.device)] for k, v in obs.items()}
+
     def _reset_envs(self, idx: np.ndarray) -> None:
         self.randomize_physics(idx)
         home, stroke = np.array(self.params.panda.home), self.params.gripper.stroke
