@@ -167,6 +167,8 @@ def compose_config(overrides: list[str]) -> DictConfig:
     for k, v in get_task(cfg.task.name).run_defaults.items():
         if cfg[k] is None:
             cfg[k] = v
+    if cfg.algo.get("dataset") == "":  # the default: where policies.collect writes by default
+        cfg.algo.dataset = f"data/{cfg.task.name}"
     for key in PATH_KEYS:  # read again by resumes and benchmarks, maybe from another working directory
         if cfg.algo.get(key):
             cfg.algo[key] = os.path.abspath(os.path.expanduser(cfg.algo[key]))  # symlinks kept as given

@@ -36,7 +36,8 @@ from .normalizer import RunningNorm
 @dataclass
 class DiffusionBCConfig:
     name: str = "diffusion_bc"
-    dataset: str = ""  # directory written by python -m policies.collect ("": data/<task>, collect's default)
+    # directory written by python -m policies.collect ("": data/<task> in the working directory, collect's default)
+    dataset: str = ""
     max_episodes: int = 0  # train on the first N demonstrations only (0: all of them)
     num_envs: int = 1  # offline: the environment is used for evaluation only
     pred_horizon: int = 4  # actions predicted per query

@@ -382,8 +382,8 @@ def test_a_pass_is_confirmed_in_every_simulator(tmp_path, monkeypatch):
 
 def test_a_run_records_the_directories_it_reads_as_absolute_paths(tmp_path, monkeypatch):
     """A DSRL run reads its base again when it is resumed or analysed (benchmarks.dsrl_critic), maybe from
-    another working directory: a relative base=, dataset= or algo.demos= is stored absolute, and a resume
-    that repeats the same relative base= from the same directory changes nothing."""
+    another working directory: a relative base=, dataset= (given or the default) or algo.demos= is stored
+    absolute, and a resume that repeats the same relative base= from the same directory changes nothing."""
     from omegaconf import OmegaConf
 
     from policies.config import UserError
@@ -395,6 +395,8 @@ def test_a_run_records_the_directories_it_reads_as_absolute_paths(tmp_path, monk
     assert cfg.algo.base == str(tmp_path / "runs/push_base") and cfg.algo.demos == str(tmp_path / "data/push")
     cfg, _, _ = prepare(["task=arm_push", "algo=diffusion_bc", "dataset=data/push", f"run_dir={tmp_path / 'r2'}"])
     assert cfg.algo.dataset == str(tmp_path / "data/push")
+    cfg, _, _ = prepare(["task=arm_push", "algo=diffusion_bc", f"run_dir={tmp_path / 'r3'}"])
+    assert cfg.algo.dataset == str(tmp_path / "data/arm_push")  # the default, where policies.collect writes
     run_dir.mkdir()
     cfg = prepare(["task=arm_push", "algo=dsrl", "base=runs/push_base", f"run_dir={run_dir}"])[0]
     OmegaConf.save(cfg, run_dir / "config.yaml")
