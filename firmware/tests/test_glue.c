@@ -265,6 +265,18 @@ static void test_deadman(void)
   in.in_flight = false;
   CHECK(cfp_update(&c, &in) == CFP_IDLE);
   CHECK(c.fault == CFP_FAULT_DEADMAN);
+  /* Also where the signed age of stamp 0 is small or negative: just after boot, from 2^31 ms of
+   * uptime on, and just before the 32-bit clock wraps. */
+  const uint32_t nows[] = {100u, 0x80000000u, 0xC0000000u, 0xFFFFFF00u};
+  for (unsigned k = 0; k < sizeof nows / sizeof nows[0]; ++k) {
+    in.setpoint_kind = CFP_SETPOINT_STOP;
+    in.setpoint_ms = 0;
+    in.now_ms = nows[k];
+    CHECK(cfp_update(&c, &in) == CFP_IDLE);
+    CHECK(c.fault == CFP_FAULT_DEADMAN);
+  }
+  in = hover_input(10600);
+  in.in_flight = false;
   /* Only a stop setpoint re-arms the policy. */
   in.setpoint_kind = CFP_SETPOINT_STOP;
   CHECK(cfp_update(&c, &in) == CFP_IDLE);

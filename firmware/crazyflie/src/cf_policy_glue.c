@@ -97,9 +97,11 @@ cfp_mode_t cfp_update(cfp_t *c, const cfp_input_t *in)
 
   if (in->setpoint_kind == CFP_SETPOINT_STOP) {
     /* The operator's stop is what re-arms the policy after a fault. The firmware's supervisor
-     * substitutes its own stop (the zero-initialised null setpoint, timestamp 0) on a commander
-     * timeout, a tumble or an emergency stop: that one is stale and leaves the fault latched. */
-    if (fresh) {
+     * substitutes its own stop (the zero-initialised null setpoint, stamped 0) in every state that
+     * does not allow flight: that one leaves the fault latched. Stamp 0 is tested as such, since the
+     * signed age of a stamp 0 counts as fresh in the first deadman_ms after boot and from 2^31 ms
+     * of uptime on; a real stop stamped exactly 0 (tick 0, or the 49.7-day wrap) keeps the fault. */
+    if (fresh && in->setpoint_ms != 0u) {
       c->fault = CFP_FAULT_NONE;
     }
     c->mode = CFP_IDLE;

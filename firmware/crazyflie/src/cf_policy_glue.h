@@ -10,9 +10,10 @@
  *
  * Rules, checked in this order on every call:
  *   1. Stop setpoint (no position control and zero thrust, e.g. cflib send_stop_setpoint): IDLE.
- *      A fresh one also clears a latched fault: the operator's stop is the only way to re-arm the
- *      policy after a fault. The supervisor's own stop (its null setpoint, stamped 0, on a
- *      commander timeout, tumble or emergency stop) is stale and leaves the fault latched.
+ *      A fresh one also clears a latched fault: a stop sent to the commander (the operator's, or the
+ *      high-level commander's at its stop or at the end of a landing) is the only way to re-arm
+ *      the policy after a fault. The supervisor's own stop (its null setpoint, stamped 0, which it
+ *      substitutes in every state that does not allow flight) leaves the fault latched.
  *   2. The policy was flying and the setpoint got older than deadman_ms (link lost), or the policy
  *      returned an error (non-finite observation or output): the fault is latched.
  *   3. Latched fault: FALLBACK when in flight (stock PID flies on; the firmware's supervisor then
