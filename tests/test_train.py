@@ -403,6 +403,19 @@ def test_a_run_records_the_directories_it_reads_as_absolute_paths(tmp_path, monk
     with pytest.raises(UserError) as e:  # the config check passes; only the checkpoint is missing
         prepare([f"resume={run_dir}", "base=runs/push_base"])
     assert "no checkpoint" in str(e.value) and "cannot change" not in str(e.value), e.value
+    # A diffusion_bc run on its default dataset, resumed from another directory with its algo= repeated:
+    # the saved absolute path stands (no "cannot change algo.dataset"); another algo= is refused.
+    bc_dir = tmp_path / "r3"
+    bc_dir.mkdir()
+    OmegaConf.save(cfg_bc := prepare(["task=arm_push", "algo=diffusion_bc", f"run_dir={bc_dir}"])[0],
+                   bc_dir / "config.yaml")
+    monkeypatch.chdir(run_dir)
+    for argv, says in (([f"resume={bc_dir}", "algo=diffusion_bc", "task=arm_push"], "no checkpoint"),
+                       ([f"resume={bc_dir}", "algo=dsrl"], "cannot change algo")):
+        with pytest.raises(UserError) as e:
+            prepare(argv)
+        assert says in str(e.value), e.value
+    assert cfg_bc.algo.dataset == str(tmp_path / "data/arm_push")
 
 
 def test_help_prints_the_usage_of_each_command(capsys):
