@@ -37,6 +37,8 @@ Modes and rules, checked on every tick:
             forever, as each new failsafe starts a new descent; once they are used up, a failsafe
             lands. Link gaps spread over a long flight do not add up (re-arming also clears them).
   ESTOP     ``estop()`` (std_srvs/Trigger): rotors cut at once, latched until ``arm()``.
+A clock that goes back (a simulator reset or restart: /clock from 0 again) starts the controller up
+again, DISARMED (``auto_arm`` arms it again on the first valid state): its kept times would lie ahead.
 ``disarm()`` (SetBool false) in flight is a controlled descent without recovery; on the ground it
 cuts the rotors.
 """
@@ -139,14 +141,19 @@ class SafeController:
                  params: CrazyflieParams = NOMINAL):
         self.policy, self.cfg = policy, cfg
         self.target = np.asarray(cfg.target, dtype=np.float64)
-        self._ramp_from, self._ramp_start = self.target, 0.0  # setpoint ramp: start position (world, m), time (s)
-        self._on_floor_since: float | None = None  # time (s) since which an ARMED vehicle has been on the floor
         self.hover_action = params.hover_action
         self.descent_action = rpm_to_action(params.hover_rpm * math.sqrt(cfg.descent_thrust_ratio), params.rpm_max)
         self.descent_accel = (1.0 - cfg.descent_thrust_ratio) * GRAVITY  # m/s^2, downwards
-        self.mode, self.reason = Mode.DISARMED, "start-up"
-        self.prev_action = np.full(ACT_DIM, IDLE_ACTION)
         self.failsafe_count = 0
+        self._clock = -math.inf  # the latest time (s) on_state() or tick() was given
+        self._start_up("start-up")
+
+    def _start_up(self, reason: str) -> None:
+        """The state of a controller that has just started: DISARMED, no state, nothing timed."""
+        self.mode, self.reason = Mode.DISARMED, reason
+        self._ramp_from, self._ramp_start = self.target, 0.0  # setpoint ramp: start position (world, m), time (s)
+        self._on_floor_since: float | None = None  # time (s) since which an ARMED vehicle has been on the floor
+        self.prev_action = np.full(ACT_DIM, IDLE_ACTION)
         self._recovered_at: list[float] = []  # times (s) of the recoveries within recovery_window
         self._latest: State | None = None  # last valid state
         self._latest_time = -math.inf  # time it was received (s, the caller's clock)
@@ -154,13 +161,23 @@ class SafeController:
         self._good_streak = 0
         self._descent_end = self._descent_cap = math.inf
         self._may_recover = True
-        self._auto_arm_pending = cfg.auto_arm
+        self._auto_arm_pending = self.cfg.auto_arm
         self._policy_error = ""
         self._now_seen = 0.0  # the last tick's time (s), for status()
+
+    def _check_clock(self, now: float) -> None:
+        """A clock that goes back is a restarted simulator's (/clock from 0 again; a steady clock never
+        does): every time kept (state age, descent end, recoveries, ramp, floor timer) would be wrong, so
+        the controller starts up again, DISARMED (re-armed on the first valid state with auto_arm)."""
+        if now < self._clock:
+            self._start_up(f"clock went back from {self._clock:.3f} s to {now:.3f} s (a restarted simulator?): "
+                           "rotors idle, " + ("arming on the first valid state" if self.cfg.auto_arm else "re-arm to fly"))
+        self._clock = now
 
     # ------------------------------------------------------------------ inputs
     def on_state(self, state: State | None, now: float, error: str | None = None) -> None:
         """A received state sample: a valid State, or None with ``error`` ("nonfinite: ...")."""
+        self._check_clock(now)
         if state is None:
             self._input_error, self._good_streak = error or "invalid state", 0
             return
@@ -195,6 +212,7 @@ class SafeController:
 
     # ------------------------------------------------------------------ services
     def arm(self, now: float) -> tuple[bool, str]:
+        self._check_clock(now)
         if self.mode is Mode.ARMED:  # the policy flies on, its previous action untouched
             return True, "already armed"
         problem = self.state_problem(now)
@@ -218,6 +236,7 @@ class SafeController:
         return self.target.copy() if travelled >= dist else self._ramp_from + d * (travelled / dist)
 
     def disarm(self, now: float) -> str:
+        self._check_clock(now)
         self._auto_arm_pending = False
         if self.mode in (Mode.ARMED, Mode.FAILSAFE):
             self._enter_failsafe("disarm requested", now, may_recover=False)
@@ -231,6 +250,7 @@ class SafeController:
     # ------------------------------------------------------------------ control
     def tick(self, now: float) -> Command:
         """One policy period: decide the mode, return the rotor command."""
+        self._check_clock(now)
         self._now_seen = now
         if self._recovered_at and now - self._recovered_at[0] >= self.cfg.recovery_window:
             self._recovered_at = [t for t in self._recovered_at if now - t < self.cfg.recovery_window]

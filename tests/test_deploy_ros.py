@@ -213,6 +213,26 @@ def test_a_paused_simulator_is_not_a_fault_a_stopped_one_is(seeded_policy):
     check_commands(rec.cmd)
 
 
+def test_a_restarted_simulator_starts_the_safety_layer_again(seeded_policy):
+    """A simulator restarted under a running policy node sends /clock from 0 again: the safety layer,
+    whose times are that clock's, starts up again (DISARMED, then armed again by auto_arm) instead
+    of comparing the new times with the old ones."""
+    with world() as w:
+        rec = Observed(w)
+        sim = w.start(*w.node_cmd("sim_bridge", clamped=True), name="sim")
+        w.start(*w.node_cmd("policy_node", policy=seeded_policy, use_sim_time=True, auto_arm=True), name="policy")
+        w.spin_until(lambda: rec.mode() == "armed" and rec.odom and rec.odom[-1][1] > 2.0, 60,
+                     "the policy node to arm and 2 s of simulated time")
+        RosWorld.stop(sim, signal.SIGKILL)
+        w.start(*w.node_cmd("sim_bridge", clamped=True), name="sim2")
+        t0 = time.monotonic()
+        w.spin_until(lambda: any("clock went back" in s["reason"] for t, s in rec.status if t >= t0), 30,
+                     "the safety layer to see the clock go back")
+        t1 = min(t for t, s in rec.status if t >= t0 and "clock went back" in s["reason"])
+        w.spin_until(lambda: rec.seen_mode("armed", t1), 10, "auto_arm to arm again")
+    check_commands(rec.cmd)
+
+
 def odom_msg(pos=(0.0, 0.0, 1.0), quat=(1.0, 0.0, 0.0, 0.0), vel=(0.0, 0.0, 0.0), omega=(0.0, 0.0, 0.0),
              stamp_ns: int = 0, frame: str = "world"):
     from nav_msgs.msg import Odometry

@@ -389,6 +389,25 @@ def test_the_shipped_policy_takes_off_from_the_floor(vehicle):
         assert lift_off is not None and lift_off < 0.75 * c.cfg.ground_timeout, (start, lift_off)
 
 
+@pytest.mark.parametrize("auto_arm", [False, True])
+def test_a_clock_that_goes_back_starts_the_controller_up_again(auto_arm):
+    """A simulator reset sends its clock back to 0 without a pause (no stale state, no failsafe): the
+    times the controller keeps (ramp start, recoveries, descent end, state age) would lie in the new
+    clock's future, e.g. a setpoint ramp frozen until the old time came round again. It starts up
+    again instead: DISARMED, armed again by auto_arm on the first valid state."""
+    c = SafeController(FakePolicy(), SafetyConfig(auto_arm=auto_arm))
+    c.on_state(hover_state(50.0, z=0.2), 50.0)
+    assert c.arm(50.0)[0] and c.tick(50.0).mode is Mode.ARMED
+    c.on_state(hover_state(0.01, z=0.2), 0.01)  # the reset: a valid state at t = 0.01 s
+    cmd = c.tick(0.01)
+    if auto_arm:
+        assert cmd.mode is Mode.ARMED and c.setpoint(0.51)[2] == pytest.approx(0.45)  # the ramp runs from 0.01 s
+    else:
+        assert cmd.mode is Mode.DISARMED and "clock went back from 50.000 s to 0.010 s" in cmd.reason
+        assert cmd.action.tolist() == [IDLE_ACTION] * 4 and c.arm(0.02)[0]
+    assert c.status()["recoveries"] == 0
+
+
 def test_a_vehicle_that_stays_on_the_floor_while_armed_is_cut():
     """Armed on the floor, a vehicle that does not take off (or comes down and cannot leave the floor:
     tipped over, a broken rotor) has its rotors cut after ground_timeout; a moment off the floor
