@@ -38,7 +38,8 @@ Modes and rules, checked on every tick:
             lands. Link gaps spread over a long flight do not add up (re-arming also clears them).
   ESTOP     ``estop()`` (std_srvs/Trigger): rotors cut at once, latched until ``arm()``.
 A clock that goes back (a simulator reset or restart: /clock from 0 again) starts the controller up
-again, DISARMED (``auto_arm`` arms it again on the first valid state): its kept times would lie ahead.
+again, DISARMED (``auto_arm`` arms it again on the first valid state unless the operator disarmed or
+stopped it since the last arming; an emergency stop stays latched): its kept times would lie ahead.
 ``disarm()`` (SetBool false) in flight is a controlled descent without recovery; on the ground it
 cuts the rotors.
 """
@@ -146,6 +147,7 @@ class SafeController:
         self.descent_accel = (1.0 - cfg.descent_thrust_ratio) * GRAVITY  # m/s^2, downwards
         self.failsafe_count = 0
         self._clock = -math.inf  # the latest time (s) on_state() or tick() was given
+        self._operator_stop = False  # disarm() or estop() since the last arm(): no auto_arm after a restart
         self._start_up("start-up")
 
     def _start_up(self, reason: str) -> None:
@@ -161,7 +163,7 @@ class SafeController:
         self._good_streak = 0
         self._descent_end = self._descent_cap = math.inf
         self._may_recover = True
-        self._auto_arm_pending = self.cfg.auto_arm
+        self._auto_arm_pending = self.cfg.auto_arm and not self._operator_stop
         self._policy_error = ""
         self._now_seen = 0.0  # the last tick's time (s), for status()
 
@@ -170,8 +172,14 @@ class SafeController:
         does): every time kept (state age, descent end, recoveries, ramp, floor timer) would be wrong, so
         the controller starts up again, DISARMED (re-armed on the first valid state with auto_arm)."""
         if now < self._clock:
-            self._start_up(f"clock went back from {self._clock:.3f} s to {now:.3f} s (a restarted simulator?): "
-                           "rotors idle, " + ("arming on the first valid state" if self.cfg.auto_arm else "re-arm to fly"))
+            why = f"clock went back from {self._clock:.3f} s to {now:.3f} s (a restarted simulator?)"
+            if self.mode is Mode.ESTOP:  # an emergency stop stays latched until arm()
+                self._start_up(why)
+                self._set(Mode.ESTOP, f"{why}: emergency stop kept, re-arm to fly")
+            else:
+                self._start_up(why)
+                self.reason += (": rotors idle, arming on the first valid state" if self._auto_arm_pending
+                                else ": rotors idle, re-arm to fly")
         self._clock = now
 
     # ------------------------------------------------------------------ inputs
@@ -224,7 +232,7 @@ class SafeController:
         self._set(Mode.ARMED, "armed")
         self._take_over(now)
         self._recovered_at = []
-        self._auto_arm_pending = False
+        self._auto_arm_pending = self._operator_stop = False
         return True, "armed"
 
     def setpoint(self, now: float) -> np.ndarray:
@@ -237,13 +245,13 @@ class SafeController:
 
     def disarm(self, now: float) -> str:
         self._check_clock(now)
-        self._auto_arm_pending = False
+        self._auto_arm_pending, self._operator_stop = False, True
         if self.mode in (Mode.ARMED, Mode.FAILSAFE):
             self._enter_failsafe("disarm requested", now, may_recover=False)
         return f"{self.mode.value}: {self.reason}"
 
     def estop(self) -> str:
-        self._auto_arm_pending = False
+        self._auto_arm_pending, self._operator_stop = False, True
         self._set(Mode.ESTOP, "emergency stop: rotors cut, re-arm to fly")
         return self.reason
 

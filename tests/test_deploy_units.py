@@ -408,6 +408,22 @@ def test_a_clock_that_goes_back_starts_the_controller_up_again(auto_arm):
     assert c.status()["recoveries"] == 0
 
 
+@pytest.mark.parametrize("stop", ["estop", "disarm"])
+def test_an_operators_stop_outlasts_a_clock_that_goes_back(stop):
+    """After an emergency stop or a disarm, a restarted simulator's clock neither clears the stop nor lets
+    auto_arm fly again: only arm() does."""
+    c = SafeController(FakePolicy(), SafetyConfig(auto_arm=True))
+    c.on_state(hover_state(50.0), 50.0)
+    assert c.tick(50.0).mode is Mode.ARMED  # auto_arm
+    c.estop() if stop == "estop" else c.disarm(50.0)
+    for k in range(1, 30):
+        c.on_state(hover_state(0.01 * k, z=0.0), 0.01 * k)
+        cmd = c.tick(0.01 * k)
+        assert cmd.mode is (Mode.ESTOP if stop == "estop" else Mode.DISARMED), (k, cmd.reason)
+        assert cmd.action.tolist() == [IDLE_ACTION] * 4
+    assert c.arm(0.3)[0] and c.tick(0.3).mode is Mode.ARMED
+
+
 def test_a_vehicle_that_stays_on_the_floor_while_armed_is_cut():
     """Armed on the floor, a vehicle that does not take off (or comes down and cannot leave the floor:
     tipped over, a broken rotor) has its rotors cut after ground_timeout; a moment off the floor
