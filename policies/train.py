@@ -97,7 +97,7 @@ def prepare(argv: list[str]) -> tuple[DictConfig, Path, dict | None]:
     explicit = {a.split("=", 1)[0] for a in expand_shorthands(argv)}
     # task=/algo= repeating the run's own choice change nothing by themselves (their defaults may, e.g.
     # a default path made absolute in another working directory: those stay as saved)
-    explicit -= {g for g in ("task", "algo") if f"{g}={saved[g].name}" in argv}
+    explicit -= {g for g in ("task", "algo") if new[g]["name"] == saved[g].name}  # the choice composed (the last)
     # a key given on the command line, or inside one given whole (task.reward={...}, task=...)
     bad = [k for k in diff_keys(new, old) if any(k == e or k.startswith(e + ".") for e in explicit)
            or k.split(".")[0] in explicit]

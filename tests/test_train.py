@@ -411,7 +411,9 @@ def test_a_run_records_the_directories_it_reads_as_absolute_paths(tmp_path, monk
                    bc_dir / "config.yaml")
     monkeypatch.chdir(run_dir)
     for argv, says in (([f"resume={bc_dir}", "algo=diffusion_bc", "task=arm_push"], "no checkpoint"),
-                       ([f"resume={bc_dir}", "algo=dsrl"], "cannot change algo")):
+                       ([f"resume={bc_dir}", "algo=dsrl"], "cannot change algo"),
+                       ([f"resume={bc_dir}", "algo=diffusion_bc", "algo=dsrl"], "cannot change algo"),  # the last one
+                       ([f"resume={bc_dir}", "algo=diffusion_bc", "algo.lr=0.5"], "cannot change algo.lr")):
         with pytest.raises(UserError) as e:
             prepare(argv)
         assert says in str(e.value), e.value
