@@ -173,11 +173,11 @@ class SafeController:
         the controller starts up again, DISARMED (re-armed on the first valid state with auto_arm)."""
         if now < self._clock:
             why = f"clock went back from {self._clock:.3f} s to {now:.3f} s (a restarted simulator?)"
-            if self.mode is Mode.ESTOP:  # an emergency stop stays latched until arm()
-                self._start_up(why)
+            estop = self.mode is Mode.ESTOP  # an emergency stop stays latched until arm()
+            self._start_up(why)
+            if estop:
                 self._set(Mode.ESTOP, f"{why}: emergency stop kept, re-arm to fly")
             else:
-                self._start_up(why)
                 self.reason += (": rotors idle, arming on the first valid state" if self._auto_arm_pending
                                 else ": rotors idle, re-arm to fly")
         self._clock = now

@@ -342,8 +342,7 @@ class DSRL:
         if restart.any():
             rows = restart.nonzero()[:, 0]
             fresh = self.env.restart(rows.cpu().numpy())
-            o = {k: v.clone() for k, v in o.items()}
-            for key, v in fresh.items():
+            for key, v in fresh.items():  # o is step()'s own new tensors: nxt holds copies of its rows
                 o[key][rows] = v
         self.obs = o
         self._count_in_critic_norms(obs["critic"], self._q_action_input(w, chunk))
