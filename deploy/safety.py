@@ -100,8 +100,8 @@ class SafetyConfig:
                 raise ValueError(f"{name} {value}: expected finite values")
         if not self.stale_timeout > 0.0:
             raise ValueError(f"stale_timeout {self.stale_timeout}: expected a positive time (s)")
-        if not self.landed_height >= 0.0:
-            raise ValueError(f"landed_height {self.landed_height}: expected a height >= 0 (m)")
+        if not self.landed_height > 0.0:  # at 0 no state above the floor counts as on it: floor rules off
+            raise ValueError(f"landed_height {self.landed_height}: expected a height > 0 (m)")
         if int(self.recover_count) != self.recover_count or self.recover_count < 1:
             raise ValueError(f"recover_count {self.recover_count}: expected a whole number >= 1")
         if not (math.isfinite(self.max_recoveries) and int(self.max_recoveries) == self.max_recoveries

@@ -306,6 +306,7 @@ def test_recoveries_far_apart_do_not_add_up():
 
 
 @pytest.mark.parametrize("bad", [dict(stale_timeout=math.nan), dict(stale_timeout=0.0), dict(landed_height=math.nan),
+                                 dict(landed_height=0.0),
                                  dict(ground_height=math.inf), dict(target=(0.0, math.nan, 1.0)),
                                  dict(target=(0.0, 0.0, 3.0)), dict(target=(0.0, 0.0, -0.1)),
                                  dict(recover_count=0), dict(recover_count=2.5), dict(max_recoveries=-1),
