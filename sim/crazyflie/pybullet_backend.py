@@ -14,7 +14,10 @@ stored so (``_stagger``), the reported state adds the missing half substep of ac
 the kick across a change of the external wrench takes half of each. PyBullet's own gyroscopic
 term, computed from the stored angular velocity, stays first order (tests/test_backends.py).
 Optional aerodynamic effects follow the models of gym-pybullet-drones (ground effect, rotor drag,
-downwash) with the coefficients of ``params``.
+downwash) with the coefficients of ``params``, with three differences: the drag coefficients act on the
+body-frame velocity (in-plane and along the rotor axis; gym-pybullet-drones applies them to the world
+velocity's components), the downwash pushes along world -z (there along the lower drone's body -z), and
+the ground effect scales with the battery's thrust scale like the thrust it adds to.
 """
 
 from __future__ import annotations
