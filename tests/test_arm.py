@@ -182,6 +182,25 @@ def test_scripted_expert_succeeds(task, noise):
     assert success.mean() >= 0.9, f"{task} expert at noise {noise}: {success.mean():.0%}"
 
 
+def test_push_success_needs_the_cube_on_the_table():
+    """A cube carried over the goal (the pick-and-place expert run in arm_push) is no push success,
+    however close horizontally; set down on the goal it is."""
+    carry = {k: v for k, v in vars(ArmPickPlaceEnv).items() if k.isupper()}
+    CarryInPush = type("CarryInPush", (ArmPushEnv,), dict(carry, expert=ArmPickPlaceEnv.expert,
+                                                           grasped=ArmPickPlaceEnv.grasped))
+    env = CarryInPush(get_task("arm_push").default_config(), 8, seed=0)
+    env.reset(seed=0)
+    carried_over, placed = 0, 0
+    for _ in range(env.max_steps):
+        _, _, _, _, info = env.step(env.expert_action(0.0))
+        placed += int(info["success"].sum())
+        over = env.goal_distance() < env.cfg.success_radius
+        lifted = over & (env.cube_pos[:, 2] > NOMINAL.cube.half + 0.01)
+        carried_over += int(lifted.sum())
+        assert not env.success()[lifted].any()
+    assert carried_over > 0 and placed > 0, (carried_over, placed)
+
+
 def test_pick_place_milestones_say_how_far_an_episode_got():
     """The expert's successful episodes pass every milestone; the expert stopped once its fingers
     have closed (held there, closed) gets as far as "grasped"; a new episode starts with none;

@@ -4,7 +4,9 @@ Config, cube and goal sampling, success, reward and the scripted expert are belo
 machinery (simulation, observation layout, action, autoreset, camera, physics randomization)
 is in base.py. The goal is the cube-centre position to reach (z = cube half size: on the table).
 
-Success: the cube's centre within ``success_radius`` (3 cm, horizontal) of the goal.
+Success: the cube's centre within ``success_radius`` (3 cm, horizontal) of the goal, on the table (its
+height within ``rest_tolerance``, 5 mm, of resting flat: a cube carried or rolling over the goal has not
+been pushed there).
 Termination: success (if terminate_on_success); failure if the cube falls off the table;
 time limit (truncation) after episode_steps.
 """
@@ -36,7 +38,8 @@ class PushConfig(ArmTaskConfig):
     goal_x: tuple[float, float] = (0.35, 0.65)  # m, world, uniform (rejected until the distance fits)
     goal_y: tuple[float, float] = (-0.2, 0.2)  # m
     goal_distance: tuple[float, float] = (0.1, 0.25)  # m, from the cube's start (horizontal)
-    success_radius: float = 0.03  # m
+    success_radius: float = 0.03  # m, horizontal
+    rest_tolerance: float = 0.005  # m, cube centre height above resting flat on the table
     reward: PushReward = field(default_factory=PushReward)
     # A second, worse demonstrator for policies.collect, as Robomimic's multi-human datasets mix
     # operators of different skill (Mandlekar et al. 2021). In this share of episodes the expert
@@ -105,7 +108,8 @@ class ArmPushEnv(ArmEnv):
         return np.linalg.norm(self.goal[:, :2] - self.cube_pos[:, :2], axis=-1)
 
     def success(self) -> np.ndarray:
-        return self.goal_distance() < self.cfg.success_radius
+        on_table = np.abs(self.cube_pos[:, 2] - self.goal[:, 2]) < self.cfg.rest_tolerance
+        return (self.goal_distance() < self.cfg.success_radius) & on_table
 
     def reward_terms(self, success: np.ndarray) -> dict[str, np.ndarray]:
         w = self.cfg.reward
