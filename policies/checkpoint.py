@@ -51,10 +51,12 @@ def settle_best(run_dir: Path, evals: list[dict], unit: str = "env_steps") -> No
         pending.unlink()
 
 
-# Keys under which the training state holds random-generator states (torch.Generator.get_state,
-# torch.get_rng_state). Those are CPU byte tensors whatever the generator's device, and set_state
-# refuses any other: they stay on the CPU when a checkpoint is loaded onto a GPU.
-RNG_STATE_KEYS = frozenset({"gen", "expert_gen", "torch_rng"})
+def is_rng_state_key(key: str | None) -> bool:
+    """Whether the training state holds a random-generator state under ``key``: the naming rule is
+    "gen", "<name>_gen" (torch.Generator.get_state) and "torch_rng" (torch.get_rng_state). Those are
+    CPU byte tensors whatever the generator's device, and set_state refuses any other: they stay on
+    the CPU when a checkpoint is loaded onto a GPU."""
+    return key is not None and (key in ("gen", "torch_rng") or key.endswith("_gen"))
 
 
 def load(path: Path, device="cpu") -> dict:
@@ -70,7 +72,7 @@ def load(path: Path, device="cpu") -> dict:
 
 def _to_device(obj, device: torch.device, key: str | None = None):
     if isinstance(obj, torch.Tensor):
-        return obj if key in RNG_STATE_KEYS else obj.to(device)
+        return obj if is_rng_state_key(key) else obj.to(device)
     if isinstance(obj, dict):
         return {k: _to_device(v, device, k) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):

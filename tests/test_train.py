@@ -520,6 +520,23 @@ def test_checkpoint_keeps_generator_states_on_the_cpu(tmp_path):
     torch.Generator().set_state(state["algo"]["gen"])
 
 
+@pytest.mark.parametrize("task", ["quad_hover", "arm_reach"])
+def test_every_generator_state_of_an_environment_stays_on_the_cpu(tmp_path, task):
+    """The naming rule of checkpoint.is_rng_state_key covers every generator state an environment
+    saves (the arm env's sensor noise generator was once left out, so a resume on a GPU failed): its
+    byte tensors, which are generator states, stay on the CPU when loaded onto another device."""
+    spec = get_task(task)
+    env = spec.env_cls(spec.default_config(), 2, seed=0)
+    sd = env.state_dict()
+    byte_keys = {k for k, v in sd.items() if isinstance(v, torch.Tensor) and v.dtype == torch.uint8}
+    assert {"gen"} <= byte_keys and all(ckpt.is_rng_state_key(k) for k in byte_keys), byte_keys
+    ckpt.save_atomic({"env": sd}, tmp_path / "c.pt")
+    loaded = ckpt.load(tmp_path / "c.pt", device="meta")["env"]
+    assert {loaded[k].device.type for k in byte_keys} == {"cpu"}
+    for k in byte_keys:
+        torch.Generator().set_state(loaded[k])
+
+
 def test_resume_errors_overwrite_nothing(tmp_path):
     run = tmp_path / "run"
     assert train_main([*TINY, f"run_dir={run}", "max_env_steps=1024"]) == 0
