@@ -132,6 +132,14 @@ def pass_holds(tr: dict, cfg: DictConfig) -> bool:
             and done.get("episodes", cfg.confirm_episodes) >= cfg.confirm_episodes)
 
 
+def save_config(cfg: DictConfig, run_dir: Path) -> None:
+    """``run_dir/config.yaml``, written atomically: a new run's config, or a resumed run's with the
+    budgets it resumed with (a kill, then ``resume=<run_dir>`` alone, goes on to those)."""
+    tmp = run_dir / "config.yaml.tmp"
+    OmegaConf.save(cfg, tmp)
+    os.replace(tmp, run_dir / "config.yaml")
+
+
 def run(cfg: DictConfig, run_dir: Path, resume_state: dict | None, t_start: float) -> dict:
     """Train until the budget ends or a confirmed pass; ``t_start`` (s since the epoch) is what
     the time to success counts from."""
@@ -154,7 +162,7 @@ def run(cfg: DictConfig, run_dir: Path, resume_state: dict | None, t_start: floa
     run_dir.mkdir(parents=True, exist_ok=True)
     with lock_run_dir(run_dir):  # held until this function ends, however it ends
         if resume_state is None:
-            OmegaConf.save(cfg, run_dir / "config.yaml")
+            save_config(cfg, run_dir)
 
         offline = getattr(algo, "offline", False)
         budget, eval_every, unit = ((algo_cfg.gradient_steps, algo_cfg.eval_every_updates, "update") if offline
@@ -175,6 +183,7 @@ def run(cfg: DictConfig, run_dir: Path, resume_state: dict | None, t_start: floa
             env.load_state_dict(resume_state["env"])
             torch.set_rng_state(resume_state["torch_rng"])
             tr = {"passed": False, **resume_state["trainer"]}  # checkpoints of older revisions lack "passed"
+            save_config(cfg, run_dir)  # the budgets it resumes with, for the next resume of it
             ckpt.settle_best(run_dir, tr["evals"], steps_key)
             if tr["evals"] and tr.get("eval_every", eval_every) != eval_every:  # a new interval, from the last evaluation on
                 tr["next_eval"] = tr["evals"][-1][steps_key] + eval_every
@@ -282,7 +291,8 @@ def run(cfg: DictConfig, run_dir: Path, resume_state: dict | None, t_start: floa
 
             out_of_budget = tr["env_steps"] >= budget or tr["seconds"] >= cfg.max_seconds
             if tr["env_steps"] >= tr["next_eval"] or out_of_budget:
-                tr["next_eval"] += eval_every
+                while tr["env_steps"] >= tr["next_eval"]:  # an evaluation at a budget's end keeps the grid
+                    tr["next_eval"] += eval_every
                 success, stop = evaluate_and_keep_best()
                 last_ckpt = time.time()
             elif time.time() - last_ckpt >= cfg.checkpoint_every_seconds:

@@ -591,6 +591,20 @@ def test_resume_takes_a_new_eval_interval_and_evaluates_a_run_never_evaluated(tm
     assert (run / ckpt.BEST).is_file() and len(json.loads((run / "results.json").read_text())["evals"]) == 1
 
 
+def test_a_budget_end_evaluation_keeps_the_grid_and_a_resumed_budget_is_saved(tmp_path):
+    """A run stopped between evaluation points (its budget's end evaluates there) and resumed with a
+    larger budget still evaluates at every point of its grid; its config.yaml then holds the budget
+    it resumed with, so that after a kill ``resume=<run>`` alone goes on to that budget."""
+    from omegaconf import OmegaConf
+
+    run = tmp_path / "run"
+    assert train_main([*TINY, f"run_dir={run}", "max_env_steps=3072"]) == 0
+    assert train_main([f"resume={run}", "max_env_steps=5120"]) == 0
+    evals = json.loads((run / "results.json").read_text())["evals"]
+    assert [e["env_steps"] for e in evals] == [2048, 3072, 4096, 5120]
+    assert OmegaConf.load(run / "config.yaml").max_env_steps == 5120
+
+
 def test_a_kill_between_a_new_best_policy_and_its_checkpoint_leaves_them_consistent(tmp_path, monkeypatch):
     """Killed after writing a new best policy but before last.pt recorded its evaluation, then
     resumed with its budget spent at last.pt: best.pt is the policy of the evaluation last.pt
