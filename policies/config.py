@@ -151,6 +151,9 @@ def compose_config(overrides: list[str]) -> DictConfig:
                             f"setting already exists (see policies/config/ and the task's config class)")
         if key.startswith("hydra."):  # Hydra's own settings: this entry point has its own run_dir
             raise UserError(f"override '{o}': hydra.* settings are not used here (the run directory is run_dir=)")
+        if key in ("task.name", "algo.name"):  # the schema and defaults come from task= / algo=: a name alone mixes them
+            group = key.split(".")[0]
+            raise UserError(f"override '{o}': choose the {group} with {group}=<name>, not {key}=")
         if key == "task" and value not in TASKS:
             raise UserError(f"unknown task '{value}'. Valid tasks: {', '.join(sorted(TASKS))}")
         if key == "algo" and value not in ALGOS:

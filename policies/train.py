@@ -159,7 +159,10 @@ def run(cfg: DictConfig, run_dir: Path, resume_state: dict | None, t_start: floa
         raise UserError(f"algo {algo_cfg.name}: {e}") from None
     if getattr(algo, "buffer", None) is not None:  # off-policy: its replay rows go to segment files, new ones per save
         algo.buffer.persist(run_dir / ckpt.REPLAY)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:  # a file there, no permission, a read-only file system
+        raise UserError(f"run_dir={run_dir}: cannot make that directory ({e.strerror})") from None
     with lock_run_dir(run_dir):  # held until this function ends, however it ends
         if resume_state is None:
             save_config(cfg, run_dir)
