@@ -78,11 +78,15 @@ class EvalResult:
         )
 
     def as_dict(self) -> dict:
+        """JSON-ready: the means over no episode (every one left the ball) are None, as JSON has no NaN."""
+        def finite(v: float) -> float | None:
+            return float(v) if math.isfinite(v) else None
+
         return {
             "backend": self.backend, "success_rate": self.success_rate, "episodes": self.episodes,
-            "mean_final_error_m": self.mean_final_error, "max_tilt_last_deg": self.max_tilt_last,
+            "mean_final_error_m": finite(self.mean_final_error), "max_tilt_last_deg": finite(self.max_tilt_last),
             "failures": self.failures, "error_failures": self.error_failures, "tilt_failures": self.tilt_failures,
-            **{f"common_offset_{axis}_m": v for axis, v in zip("xyz", self.common_offset)},
+            **{f"common_offset_{axis}_m": finite(v) for axis, v in zip("xyz", self.common_offset)},
         }
 
 

@@ -36,6 +36,16 @@ def test_common_offset_is_where_the_policy_holds_the_vehicle():
     assert "common offset (x, y, z)" in held.summary() and "common_offset_x_m" in held.as_dict()
 
 
+def test_an_evaluation_where_every_episode_fails_is_valid_json():
+    """Full thrust leaves the 1 m ball in every episode: the means over the episodes that stayed are
+    over none, and the result's dict (results.json, eval_*.json) holds null there, not NaN."""
+    task_cfg, _ = to_objects(OmegaConf.create(ckpt.load_record(PRETRAINED)["config"]))
+    res = evaluate_hover(lambda obs: torch.ones(obs.shape[0], 4), task_cfg, episodes=8)
+    assert res.failures == 8 and np.isnan(res.mean_final_error)
+    d = json.loads(json.dumps(res.as_dict(), allow_nan=False))
+    assert d["mean_final_error_m"] is None and d["common_offset_x_m"] is None and d["success_rate"] == 0.0
+
+
 def test_the_criterion_ignores_a_run_trained_on_easier_conditions():
     """A run trained without randomization and noise, from a narrower start, terminating closer to
     the target, is still judged on the criterion's conditions: the same episodes as for a run with
