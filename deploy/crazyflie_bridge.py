@@ -11,8 +11,11 @@ this bridge streams setpoints, chosen by the same safety layer (deploy/safety.py
   ARMED      position setpoint = the safety layer's setpoint (the onboard policy flies to it), every
              period: from where the policy took over (armed on the floor, or a recovery) to the
              target at takeoff_speed
-  FAILSAFE   position setpoint descending from the failsafe height along z(t) = z0 - (1 - r) g t^2 / 2
-             (r = descent_thrust_ratio: the same profile and duration as the simulated failsafe),
+  FAILSAFE   position setpoint descending from the failsafe height along
+             z(t) = z0 + min(vz0, 0) t - (1 - r) g t^2 / 2 (r = descent_thrust_ratio; vz0 the last valid
+             vertical velocity): a sinking vehicle's setpoint sinks on as the simulated failsafe does, a
+             climbing one's starts down at once, so it reaches the floor no later than the safety
+             layer's descent timer (the simulated fall time plus the spin-down) sends the stop,
              at the last valid x, y; when the radio link itself is lost nothing reaches the vehicle
              and the firmware's own dead-man (300 ms, then the stock controller, then the
              supervisor's 2 s stop) takes over
@@ -43,7 +46,7 @@ import numpy as np
 from sim.crazyflie.params import GRAVITY
 
 from .policy_node import ControllerNode, load_onnx_policy
-from .ros import CONTROL_PUB_QOS, ODOM, WORLD_FRAME, param, run_node
+from .ros import CONTROL_PUB_QOS, ODOM, param, run_node
 from .safety import Command, Mode
 from .state import State, fill_odometry, unit_quat
 
@@ -96,9 +99,10 @@ class StateAssembler:
         return state_from_log(pose, att, stamp)
 
 
-def descent_setpoint(z0: float, seconds: float, ratio: float, ground: float) -> float:
-    """Failsafe descent height (m) after ``seconds``: the free sink at (1 - ratio) g, floored."""
-    return max(ground, z0 - 0.5 * (1.0 - ratio) * GRAVITY * seconds ** 2)
+def descent_setpoint(z0: float, seconds: float, ratio: float, ground: float, vz0: float = 0.0) -> float:
+    """Failsafe descent height (m, world) after ``seconds`` from height ``z0`` with vertical velocity
+    ``vz0`` (m/s, up > 0): the sink at (1 - ratio) g, from vz0 if sinking, from rest if climbing; floored."""
+    return max(ground, z0 + min(vz0, 0.0) * seconds - 0.5 * (1.0 - ratio) * GRAVITY * seconds ** 2)
 
 
 class CrazyflieBridge(ControllerNode):
@@ -110,13 +114,17 @@ class CrazyflieBridge(ControllerNode):
         from nav_msgs.msg import Odometry
 
         self.uri = param(self, "uri", "radio://0/80/2M/E7E7E7E7E7", "Crazyradio link URI")
+        if self.controller.cfg.max_action < 1.0:  # the onboard policy flies the motors; its glue clips to [-1, 1]
+            raise ValueError(f"max_action {self.controller.cfg.max_action:g}: the real vehicle's onboard policy "
+                             "does not take it (firmware/crazyflie clips actions to [-1, 1]); leave it at 1")
         self.ratio = self.controller.cfg.descent_thrust_ratio
         self.ground = self.controller.cfg.ground_height
         self._odom_pub = self.create_publisher(Odometry, ODOM, CONTROL_PUB_QOS)
         self._odom_msg = Odometry
         self._assembler = StateAssembler()
         self._lock = threading.Lock()
-        self._failsafe_from: tuple[float, np.ndarray] | None = None  # (start time, last valid position)
+        # (start time s, last valid position m, its vertical velocity m/s) of a failsafe descent
+        self._failsafe_from: tuple[float, np.ndarray, float] | None = None
         self.connected = False
 
         if self.uri.startswith("radio://"):
@@ -158,7 +166,7 @@ class CrazyflieBridge(ControllerNode):
         with self._lock:
             state = self._assembler.feed(conf.name, timestamp_ms, data, stamp)
         if state is not None:  # checked where every odom is, on the executor (ControllerNode._on_odom)
-            self._odom_pub.publish(fill_odometry(self._odom_msg(), state, WORLD_FRAME, self.robot))
+            self._odom_pub.publish(fill_odometry(self._odom_msg(), state, self.world_frame, self.robot))
 
     # ------------------------------------------------------------------ actuation
     def actuate(self, cmd: Command, now: float) -> None:
@@ -167,9 +175,9 @@ class CrazyflieBridge(ControllerNode):
         latest = self.controller.latest
         if cmd.mode is Mode.FAILSAFE and latest is not None:
             if self._failsafe_from is None:
-                self._failsafe_from = (now, latest.pos.copy())
-            t0, p0 = self._failsafe_from
-            z = descent_setpoint(p0[2], now - t0, self.ratio, self.ground)
+                self._failsafe_from = (now, latest.pos.copy(), float(latest.vel[2]))
+            t0, p0, vz0 = self._failsafe_from
+            z = descent_setpoint(p0[2], now - t0, self.ratio, self.ground, vz0)
             self.cf.commander.send_position_setpoint(p0[0], p0[1], z, 0.0)
             return
         self._failsafe_from = None

@@ -156,6 +156,18 @@ def test_bad_parameters_are_one_error_line(seeded_policy, params, message):
     assert f"error: {message}" in out and "Traceback" not in out, out
 
 
+def test_the_real_vehicles_bridge_refuses_a_max_action_it_cannot_apply(seeded_policy):
+    """On the real vehicle the onboard policy flies the motors (firmware/crazyflie clips to [-1, 1]):
+    a lower max_action would limit only the offboard shadow, so the bridge refuses it before it opens
+    a radio link."""
+    with world() as w:
+        proc = w.start(*w.node_cmd("crazyflie_bridge", policy=seeded_policy, max_action=0.8), name="bridge")
+        assert proc.wait(timeout=60) == 2, w.output(proc)
+        out = w.output(proc)
+    assert "error: max_action 0.8: the real vehicle's onboard policy does not take it" in out, out
+    assert "Traceback" not in out and "connecting" not in out, out
+
+
 def test_failsafe_when_the_simulator_dies(seeded_policy):
     with world() as w:
         rec = Observed(w)

@@ -9,6 +9,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 import tomllib
 from pathlib import Path
@@ -953,6 +954,29 @@ def test_stopping_the_bridge_in_flight_descends_before_the_motors_stop():
     assert bridge.controller.mode is Mode.DISARMED
 
 
+def test_the_bridge_publishes_the_state_in_its_world_frame_parameter():
+    """The odometry the bridge makes from the log blocks carries the world_frame parameter, which its
+    own subscription checks (with the constant 'world' a bridge run with world_frame:=map refused every
+    state it published)."""
+    from nav_msgs.msg import Odometry
+
+    from deploy.crazyflie_bridge import CrazyflieBridge, StateAssembler
+
+    published = []
+    bridge = object.__new__(CrazyflieBridge)  # no ROS node, no radio
+    bridge.world_frame, bridge.robot, bridge._odom_msg = "map", "cf1", Odometry
+    bridge._assembler, bridge._lock = StateAssembler(), threading.Lock()
+    bridge._odom_pub = type("Pub", (), {"publish": lambda self, msg: published.append(msg)})()
+    bridge.get_clock = lambda: type("Clock", (), {"now": lambda self: type("T", (), {"nanoseconds": 10**9})()})()
+    pose = {f"stateEstimate.{v}": 0.1 for v in ("x", "y", "z", "vx", "vy", "vz")}
+    att = {"stateEstimate.qx": 0.0, "stateEstimate.qy": 0.0, "stateEstimate.qz": 0.0, "stateEstimate.qw": 1.0,
+           "gyro.x": 0.0, "gyro.y": 0.0, "gyro.z": 0.0}
+    bridge._on_log(100, pose, type("Conf", (), {"name": "pose"})())
+    bridge._on_log(100, att, type("Conf", (), {"name": "attitude"})())
+    assert len(published) == 1 and published[0].header.frame_id == "map"
+    assert published[0].child_frame_id == "cf1"
+
+
 def test_the_bridge_streams_the_safety_layers_setpoint_to_the_onboard_policy():
     """Armed on the floor: the position setpoints the real vehicle's onboard policy flies to start where
     it stands and rise to the target, the setpoint the offboard copy of the policy observes."""
@@ -985,6 +1009,44 @@ def test_descent_setpoint_follows_the_simulated_failsafe():
     assert descent_setpoint(1.0, 0.0, 0.9, 0.0) == 1.0
     assert descent_setpoint(1.0, 1.0, 0.9, 0.0) == pytest.approx(1.0 - 0.05 * GRAVITY)
     assert descent_setpoint(1.0, 10.0, 0.9, 0.0) == 0.0
+    assert descent_setpoint(1.0, 1.0, 0.9, 0.0, vz0=-0.5) == pytest.approx(0.5 - 0.05 * GRAVITY)  # sinking on
+    assert descent_setpoint(1.0, 1.0, 0.9, 0.0, vz0=0.5) == pytest.approx(1.0 - 0.05 * GRAVITY)  # down at once
+
+
+@pytest.mark.parametrize("vz", [0.0, -0.5, -0.8, 0.5])
+def test_the_bridges_failsafe_setpoint_reaches_the_floor_before_the_stop(vz):
+    """States stop arriving with the vehicle at 1 m moving vertically at ``vz`` (m/s): the descent
+    setpoints streamed to the vehicle reach the floor before the safety layer's timer sends the stop
+    (a setpoint that sank from rest while the timer counted a sinking vehicle's shorter fall was still
+    0.17-0.38 m up at the stop for vz = -0.5 to -0.8 m/s)."""
+    from deploy.crazyflie_bridge import CrazyflieBridge
+
+    class Commander:
+        def __init__(self):
+            self.sent = []
+
+        def send_position_setpoint(self, x, y, z, yaw):
+            self.sent.append(z)
+
+        def send_stop_setpoint(self):
+            self.sent.append("stop")
+
+    bridge = object.__new__(CrazyflieBridge)  # no ROS node, no radio: the descent logic alone
+    bridge.controller = c = SafeController(FakePolicy(), SafetyConfig())
+    bridge.cf = type("Crazyflie", (), {"commander": Commander()})()
+    bridge.connected, bridge._failsafe_from = True, None
+    bridge.ratio, bridge.ground = c.cfg.descent_thrust_ratio, 0.0
+    c.on_state(make_state([0.0, 0.0, 1.0], [1, 0, 0, 0], [0.0, 0.0, vz], [0, 0, 0], 0.0), 0.0)
+    assert c.arm(0.0)[0]
+    for k in range(400):  # no state after t = 0
+        now = 0.01 * k
+        bridge.actuate(c.tick(now), now)
+        if "stop" in bridge.cf.commander.sent:
+            break
+    sent = bridge.cf.commander.sent
+    stop = sent.index("stop")
+    descent = sent[:stop]  # the armed setpoints (1 m) while the state is fresh, then the descent's
+    assert len(descent) > 10 and descent[-1] == 0.0 and all(a >= b for a, b in zip(descent, descent[1:])), descent
 
 
 # ---------------------------------------------------------------------------------------------
