@@ -1,43 +1,76 @@
-"""firmware_bridge: policy_node with the policy running on the emulated Crazyflie MCU (HIL).
+"""firmware_bridge: policy_node with the onboard controller running on the emulated Crazyflie MCU (HIL).
 
     python -m deploy.firmware_bridge --ros-args -r __ns:=/cf1 -p policy:=<run_dir>/export/policy.onnx
 
 Same topics, services, safety layer and parameters as policy_node (deploy/policy_node.py); only
 the policy differs: ``firmware.pil.McuPolicy`` builds the exported C policy (policy.c / policy.h
-next to policy.onnx) into the bare-metal STM32F405 image and runs it in QEMU; every control tick
-sends the observation over the emulated UART and uses the action the MCU computes. A nonzero
-return code from policy_step on the MCU (its own input/output checks) is a policy error, so the
-safety layer fails safe. The ONNX file is loaded too, for the contract check, and the image is
-refused unless its policy.c computes the ONNX model's actions (``McuPolicy.check_against``).
+next to policy.onnx) with the onboard controller's glue (firmware/crazyflie/src/cf_policy_glue.c)
+into the bare-metal STM32F405 image and runs it in QEMU. Every control tick sends what
+controller_oot.c gives the glue on the vehicle (the state estimate, the gyro in deg/s, the safety
+layer's setpoint) and flies the simulator with the motor forces it returns, mapped back to rotor
+speeds: the MCU builds the observation, runs the policy, clamps at the stock Crazyflie 2.x thrust
+limit (actions above ~0.74 saturate, as on the vehicle) and keeps its own previous action. A glue
+that leaves its policy mode (a policy error on the MCU: non-finite input or output) is a policy
+error here too, so the safety layer fails safe; the glue's fault stays latched until the safety
+layer disarms, which sends it the stop setpoint the real bridge sends. The ONNX file is loaded too,
+for the contract check, and the image is refused unless its policy.c computes the ONNX model's
+actions (``McuPolicy.check_against``).
 """
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
 from .policy_node import ControllerNode, Policy
 from .ros import run_node
+from .safety import Command, Mode
+from .state import State
 
 
-class McuAdapter:
-    """firmware.pil.McuPolicy as a single-observation policy callable (22,) -> (4,)."""
+class GlueAdapter:
+    """The onboard controller on the MCU (``firmware.pil.McuPolicy.glue_step``) as a single-observation
+    policy callable (22,) -> (4,). ``latest`` gives the state the observation was built from; the
+    setpoint is recovered from the observation's position and velocity errors."""
 
-    def __init__(self, mcu):
-        self.mcu = mcu
+    PERIOD_MS = 10  # one policy period per call: every call is a policy tick with a fresh setpoint
+
+    def __init__(self, mcu, latest: Callable[[], State]):
+        self.mcu, self.latest = mcu, latest
+        self.now_ms = 0
+        self.engaged = False  # the glue was last told to fly (not stopped)
 
     def __call__(self, obs: np.ndarray) -> np.ndarray:
-        actions, rcs, _ticks = self.mcu.exchange(obs.reshape(1, -1))
-        if rcs[0] != 0:
-            raise RuntimeError(f"policy_step on the MCU returned {int(rcs[0])}")
-        return actions[0]
+        from firmware.pil import GLUE_FAULTS, GLUE_MODES, force_to_action
+
+        st = self.latest()
+        self.now_ms += self.PERIOD_MS
+        out = self.mcu.glue_step(st.pos, st.quat, st.vel, np.degrees(st.omega), st.pos - obs[0:3],
+                                 st.vel - obs[12:15], self.now_ms, self.now_ms)
+        self.engaged = True
+        if GLUE_MODES[out.mode] != "policy":
+            raise RuntimeError(f"the onboard controller on the MCU is in mode {GLUE_MODES[out.mode]} "
+                               f"(fault: {GLUE_FAULTS[out.fault]}, policy_step returned {out.rc})")
+        return force_to_action(out.force, self.mcu.boot.thrust_max)
+
+    def stop(self) -> None:
+        """The stop setpoint (motors off; clears a latched fault), once after the glue was flying."""
+        from firmware.pil import SETPOINT_STOP
+
+        if self.engaged:
+            self.now_ms += self.PERIOD_MS
+            zeros = np.zeros(3)
+            self.mcu.glue_step(zeros, (1.0, 0.0, 0.0, 0.0), zeros, zeros, zeros, zeros, self.now_ms, self.now_ms,
+                               setpoint_kind=SETPOINT_STOP)
+            self.engaged = False
 
 
 class FirmwareBridge(ControllerNode):
     def __init__(self):
-        self.mcu = None
+        self.mcu = self.glue = None
         super().__init__("firmware_bridge", self._load)
 
     def _load(self, path: str) -> tuple[Policy, dict]:
@@ -51,8 +84,12 @@ class FirmwareBridge(ControllerNode):
         diff = self.mcu.check_against(onnx)
         self.get_logger().info(f"MCU booted: self-test passed, {self.mcu.boot.self_test_instructions:.0f} "
                                f"instructions per policy step, actions within {diff:.1e} of {onnx.path.name}")
-        contract = onnx.contract
-        return McuAdapter(self.mcu), contract
+        self.glue = GlueAdapter(self.mcu, lambda: self.controller.latest)
+        return self.glue, onnx.contract
+
+    def actuate(self, cmd: Command, now: float) -> None:
+        if cmd.mode in (Mode.DISARMED, Mode.ESTOP):  # as crazyflie_bridge sends the vehicle
+            self.glue.stop()
 
     def close(self) -> None:
         super().close()

@@ -7,7 +7,10 @@ the return code and the SysTick ticks the step took. :class:`McuPolicy` wraps it
 callable (torch obs [N, 22] -> action [N, 4], the N rows one after the other on the one MCU), so
 ``evaluate_hover(McuPolicy(export_dir), task_cfg)`` flies the simulator closed loop through the
 emulated MCU, one exchange per 10 ms of simulated time. Every action is compared with
-onnxruntime on the same observation.
+onnxruntime on the same observation. :meth:`McuPolicy.glue_step` runs the onboard controller's glue
+instead (``firmware/crazyflie/src/cf_policy_glue.c``: the observation built on the MCU from the
+state estimate, gyro and setpoint in the firmware's units, the policy, the action-to-motor-force
+mapping with the stock Crazyflie 2.x thrust limit, dead-man and faults), as the vehicle runs it.
 
 Instruction counts: QEMU runs with ``-icount shift=5``, so every guest instruction advances the
 virtual clock by exactly 2^5 ns; SysTick counts the 168 MHz core clock in virtual time, which makes
@@ -37,6 +40,7 @@ import torch
 
 from export.onnx_policy import OnnxPolicy
 from sim.crazyflie.contract import CONTRACT
+from sim.crazyflie.params import NOMINAL
 
 from .build import FIRMWARE_DIR, build_pil_image, check_export_dir
 
@@ -46,13 +50,25 @@ TICKS_PER_INSTRUCTION = CORE_CLOCK_HZ * 2**ICOUNT_SHIFT * 1e-9  # 5.376
 
 # Framing, as in firmware/qemu/frame.h.
 SYNC = b"\xa5\x5a"
-FRAME_OBS, FRAME_ACTION, FRAME_BOOT, FRAME_NACK, FRAME_QUIT = (ord(c) for c in "OABNQ")
+FRAME_OBS, FRAME_ACTION, FRAME_BOOT, FRAME_NACK, FRAME_QUIT, FRAME_SENSORS, FRAME_MOTORS = (ord(c) for c in "OABNQSM")
+# cf_policy_glue.h: setpoint kinds, modes and faults
+SETPOINT_STOP, SETPOINT_POSITION, SETPOINT_OTHER = 0, 1, 2
+GLUE_MODES = ("idle", "policy", "fallback")
+GLUE_FAULTS = ("none", "dead-man", "policy error")
 MAX_PAYLOAD = 96
 HEADER_SIZE = 5
 FRAMES_PER_WRITE = 32  # keeps both pipe directions far below their 64 KB buffers
 # MCU vs onnxruntime, per action, for the same network: the export's C check allows 1e-5 against
 # onnxruntime on 20k observations (3-5e-7 measured on the MCU); another network differs by ~0.1.
 MATCH_TOL = 1e-4
+
+
+def force_to_action(force: np.ndarray, thrust_max: float) -> np.ndarray:
+    """The contract action whose rotor speed gives normalized motor ``force`` (thrust / ``thrust_max``)
+    on the simulated rotor: the inverse of cf_policy_glue's action-to-force mapping, below its clamp at
+    force 1 (an action above it saturates at this action)."""
+    rpm = np.sqrt(np.maximum(np.asarray(force, np.float64), 0.0) * thrust_max / NOMINAL.kf)
+    return 2.0 * rpm / NOMINAL.rpm_max - 1.0
 
 
 class PilError(Exception):
@@ -134,6 +150,19 @@ class BootReport:
     overhead_ticks: int  # SysTick ticks of an empty measurement, subtracted from every count
     obs_dim: int
     act_dim: int
+    thrust_max: float  # N per motor at the glue's normalized force 1 (the stock Crazyflie 2.x THRUST_MAX)
+
+
+@dataclass
+class GlueOutput:
+    """One cfp_update on the MCU (firmware/crazyflie/src/cf_policy_glue.h)."""
+
+    mode: int  # index into GLUE_MODES
+    fault: int  # index into GLUE_FAULTS, latched until a fresh stop setpoint
+    rc: int  # the last policy_step return code
+    action: np.ndarray  # (4,) the policy's last action, held between policy ticks
+    force: np.ndarray  # (4,) normalized motor force 0..1 (0 unless mode is policy)
+    instructions: float  # of this cfp_update
 
 
 @dataclass
@@ -257,13 +286,13 @@ class McuPolicy:
 
     def _read_boot(self) -> BootReport:
         f = self.read_frame()
-        if f.type != FRAME_BOOT or len(f.payload) != 20:
+        if f.type != FRAME_BOOT or len(f.payload) != 24:
             raise self._error(f"expected the boot report, got frame type {chr(f.type)!r}")
-        rc, ticks, overhead, obs_dim, act_dim = struct.unpack("<iIIII", f.payload)
+        rc, ticks, overhead, obs_dim, act_dim, thrust_max = struct.unpack("<iIIIIf", f.payload)
         if (obs_dim, act_dim) != (CONTRACT.obs_size, CONTRACT.action_size):
             raise self._error(f"the image's policy maps {obs_dim} -> {act_dim}, the contract is "
                               f"{CONTRACT.obs_size} -> {CONTRACT.action_size}")
-        return BootReport(rc, (ticks - overhead) / TICKS_PER_INSTRUCTION, overhead, obs_dim, act_dim)
+        return BootReport(rc, (ticks - overhead) / TICKS_PER_INSTRUCTION, overhead, obs_dim, act_dim, thrust_max)
 
     def instructions(self, ticks: int) -> float:
         return (ticks - self.boot.overhead_ticks) / TICKS_PER_INSTRUCTION
@@ -299,6 +328,34 @@ class McuPolicy:
                 rc, a0, a1, a2, a3, t = struct.unpack("<i4fI", f.payload)
                 actions[i], rcs[i], ticks[i] = (a0, a1, a2, a3), rc, t
         return actions, rcs, ticks
+
+    def glue_step(self, pos, quat, vel, gyro_dps, setpoint_pos, setpoint_vel, now_ms: int, setpoint_ms: int,
+                  setpoint_kind: int = SETPOINT_POSITION, policy_tick: bool = True,
+                  in_flight: bool = True) -> GlueOutput:
+        """One stabilizer step of the onboard controller on the MCU, with the inputs controller_oot.c
+        gives it on the vehicle: estimated position (m), attitude quaternion (w, x, y, z, body to
+        world), velocity (m/s, world), gyro (deg/s, body FLU), the setpoint's position and velocity,
+        the time and the setpoint's time stamp (ms, uint32 clock), its kind, and the flags."""
+        floats = np.concatenate([np.asarray(x, np.float32).reshape(-1) for x in
+                                 (pos, quat, vel, gyro_dps, setpoint_pos, setpoint_vel)])
+        if floats.shape != (19,):
+            raise PilError(f"glue inputs: expected 3 + 4 + 3 + 3 + 3 + 3 floats, got {floats.size}")
+        flags = int(bool(policy_tick)) | int(bool(in_flight)) << 1
+        payload = floats.tobytes() + struct.pack("<IIBB", now_ms & 0xFFFFFFFF, setpoint_ms & 0xFFFFFFFF, flags,
+                                                 setpoint_kind)
+        seq = self._seq
+        self._seq = (self._seq + 1) & 0xFF
+        self.send_bytes(encode_frame(FRAME_SENSORS, seq, payload))
+        f = self.read_frame()
+        while f.type in (FRAME_ACTION, FRAME_MOTORS) and 0 < (seq - f.seq) & 0xFF < 128:  # late, see exchange
+            self.stats.late_answers += 1
+            f = self.read_frame()
+        if f.type != FRAME_MOTORS or f.seq != seq or len(f.payload) != 44:
+            raise self._error(f"expected the motors for frame {seq}, got type {chr(f.type)!r} seq {f.seq}")
+        rc, mode, fault = struct.unpack_from("<iBB", f.payload)
+        values = np.frombuffer(f.payload, np.float32, 8, offset=8)
+        (ticks,) = struct.unpack_from("<I", f.payload, 40)
+        return GlueOutput(mode, fault, rc, values[:4].copy(), values[4:].copy(), self.instructions(ticks))
 
     def check_against(self, onnx: OnnxPolicy, samples: int = 32, tol: float = MATCH_TOL) -> float:
         """Refuse an image whose policy.c is not ``onnx``'s network (a stale or swapped file next to

@@ -204,6 +204,53 @@ def test_closed_loop_through_the_mcu_matches_onnxruntime(mcu):
     assert len(stats.instructions) == stats.steps and min(stats.instructions) > 0
 
 
+def test_the_onboard_glue_on_the_mcu_flies_the_policy_from_firmware_units(mcu, export_dir):
+    """cf_policy_glue on the MCU, given what controller_oot.c gives it on the vehicle (quaternion w, x,
+    y, z; gyro in deg/s; the setpoint), computes the action onnxruntime computes from the contract
+    observation (previous action: the hover action when it engages, then its own last action) and the
+    motor forces of the thrust mapping, clamped at the stock THRUST_MAX; a stale setpoint latches the
+    dead-man fault, a fresh stop clears it, a non-finite gyro is a policy error."""
+    from deploy.state import make_state, observation
+    from export.onnx_policy import OnnxPolicy
+
+    onnx = OnnxPolicy(export_dir / "policy.onnx")
+    assert mcu.boot.thrust_max == pytest.approx(0.1125)  # platform_defaults_cf2.h, stock propellers
+    zeros, now = np.zeros(3), 1000
+    assert pil.GLUE_MODES[mcu.glue_step(zeros, (1, 0, 0, 0), zeros, zeros, zeros, zeros, now, now,
+                                        setpoint_kind=pil.SETPOINT_STOP).mode] == "idle"
+    rng = np.random.default_rng(7)
+    prev = np.full(4, NOMINAL.hover_action, np.float32)
+    saturated = 0
+    for _ in range(30):
+        now += 10
+        q = rng.normal(size=4)
+        st = make_state(rng.uniform(-1, 1, 3) + [0, 0, 1], q / np.linalg.norm(q), rng.normal(0, 0.5, 3),
+                        rng.normal(0, 2.0, 3), 0.0)
+        sp = rng.uniform(-0.3, 0.3, 3) + [0, 0, 1]
+        out = mcu.glue_step(st.pos, st.quat, st.vel, np.degrees(st.omega), sp, zeros, now, now)
+        assert pil.GLUE_MODES[out.mode] == "policy" and out.fault == 0 and out.rc == 0
+        expected = onnx(observation(st, sp, prev)[None])[0]
+        assert np.abs(out.action - expected).max() <= ACTION_TOL, (out.action, expected)
+        rpm = (expected.astype(np.float64) + 1) / 2 * NOMINAL.rpm_max
+        force = np.minimum(NOMINAL.kf * rpm**2 / mcu.boot.thrust_max, 1.0)
+        assert np.abs(out.force - force).max() <= 1e-5, (out.force, force)
+        below = force < 1.0
+        assert np.allclose(pil.force_to_action(out.force, mcu.boot.thrust_max)[below], expected[below], atol=1e-5)
+        saturated += int((~below).sum())
+        prev = out.action
+    assert saturated > 0  # some actions above ~0.74 were clamped, as on the vehicle
+    # Setpoints stop for longer than the dead-man time: in flight, the stock controller's turn, motors
+    # not the policy's; a stop setpoint with a fresh stamp clears the fault.
+    out = mcu.glue_step(st.pos, st.quat, st.vel, zeros, sp, zeros, now + 400, now)
+    assert (pil.GLUE_MODES[out.mode], pil.GLUE_FAULTS[out.fault]) == ("fallback", "dead-man")
+    assert not out.force.any()
+    out = mcu.glue_step(zeros, (1, 0, 0, 0), zeros, zeros, zeros, zeros, now + 410, now + 410,
+                        setpoint_kind=pil.SETPOINT_STOP)
+    assert (pil.GLUE_MODES[out.mode], pil.GLUE_FAULTS[out.fault]) == ("idle", "none")
+    out = mcu.glue_step(st.pos, st.quat, st.vel, (math.nan, 0, 0), sp, zeros, now + 420, now + 420)
+    assert pil.GLUE_FAULTS[out.fault] == "policy error" and out.rc != 0 and not out.force.any()
+
+
 # ---------------------------------------------------------------------- shipped policy
 @pytest.mark.parametrize("run_dir", [PRETRAINED_HOVER], ids=["quad_hover"])
 def test_pretrained_hovers_through_the_mcu(run_dir, tmp_path):

@@ -28,9 +28,18 @@
 #define FRAME_OBS 'O'    /* host -> MCU: float32 obs[22] */
 #define FRAME_ACTION 'A' /* MCU -> host: int32 rc, float32 action[4], uint32 SysTick ticks of policy_step */
 #define FRAME_BOOT 'B'   /* MCU -> host: int32 self-test rc, uint32 self-test ticks, uint32 timer overhead
-                          * ticks, uint32 obs dim, uint32 action dim */
+                          * ticks, uint32 obs dim, uint32 action dim, float32 thrust (N) of the glue's
+                          * normalized motor force 1 */
 #define FRAME_NACK 'N'   /* MCU -> host: uint32 number of bad frames so far (bad CRC, size or type) */
 #define FRAME_QUIT 'Q'   /* host -> MCU: no payload; the image exits through semihosting */
+/* The onboard controller's glue (crazyflie/src/cf_policy_glue.c) between them, in firmware units:
+ * host -> MCU: float32 pos[3] (m), quat[4] (w, x, y, z), vel[3] (m/s), gyro[3] (deg/s), setpoint
+ * pos[3], setpoint vel[3]; uint32 now_ms, setpoint_ms; uint8 flags (bit 0 policy tick, bit 1 in
+ * flight), uint8 setpoint kind (cfp_setpoint_kind_t): 86 bytes. */
+#define FRAME_SENSORS 'S'
+/* MCU -> host: int32 policy rc, uint8 mode (cfp_mode_t), uint8 fault (cfp_fault_t), 2 zero bytes,
+ * float32 action[4], float32 normalized motor force[4], uint32 SysTick ticks of cfp_update: 44 bytes. */
+#define FRAME_MOTORS 'M'
 
 typedef struct {
   uint8_t type;

@@ -31,6 +31,10 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+/* Setpoints older than this stop the policy: inside the firmware's own 500 ms commander watchdog,
+ * so the handover to the PID happens before the supervisor starts levelling out. */
+#define CFP_DEADMAN_MS 300u
+
 #define CFP_OBS_DIM 22
 #define CFP_ACT_DIM 4 /* = number of motors, order M1 front-right, M2 back-right, M3 back-left, M4 front-left */
 

@@ -42,10 +42,6 @@ _Static_assert(POLICY_ACT_DIM == CFP_ACT_DIM && CFP_ACT_DIM == STABILIZER_NR_OF_
                "policy.h: action size is not the glue's CFP_ACT_DIM (one per motor)");
 _Static_assert(POLICY_PERIOD_MS == 10, "policy.h: period is not the 10 ms (RATE_100_HZ) the adapter runs it at");
 
-/* Setpoints older than this stop the policy: inside the firmware's own 500 ms commander watchdog,
- * so the handover to the PID happens before the supervisor starts levelling out. */
-#define DEADMAN_MS 300u
-
 /* policy_self_test tolerance: the stored reference is PyTorch's output; the MCU's float32 and
  * newlib tanhf differ from it by float rounding only (~1e-7). */
 #define SELF_TEST_TOL 1e-5f
@@ -64,7 +60,7 @@ void controllerOutOfTreeInit(void)
     .kf = CF_KF,
     .thrust_max = THRUST_MAX,
     .hover_action = CF_HOVER_ACTION,
-    .deadman_ms = DEADMAN_MS,
+    .deadman_ms = CFP_DEADMAN_MS,
   };
   cfp_init(&glue, &cfg);
   controllerPidInit();
