@@ -51,12 +51,12 @@ def settle_best(run_dir: Path, evals: list[dict], unit: str = "env_steps") -> No
         pending.unlink()
 
 
-def is_rng_state_key(key: str | None) -> bool:
+def is_rng_state_key(key) -> bool:
     """Whether the training state holds a random-generator state under ``key``: the naming rule is
     "gen", "<name>_gen" (torch.Generator.get_state) and "torch_rng" (torch.get_rng_state). Those are
     CPU byte tensors whatever the generator's device, and set_state refuses any other: they stay on
     the CPU when a checkpoint is loaded onto a GPU."""
-    return key is not None and (key in ("gen", "torch_rng") or key.endswith("_gen"))
+    return isinstance(key, str) and (key in ("gen", "torch_rng") or key.endswith("_gen"))
 
 
 def load(path: Path, device="cpu") -> dict:

@@ -135,9 +135,12 @@ def pass_holds(tr: dict, cfg: DictConfig) -> bool:
 def save_config(cfg: DictConfig, run_dir: Path) -> None:
     """``run_dir/config.yaml``, written atomically: a new run's config, or a resumed run's with the
     budgets it resumed with (a kill, then ``resume=<run_dir>`` alone, goes on to those)."""
+    path, text = run_dir / "config.yaml", OmegaConf.to_yaml(cfg)
+    if path.is_file() and path.read_text() == text:
+        return
     tmp = run_dir / "config.yaml.tmp"
-    OmegaConf.save(cfg, tmp)
-    os.replace(tmp, run_dir / "config.yaml")
+    tmp.write_text(text)
+    os.replace(tmp, path)
 
 
 def run(cfg: DictConfig, run_dir: Path, resume_state: dict | None, t_start: float) -> dict:
@@ -190,6 +193,8 @@ def run(cfg: DictConfig, run_dir: Path, resume_state: dict | None, t_start: floa
             ckpt.settle_best(run_dir, tr["evals"], steps_key)
             if tr["evals"] and tr.get("eval_every", eval_every) != eval_every:  # a new interval, from the last evaluation on
                 tr["next_eval"] = tr["evals"][-1][steps_key] + eval_every
+            while tr["evals"] and tr["next_eval"] - eval_every > tr["evals"][-1][steps_key]:
+                tr["next_eval"] -= eval_every  # moved on by a budget's end evaluation (checkpoints of older revisions)
             print(f"resuming {run_dir} at {tr['env_steps']:,} {unit}s ({tr['seconds']:.1f} s of training, "
                   f"{len(tr['evals'])} evaluations before it)", flush=True)
         tr["eval_every"] = eval_every

@@ -533,6 +533,7 @@ def test_every_generator_state_of_an_environment_stays_on_the_cpu(tmp_path, task
     sd = env.state_dict()
     byte_keys = {k for k, v in sd.items() if isinstance(v, torch.Tensor) and v.dtype == torch.uint8}
     assert {"gen"} <= byte_keys and all(ckpt.is_rng_state_key(k) for k in byte_keys), byte_keys
+    assert not ckpt.is_rng_state_key(0) and not ckpt.is_rng_state_key("generator")
     ckpt.save_atomic({"env": sd}, tmp_path / "c.pt")
     loaded = ckpt.load(tmp_path / "c.pt", device="meta")["env"]
     assert {loaded[k].device.type for k in byte_keys} == {"cpu"}
@@ -606,6 +607,13 @@ def test_a_budget_end_evaluation_keeps_the_grid_and_a_resumed_budget_is_saved(tm
     evals = json.loads((run / "results.json").read_text())["evals"]
     assert [e["env_steps"] for e in evals] == [2048, 3072, 4096, 5120]
     assert OmegaConf.load(run / "config.yaml").max_env_steps == 5120
+    # A checkpoint of an older revision, whose budget's end evaluation moved the grid on: repaired.
+    state = torch.load(run / ckpt.LAST, weights_only=False)
+    state["trainer"]["next_eval"] += 2 * 2048
+    ckpt.save_atomic(state, run / ckpt.LAST)
+    assert train_main([f"resume={run}", "max_env_steps=7168"]) == 0
+    evals = json.loads((run / "results.json").read_text())["evals"]
+    assert [e["env_steps"] for e in evals] == [2048, 3072, 4096, 5120, 6144, 7168]
 
 
 def test_a_kill_between_a_new_best_policy_and_its_checkpoint_leaves_them_consistent(tmp_path, monkeypatch):

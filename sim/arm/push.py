@@ -28,7 +28,7 @@ class PushReward:
     reach: float = 0.2  # x (1 - tanh(|cube - TCP| / scale)): get to the cube
     goal: float = 1.0  # x (1 - tanh(|goal - cube|_xy / scale)): bring it to the goal
     scale: float = 0.1  # m
-    success: float = 2.0  # while the cube is within the success radius
+    success: float = 2.0  # while the task succeeds (the cube on the table within the success radius)
 
 
 @dataclass
