@@ -104,7 +104,9 @@ class DSRLConfig:
     # Share of every batch drawn from the demonstrations, which then sit in a buffer of their own
     # (as RLPD's symmetric sampling, Ball et al. 2023, draws half of each batch from its offline
     # data). None: they are ordinary entries of the replay buffer, a share that shrinks as it fills
-    # (20 arm_reach demonstrations are 62 decisions, 0.5 % of the buffer after 50k env steps).
+    # (20 arm_reach demonstrations are 62 decisions, 0.5 % of the buffer after 50k env steps), and
+    # once buffer_size decisions have been collected after them (800k env steps at the defaults,
+    # chunks of 4) the ring overwrites them.
     demo_fraction: Optional[float] = None
 
 
