@@ -1,6 +1,6 @@
 """Plot a recorded flight: ``python -m deploy.plot <bag.mcap> [-o out.png] [--robot cf1]``.
 
-Three panels over time (s, the recording's clock): position (world, m) with the target,
+Three panels over time (s, the recording's clock; odometry at its header stamps): position (world, m) with the target,
 attitude (roll, pitch, yaw in degrees from the odometry quaternion, ZYX convention) and the
 rotor speed commands (rpm, M1..M4). Failsafe periods from the status topic are shaded.
 Writes <bag>.png next to the bag unless -o is given, and prints the path. A recording that was
@@ -38,7 +38,7 @@ def _messages(bag: Path, topics: list[str]) -> tuple[list, bool]:
     try:
         with bag.open("rb") as f:
             return list(make_reader(f, decoder_factories=[DecoderFactory()]).iter_decoded_messages(topics=topics)), True
-    except McapError:
+    except Exception:  # no summary, or a damaged one (McapError, struct.error, UnicodeDecodeError, ...)
         pass
     messages = []
     with bag.open("rb") as f:
@@ -64,9 +64,10 @@ def read_flight(bag: Path, robot: str) -> dict:
         messages, finished = _messages(bag, [odom, cmd, status])
         for _schema, channel, raw, msg in messages:
             t = raw.log_time * 1e-9
-            if channel.topic == odom:
+            if channel.topic == odom:  # at its state's time: logged when it arrived, which under a
+                # simulator is before the /clock of that step (a period after the command it follows)
                 p, o = msg.pose.pose.position, msg.pose.pose.orientation
-                t_o.append(t)
+                t_o.append(msg.header.stamp.sec + msg.header.stamp.nanosec * 1e-9)
                 pos.append((p.x, p.y, p.z))
                 quat.append((o.w, o.x, o.y, o.z))
             elif channel.topic == cmd and len(msg.data) == 4:

@@ -17,8 +17,8 @@ Rules        deploy/safety.py. Every received state is checked (finite, plausibl
 Timing: one control tick per policy period (contract, 10 ms) on the node's clock: a steady wall
 clock, or /clock with use_sim_time:=true. The safety layer runs on that clock too: under sim time a
 state is stale when it is stale_timeout old in simulated time, so a simulator slowed down by a busy
-host (the simulated world pauses with it) is not a fault and the policy sees exactly one tick per
-10 ms of simulated time, as in training. A simulator that stops altogether stops /clock: a
+host (the simulated world pauses with it) is not a fault; with sim_bridge in lock-step (the sim and
+hil launch files) the policy sees exactly one tick per 10 ms of simulated time, as in training. A simulator that stops altogether stops /clock: a
 steady-clock watchdog then declares the state stale once /clock, having run, has not advanced for
 clock_timeout wall seconds (0.5 s: longer than the stalls of a loaded host, measured up to ~70 ms) and keeps
 ticking the failsafe until /clock moves again. Before the first /clock the node ticks on the steady

@@ -19,7 +19,9 @@ Lock-step   with ``lockstep``, a step is taken only once a rotor command has arr
             it was sent, whatever its wall-clock compute time. Hardware in the loop uses it: the
             policy runs on an emulated MCU whose wall time (QEMU on a shared host, 5-20 ms per step
             measured) says nothing about the real MCU's (18k instructions, ~0.1 ms at 168 MHz), so
-            pacing by wall clock would inject a latency the real vehicle does not have.
+            pacing by wall clock would inject a latency the real vehicle does not have. The sim
+            launch file uses it too: without it a node that wakes late for a tick (a loaded host,
+            or real_time_factor > 1) misses that period and the vehicle flies the held command.
 Start       the vehicle sits at ``initial_position`` (level, at rest, rotors at hover speed) and,
             with ``hold_until_command``, is held there (physics paused, clock and odometry
             running) until the first command with a rotor above 0 rpm: a hand launch.
@@ -87,6 +89,7 @@ class SimBridge(Node):
         torch.set_num_threads(1)  # one vehicle: threads only add overhead on a shared machine
         self.torch = torch
         self.robot = param(self, "robot", "cf1", "robot name: child frame id of the odometry")
+        self.world_frame = param(self, "world_frame", WORLD_FRAME, "frame id of the world (ENU) frame")
         backend = param(self, "physics", "torch", f"simulator backend: {', '.join(BACKENDS)}")
         if backend not in BACKENDS:
             raise ValueError(f"physics '{backend}': expected one of {', '.join(BACKENDS)}")
@@ -178,7 +181,7 @@ class SimBridge(Node):
         ns = round(self.steps * self.period * 1e9)
         s = self.backend.state[0].double().numpy()
         state = State(pos=s[0:3], quat=s[3:7], vel=s[7:10], omega=s[10:13], stamp=ns * 1e-9)
-        self.odom_pub.publish(fill_odometry(self._odom_msg(), state, WORLD_FRAME, self.robot))
+        self.odom_pub.publish(fill_odometry(self._odom_msg(), state, self.world_frame, self.robot))
         clock = self._clock_msg()
         clock.clock.sec, clock.clock.nanosec = divmod(ns, 1_000_000_000)
         self.clock_pub.publish(clock)

@@ -814,21 +814,22 @@ def test_hover_launch_names_the_recording_after_the_robot(ament_prefix):
 
 
 def _odom_bag(path: Path, n: int, finish: bool) -> None:
-    """n odometry messages at 100 Hz (x = i / 100 m) in the recorder's layout; unfinished: no summary."""
-    from mcap.writer import CompressionType, Writer
+    """n odometry messages at 100 Hz (x = i / 100 m, stamped as logged) in the recorder's layout and
+    writer settings; unfinished: no summary."""
     from nav_msgs.msg import Odometry
     from rclpy.serialization import serialize_message
 
-    from deploy.recorder import msg_definition
+    from deploy.recorder import msg_definition, new_writer
 
     f = path.open("wb")
-    w = Writer(f, compression=CompressionType.ZSTD, chunk_size=4096)
+    w = new_writer(f)
     w.start()
     schema = w.register_schema("nav_msgs/msg/Odometry", "ros2msg", msg_definition("nav_msgs/msg/Odometry").encode())
     channel = w.register_channel("/cf1/odom", "cdr", schema)
     for i in range(n):
         m = Odometry()
         m.pose.pose.position.x, m.pose.pose.orientation.w = i / 100, 1.0
+        m.header.stamp.sec, m.header.stamp.nanosec = divmod(i * 10_000_000, 1_000_000_000)
         w.add_message(channel, log_time=i * 10_000_000, data=serialize_message(m), publish_time=i * 10_000_000)
     if finish:
         w.finish()
