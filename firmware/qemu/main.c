@@ -10,10 +10,9 @@
 #include <string.h>
 
 #include "board.h"
-#include "cf_policy_glue.h"
-#include "cf_vehicle.h"
 #include "frame.h"
-#include "policy.h"
+#include "policy.h" /* before cf_policy_config.h */
+#include "cf_policy_config.h"
 
 /* Per-motor thrust at normalized force 1 of a stock Crazyflie 2.x (THRUST_MAX of the firmware's
  * platform_defaults_cf2.h), N: the glue saturates commands where the vehicle does (actions above
@@ -116,15 +115,7 @@ int main(void)
   uart_init();
   ticks_init();
   policy_reset();
-  const cfp_config_t cfg = {
-    .policy_step = policy_step,
-    .policy_reset = policy_reset,
-    .rpm_max = POLICY_RPM_MAX,
-    .kf = CF_KF,
-    .thrust_max = CF2_THRUST_MAX,
-    .hover_action = CF_HOVER_ACTION,
-    .deadman_ms = CFP_DEADMAN_MS,
-  };
+  const cfp_config_t cfg = cfp_vehicle_config(CF2_THRUST_MAX);
   cfp_init(&glue, &cfg);
   boot_report();
 

@@ -30,9 +30,8 @@
 #define DEBUG_MODULE "POLICY"
 #include "debug.h"
 
-#include "cf_policy_glue.h"
-#include "cf_vehicle.h"
-#include "policy.h"
+#include "policy.h" /* before cf_policy_config.h */
+#include "cf_policy_config.h"
 
 /* The exported policy must fit this glue: with a header of other sizes the build would still
  * compile (array parameters decay to pointers) and policy_step would read past the observation or
@@ -53,15 +52,7 @@ static uint8_t log_fault;
 
 void controllerOutOfTreeInit(void)
 {
-  const cfp_config_t cfg = {
-    .policy_step = policy_step,
-    .policy_reset = policy_reset,
-    .rpm_max = POLICY_RPM_MAX,
-    .kf = CF_KF,
-    .thrust_max = THRUST_MAX,
-    .hover_action = CF_HOVER_ACTION,
-    .deadman_ms = CFP_DEADMAN_MS,
-  };
+  const cfp_config_t cfg = cfp_vehicle_config(THRUST_MAX);
   cfp_init(&glue, &cfg);
   controllerPidInit();
 }

@@ -1,0 +1,31 @@
+/* The policy controller's configuration on a Crazyflie: the exported policy (policy.h), the vehicle
+ * it was trained on (cf_vehicle.h) and the dead-man time, for a firmware whose normalized motor force
+ * 1 is thrust_max N per motor. Used by controller_oot.c (the firmware's THRUST_MAX) and by the
+ * emulated board's image (firmware/qemu/main.c, the stock CF2 value). Include the export's policy.h
+ * first: this header does not, so that a policy.h left in this directory by an out-of-tree build is
+ * never the one another build picks up. */
+#ifndef CF_POLICY_CONFIG_H
+#define CF_POLICY_CONFIG_H
+
+#include "cf_policy_glue.h"
+#include "cf_vehicle.h"
+
+#ifndef POLICY_H
+#error "include the export's policy.h before cf_policy_config.h"
+#endif
+
+static inline cfp_config_t cfp_vehicle_config(float thrust_max)
+{
+  const cfp_config_t cfg = {
+    .policy_step = policy_step,
+    .policy_reset = policy_reset,
+    .rpm_max = POLICY_RPM_MAX,
+    .kf = CF_KF,
+    .thrust_max = thrust_max,
+    .hover_action = CF_HOVER_ACTION,
+    .deadman_ms = CFP_DEADMAN_MS,
+  };
+  return cfg;
+}
+
+#endif
