@@ -25,6 +25,8 @@ from typing import Callable
 
 import numpy as np
 
+from sim.crazyflie.contract import POLICY_PERIOD
+
 from .policy_node import ControllerNode, Policy
 from .ros import run_node
 from .safety import Command, Mode
@@ -36,35 +38,34 @@ class GlueAdapter:
     policy callable (22,) -> (4,). ``latest`` gives the state the observation was built from; the
     setpoint is recovered from the observation's position and velocity errors."""
 
-    PERIOD_MS = 10  # one policy period per call: every call is a policy tick with a fresh setpoint
+    # ms per call: one policy period, so every call is a policy tick with a fresh setpoint
+    PERIOD_MS = round(POLICY_PERIOD * 1000)
 
     def __init__(self, mcu, latest: Callable[[], State]):
-        self.mcu, self.latest = mcu, latest
+        from firmware import pil  # imported once here, not on every control tick
+
+        self.mcu, self.latest, self.pil = mcu, latest, pil
         self.now_ms = 0
         self.engaged = False  # the glue was last told to fly (not stopped)
 
     def __call__(self, obs: np.ndarray) -> np.ndarray:
-        from firmware.pil import GLUE_FAULTS, GLUE_MODES, force_to_action
-
-        st = self.latest()
+        pil, st = self.pil, self.latest()
         self.now_ms += self.PERIOD_MS
         out = self.mcu.glue_step(st.pos, st.quat, st.vel, np.degrees(st.omega), st.pos - obs[0:3],
                                  st.vel - obs[12:15], self.now_ms, self.now_ms)
         self.engaged = True
-        if GLUE_MODES[out.mode] != "policy":
-            raise RuntimeError(f"the onboard controller on the MCU is in mode {GLUE_MODES[out.mode]} "
-                               f"(fault: {GLUE_FAULTS[out.fault]}, policy_step returned {out.rc})")
-        return force_to_action(out.force, self.mcu.boot.thrust_max)
+        if pil.GLUE_MODES[out.mode] != "policy":
+            raise RuntimeError(f"the onboard controller on the MCU is in mode {pil.GLUE_MODES[out.mode]} "
+                               f"(fault: {pil.GLUE_FAULTS[out.fault]}, policy_step returned {out.rc})")
+        return pil.force_to_action(out.force, self.mcu.boot.thrust_max)
 
     def stop(self) -> None:
         """The stop setpoint (motors off; clears a latched fault), once after the glue was flying."""
-        from firmware.pil import SETPOINT_STOP
-
         if self.engaged:
             self.now_ms += self.PERIOD_MS
             zeros = np.zeros(3)
             self.mcu.glue_step(zeros, (1.0, 0.0, 0.0, 0.0), zeros, zeros, zeros, zeros, self.now_ms, self.now_ms,
-                               setpoint_kind=SETPOINT_STOP)
+                               setpoint_kind=self.pil.SETPOINT_STOP)
             self.engaged = False
 
 
