@@ -91,7 +91,8 @@ def open_new(path: Path, numbered: bool):
 
 # Bytes per MCAP chunk. A chunk reaches the file only once full (or at finish()), so a recorder killed
 # without finishing (SIGKILL, out of memory, a crash) loses the chunk it was filling: with the mcap
-# library's default of 1 MiB about 12 s of a simulated flight (~80 KB/s), with this ~0.4 s.
+# library's default of 1 MiB about 12 s of a simulated flight (~80 KB/s, a reviewer's measurement of
+# sim_bridge's traffic, 2026-11-28: a recorder killed after 10 s left an empty file), with this ~0.4 s.
 CHUNK_BYTES = 32 * 1024
 
 
