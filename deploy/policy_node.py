@@ -93,8 +93,9 @@ def load_onnx_policy(path: str) -> tuple[Policy, dict]:
 class ControllerNode(Node):
     """Safety layer + policy callable on ROS: states in, rotor commands and status out."""
 
-    def __init__(self, name: str, make_policy: Callable[[str], tuple[Policy, dict]]):
-        super().__init__(name)
+    def __init__(self, name: str, make_policy: Callable[[str], tuple[Policy, dict]], **node_options):
+        """``node_options`` go to rclpy's Node (``context=`` for a node built inside a test)."""
+        super().__init__(name, **node_options)
         from nav_msgs.msg import Odometry
         from rclpy.clock import Clock, ClockType
         from std_msgs.msg import Float32MultiArray, String
@@ -190,14 +191,14 @@ class ControllerNode(Node):
         except InvalidState as e:
             self.rejected[e.reason] = self.rejected.get(e.reason, 0) + 1
             self.controller.on_state(None, now, str(e))
-            return
         except Exception as e:  # anything else a message can do to the conversion: reject, never crash
             self.rejected["malformed"] = self.rejected.get("malformed", 0) + 1
             self.controller.on_state(None, now, f"malformed: {type(e).__name__}")
-            return
-        self._state_received_at = time.perf_counter()
-        self.accepted += 1
-        self.controller.on_state(state, now)
+        else:
+            self._state_received_at = time.perf_counter()
+            self.accepted += 1
+            self.controller.on_state(state, now)
+        self._report_change()
 
     def _on_arm(self, request, response):
         now = self._now()
@@ -208,8 +209,7 @@ class ControllerNode(Node):
         self.get_logger().info(f"arm({request.data}): {response.message}")
         # Status now; the mode's rotor command follows at the next tick (within a period): a tick
         # here would run the policy twice in one period.
-        c = self.controller
-        self._publish_status(Command(c.prev_action.copy(), c.mode, c.reason))
+        self._report_change(always=True)
         return response
 
     def _on_estop(self, request, response):
@@ -217,6 +217,15 @@ class ControllerNode(Node):
         self.get_logger().warning(response.message)
         self._tick()
         return response
+
+    def _report_change(self, always: bool = False) -> None:
+        """Publish status now if a state or service changed the mode outside a tick (a clock that went
+        back starts the controller up again): the next tick may change it once more (auto_arm arms on
+        the state that came with the new clock), and every transition must reach /status and the log.
+        The mode's rotor command follows at the next tick."""
+        c = self.controller
+        if always or (c.mode.value, c.reason) != self._last:
+            self._publish_status(Command(c.prev_action.copy(), c.mode, c.reason))
 
     # ------------------------------------------------------------------ control
     def _clock_tick(self) -> None:

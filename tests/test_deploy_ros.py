@@ -248,6 +248,41 @@ def test_a_restarted_simulator_starts_the_safety_layer_again(seeded_policy):
     check_commands(rec.cmd)
 
 
+def test_a_clock_that_goes_back_reaches_status_even_if_the_next_tick_arms_again(seeded_policy):
+    """The restarted simulator's first state can bring the new clock (the controller starts up again)
+    and, with auto_arm, the next tick arms on it: the start-up must still be published. Driven in
+    this process, callbacks called in order, so the race a real restart leaves to chance is fixed."""
+    import rclpy
+    from rclpy.clock import ClockType
+    from rclpy.time import Time
+
+    from deploy.policy_node import ControllerNode, load_onnx_policy
+    from deploy.testing import free_domain_id
+
+    ctx = rclpy.Context()
+    rclpy.init(args=["--ros-args", "-p", f"policy:={seeded_policy}", "-p", "use_sim_time:=true",
+                     "-p", "auto_arm:=true"], context=ctx, domain_id=free_domain_id())
+    try:
+        node = ControllerNode("policy_node", load_onnx_policy, context=ctx)
+        published: list[dict] = []
+        node.status_pub.publish = lambda msg: published.append(json.loads(msg.data))
+
+        def at(t: float) -> None:  # what /clock does to the node's clock
+            node.get_clock().set_ros_time_override(Time(nanoseconds=round(t * 1e9), clock_type=ClockType.ROS_TIME))
+            node._on_odom(odom_msg(stamp_ns=round(t * 1e9)))
+            node._tick()
+
+        at(5.0)
+        assert published[-1]["mode"] == "armed"
+        at(0.01)  # the new simulator's first state
+        after = [(s["mode"], s["reason"]) for s in published[[s["mode"] for s in published].index("armed") + 1:]]
+        assert after[0][0] == "disarmed" and after[0][1].startswith("clock went back from 5.000 s to 0.010 s"), after
+        assert after[-1] == ("armed", "armed"), after
+        node.destroy_node()
+    finally:
+        ctx.try_shutdown()
+
+
 def odom_msg(pos=(0.0, 0.0, 1.0), quat=(1.0, 0.0, 0.0, 0.0), vel=(0.0, 0.0, 0.0), omega=(0.0, 0.0, 0.0),
              stamp_ns: int = 0, frame: str = "world"):
     from nav_msgs.msg import Odometry
