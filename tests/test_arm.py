@@ -66,6 +66,41 @@ def test_ik_reaches_targets_and_respects_joint_limits():
     drive_to(env, far, 60)
 
 
+def test_joints_keep_franka_speed_and_acceleration_limits(monkeypatch):
+    """The servo references accelerate at no more than qdd_max and move at no more than qd_max; the
+    joints follow within the servo's overshoot, checked at every 2 ms physics step (peak 1.07 x qd_max
+    under these actions; 1.75 x when the servos stepped toward each period's target)."""
+    env = make("arm_push", 4, seed=2)
+    env.reset(seed=2)
+    p, dt = NOMINAL.panda, NOMINAL.sim.timestep
+    qd_max, qdd_max = np.array(p.qd_max), np.array(p.qdd_max)
+    q = env.qpos[:, env.arm_qadr]
+    for qd, target in ((np.zeros((4, 7)), q + qd_max * env.control_period),  # from rest to full speed
+                       (qd_max * np.array([1, -1, 1, -1])[:, None], q - qd_max * env.control_period)):  # reversal
+        pos, vel = env.ik.reference_trajectory(q, qd, target, dt)
+        assert pos.shape == vel.shape == (4, env.substeps, 7)
+        accel = np.diff(np.concatenate((qd[:, None], vel), axis=1), axis=1) / dt
+        assert (np.abs(accel) <= qdd_max * (1 + 1e-9)).all() and (np.abs(vel) <= qd_max * (1 + 1e-9)).all()
+        assert np.allclose(np.diff(np.concatenate((q[:, None], pos), axis=1), axis=1), vel * dt)
+        assert (pos >= env.ik.lo).all() and (pos <= env.ik.hi).all()
+    speeds = []
+    step = mujoco.mj_step
+
+    def recorded(m, d, n=1):
+        for _ in range(n):
+            step(m, d)
+            speeds.append(np.abs(d.qvel[env.arm_dadr]) / qd_max)
+
+    monkeypatch.setattr(mujoco, "mj_step", recorded)
+    rng = np.random.default_rng(0)
+    for k in range(40):  # full-scale random actions, each held for 10 periods
+        if k % 10 == 0:
+            a = torch.as_tensor(rng.uniform(-1, 1, (4, ACT_DIM)), dtype=torch.float32)
+        env.step(a)
+    assert len(speeds) == 40 * 4 * env.substeps
+    assert max(s.max() for s in speeds) < 1.15
+
+
 def test_ik_at_a_joint_limit_still_moves_the_tcp_as_commanded():
     """Near the robot's base (x = 0.25 m, on the table) joint 4 reaches its limit: the other joints
     carry the motion on and the TCP arrives, pointing down (clipping the targets alone left it
@@ -457,8 +492,9 @@ def test_action_latency():
             assert np.array_equal(flight[:, 0], np.where(latency[:, None] >= 1, up.numpy(), 0.0))
             assert np.array_equal(flight[:, 1], np.where(latency[:, None] == 2, HOLD_ACTION, 0.0).astype(np.float32))
     rise = np.diff(np.array(z), axis=0)  # [step, env]
-    moved = rise > 0.005
-    assert np.array_equal(moved.argmax(0), latency) and (moved.sum(0) == 1).all(), rise.round(4)
+    moved = rise > 0.003  # from rest, the joints' acceleration limits take the TCP ~7 mm up in the first period
+    assert np.array_equal(moved.argmax(0), latency), rise.round(4)
+    assert (np.abs(rise) < 0.0005)[np.arange(4)[:, None] < latency].all(), rise.round(4)  # still until then
     # Resume mid-flight: a command issued but not yet applied is in the state.
     env.reset(seed=4)
     env.step(up)

@@ -358,6 +358,11 @@ class ArmEnv(gym.vector.VectorEnv):
         return np.where(x_up > 0.5, yaw_y, yaw_x)
 
     @property
+    def ee_vel(self) -> np.ndarray:
+        """TCP velocity [N,3] (world, m/s), from the joints' velocities."""
+        return (self.jac[:, :3] @ self.qvel[:, self.arm_dadr, None])[..., 0]
+
+    @property
     def opening(self) -> np.ndarray:
         """Distance between the fingers, m."""
         return self.qpos[:, self.finger_qadr].sum(-1)
@@ -599,12 +604,14 @@ class ArmEnv(gym.vector.VectorEnv):
         yaw_des = self.ik.yaw_targets(self.ee_rot, a[:, TURN])
         q_target = self.ik.joint_targets(self.jac, self.ee_pos, self.ee_rot, q, pos_des, yaw_des)
         grip = self.ik.gripper_target(a[:, GRIP])
+        refs = self.ik.servo_references(q, self.qvel[:, self.arm_dadr], q_target, self.params.sim.timestep)
         bad = bad_action.copy()
         for i in range(self.num_envs):
             m, d = self.models[i], self.datas[i]
-            d.ctrl[self.arm_act] = q_target[i]
             d.ctrl[self.grip_act] = grip[i]
-            mujoco.mj_step(m, d, self.substeps)
+            for ref in refs[i]:
+                d.ctrl[self.arm_act] = ref
+                mujoco.mj_step(m, d)
             # MuJoCo resets the data by itself on a non-finite or huge qpos, qvel or qacc (and warns).
             warnings = d.warning.number  # a view: counts per warning type
             bad[i] |= warnings[_DIVERGENCE_WARNINGS].any() or not np.isfinite(d.qpos).all() \
@@ -696,9 +703,14 @@ class ArmEnv(gym.vector.VectorEnv):
         self.expert_phase[mask] = phase
         self.expert_t0[mask] = self.t[mask]
 
-    def toward(self, target: np.ndarray, gain: float = 1.0) -> np.ndarray:
-        """Action [N,3] moving the TCP toward ``target`` (world, m): proportional, saturating at 1."""
-        return np.clip(gain * (target - self.ee_pos) / self.ik.cfg.max_delta, -1.0, 1.0)
+    def toward(self, target: np.ndarray, gain: float = 1.0, damping: float = 1.0) -> np.ndarray:
+        """Action [N,3] moving the TCP toward ``target`` (world, m): ``gain`` x the distance less
+        ``damping`` x how far the TCP's current velocity takes it in a period, saturating at 1. The
+        damping keeps the acceleration-limited arm (control.py) from overshooting: without it the
+        pick-and-place expert's descent went 23 mm past the cube's centre, fingertips at the table,
+        and its success at noise 0.3 was 166/200 against 198/200 (ad-hoc, 2026-11-28)."""
+        step = gain * (target - self.ee_pos) - damping * self.ee_vel * self.control_period
+        return np.clip(step / self.ik.cfg.max_delta, -1.0, 1.0)
 
     def grasp_yaw(self) -> np.ndarray:
         """[N] the gripper yaw (rad) that sets the fingers square to the cube's faces (the cube's yaw

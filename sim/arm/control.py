@@ -5,8 +5,8 @@ Differential inverse kinematics, batched over environments (NumPy, float64):
     e   = [p_des - p_ee ; k_rot * rot_err(R_ee, R_des)]          6-vector, world frame
     J+  = J^T (J J^T + lambda^2 I)^-1                               damped least squares
     dq  = J+ e + (I - J+ J) k_null (q_home - q)                     null space pulls toward home
-    dq *= min(1, min_i qd_max_i * T / |dq_i|)                       target speed limits, direction kept
-    q_target = q + dq, within [q_min + margin, q_max - margin]
+    dq *= min(1, min_i qd_max_i * T / |dq_i|)                       speed limits, direction kept
+    q_target = q + dq, within [q_min + margin, q_max - margin]     approached at qdd_max (below)
 
 Joint limits: a joint whose target would leave its range is locked at its bound and the rest of
 the motion is solved again by the other joints (J with the locked columns zeroed, the locked
@@ -23,14 +23,21 @@ which covers every grasp of the cube (90 deg symmetry). The range is not centred
 toward -90 deg joint 7 reaches its limit in part of the workspace, and the joint lock below turns
 the other joints instead. The IK corrects ``rot_gain`` of the orientation error per step, so a
 held yaw command turns the gripper by ~0.8 x its desired turn per step.
-The joint PD servos then track q_target within the control period T. The speed limit above holds for
-the targets, not for the joints: a servo stepping toward a target moves faster than the period's
-mean, and the joints peak at 1.2-1.6 x qd_max under the scripted experts at noise 0 and 0.3 (2-5 %
-of the 2 ms physics steps over it) and up to 2.3 x under full-scale random actions held for 10 steps
-(31 %); positions stay within their limits (an ad-hoc script outside the repository, one episode of
-8 environments each, 2026-11-28). A real Panda refuses such speeds: there the targets would be
-interpolated at its 1 kHz with the speed limit on the interpolated motion, which this simulator does
-not do.
+The joint servos do not jump to q_target: over the period's 2 ms physics steps their reference
+velocity moves from the joints' measured velocity toward the period's mean (q_target - q) / T with
+no joint faster than Franka's acceleration limits qdd_max (all joints scaled together, so the TCP
+keeps its direction; stopping in time before a joint's range ends), the reference position follows
+it, and the velocity is fed forward through the PD gains: what a velocity command through a rate
+limiter does at 1 kHz (libfranka has one). Before this (until 2026-11-28) the servos stepped toward
+each period's target: the joints peaked at 1.2-1.6 x qd_max under the scripted experts and 1.8 x
+under full-scale random actions, accelerating far beyond qdd_max. Now they peak at 0.94-1.07 x
+qd_max under the experts at noise 0 and 0.3 (at most 0.1 % of physics steps above it) and at 1.07 x
+under full-scale random actions held for 10 steps (7.8 % of steps above qd_max: the servo's
+overshoot of a reference cruising at qd_max), from an ad-hoc script outside the repository, one
+episode of 8 environments each, 2026-11-28. What it costs is what a real Panda costs: from rest,
+one command of 2 cm moves the TCP ~7 mm up in its period (tests/test_arm.py), a held one moves 7,
+17, then 21 mm per period (0.4 m/s), and the scripted experts take longer and damp their approach
+(ArmEnv.toward; their docstrings).
 
 Gripper: the action maps linearly to the finger opening target; the finger servo moves the
 fingers at up to the Franka Hand's 0.05 m/s and squeezes with up to GripperParams.force per finger.
@@ -88,6 +95,11 @@ class DiffIK:
         self.lo = np.array(p.q_min) + cfg.limit_margin
         self.hi = np.array(p.q_max) - cfg.limit_margin
         self.max_step = np.array(p.qd_max) * control_period  # rad per control period
+        self.period = control_period
+        self.qd_max, self.qdd_max = np.array(p.qd_max), np.array(p.qdd_max)
+        # Velocity feed-forward through the position servo: kp (q_ref + kv/kp v_ref - q) - kv qd is
+        # kp (q_ref - q) + kv (v_ref - qd).
+        self.lead = np.array(p.kv) / np.array(p.kp)  # s
         self.stroke = params.gripper.stroke
 
     def joint_targets(self, jac: np.ndarray, ee_pos: np.ndarray, ee_rot: np.ndarray, q: np.ndarray,
@@ -106,6 +118,37 @@ class DiffIK:
             step[rows] = self._step_within_limits(jac[rows], err[rows] * scale[rows], pull[rows] * scale[rows],
                                                   q[rows], step[rows], beyond[rows])
         return np.clip(q + step, self.lo, self.hi)
+
+    def reference_trajectory(self, q: np.ndarray, qd: np.ndarray, q_target: np.ndarray,
+                             dt: float) -> tuple[np.ndarray, np.ndarray]:
+        """The joints' reference positions (rad) and velocities (rad/s), each [N, steps, 7], at the end
+        of each physics step of ``dt`` s over the control period, from the joints' positions q and
+        velocities qd [N,7] at its start: the velocity moves from qd toward the period's mean
+        (q_target - q) / T (which joint_targets keeps within qd_max) with no joint faster than
+        qdd_max, and never faster than every joint can still stop before its range ends, as a
+        velocity command through a rate limiter would move the robot. Both limits scale the joints'
+        velocities together, so that the TCP keeps the IK's direction (from rest, a lift stays a
+        lift; clipped joint by joint it went 2.8 cm sideways)."""
+        v_cmd = (q_target - q) / self.period
+        p, v = q.copy(), np.clip(qd, -self.qd_max, self.qd_max)
+        dv = self.qdd_max * dt
+        steps = round(self.period / dt)
+        pos, vel = np.empty((steps,) + q.shape), np.empty((steps,) + q.shape)
+        for k in range(steps):
+            change = v_cmd - v  # scaled as a whole: clipping each joint's would bend the TCP's path
+            v = v + change * np.minimum(1.0, (dv / np.maximum(np.abs(change), 1e-12)).min(-1, keepdims=True))
+            room = np.where(v > 0, self.hi - p, p - self.lo)  # rad to the end of the range ahead
+            stop = np.sqrt(2.0 * self.qdd_max * np.maximum(room, 0.0))  # rad/s from which it can still stop
+            v = v * np.minimum(1.0, (stop / np.maximum(np.abs(v), 1e-12)).min(-1, keepdims=True))
+            p = p + v * dt
+            pos[k], vel[k] = p, v
+        return pos.transpose(1, 0, 2), vel.transpose(1, 0, 2)
+
+    def servo_references(self, q: np.ndarray, qd: np.ndarray, q_target: np.ndarray, dt: float) -> np.ndarray:
+        """The position servos' references [N, steps, 7] (rad) for reference_trajectory, its velocity
+        fed forward (``lead``)."""
+        pos, vel = self.reference_trajectory(q, qd, q_target, dt)
+        return pos + self.lead * vel
 
     def _solve(self, jac: np.ndarray, err: np.ndarray, pull: np.ndarray) -> np.ndarray:
         """Damped least squares dq [N,7] for the task error err [N,6], plus ``pull`` [N,7] projected

@@ -53,6 +53,9 @@ class PandaParams:
     q_max: Vec7 = (2.8973, 1.7628, 2.8973, -0.0698, 2.8973, 3.7525, 2.8973)
     qd_max: Vec7 = (2.1750, 2.1750, 2.1750, 2.1750, 2.6100, 2.6100, 2.6100)
     torque_max: Vec7 = (87.0, 87.0, 87.0, 87.0, 12.0, 12.0, 12.0)
+    # rad/s^2, same source (libfranka's rate limiter uses them; MoveIt's panda_moveit_config
+    # joint_limits.yaml lists a quarter of each)
+    qdd_max: Vec7 = (15.0, 7.5, 10.0, 12.5, 15.0, 20.0, 20.0)
     # Home: gripper pointing down, fingers opening along world y, TCP at (0.45, 0, 0.25) m (solved
     # with control.DiffIK from Franka's "ready" pose (0, -pi/4, 0, -3pi/4, 0, pi/2, pi/4), whose TCP
     # is at (0.307, 0, 0.487) m; q2, q4, q6 changed, elbow still up).
