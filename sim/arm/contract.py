@@ -16,7 +16,9 @@ from .params import NOMINAL
 
 @dataclass(frozen=True)
 class ArmContract(ContractBase):
-    version: str = "arm-ee-delta-v2"
+    # v3 (2026-11-28): the joints reach the IK's targets within Franka's acceleration limits
+    # (sim/arm/control.py), so a policy of v2's faster arm would meet other dynamics behind the same layout
+    version: str = "arm-ee-delta-v3"
     observation: tuple[Field, ...] = (
         Field("joint_positions", 7, "joints 1..7", "rad"),
         Field("joint_velocities", 7, "joints 1..7", "rad/s"),
@@ -29,7 +31,9 @@ class ArmContract(ContractBase):
     )
     action_size: int = base.ACT_DIM
     action_range: tuple[float, float] = (-1.0, 1.0)
-    action_meaning: str = (f"[dx, dy, dz] TCP displacement per step = a * {IKConfig().max_delta} m, world frame; "
+    action_meaning: str = (f"[dx, dy, dz] desired TCP displacement per step = a * {IKConfig().max_delta} m, "
+                           "world frame, reached within Franka's joint speed and acceleration limits (from rest "
+                           "about a third of it in the first step); "
                            f"dyaw desired gripper turn about world z per step = a * {IKConfig().max_dyaw} rad "
                            f"(the IK closes {IKConfig().rot_gain} of it per step), "
                            f"|yaw| <= {IKConfig().yaw_limit:.4f} (differential IK, gripper down); "

@@ -28,16 +28,16 @@ velocity moves from the joints' measured velocity toward the period's mean (q_ta
 no joint faster than Franka's acceleration limits qdd_max (all joints scaled together, so the TCP
 keeps its direction; stopping in time before a joint's range ends), the reference position follows
 it, and the velocity is fed forward through the PD gains: what a velocity command through a rate
-limiter does at 1 kHz (libfranka has one). Before this (until 2026-11-28) the servos stepped toward
-each period's target: the joints peaked at 1.2-1.6 x qd_max under the scripted experts and 1.8 x
-under full-scale random actions, accelerating far beyond qdd_max. Now they peak at 0.94-1.07 x
-qd_max under the experts at noise 0 and 0.3 (at most 0.1 % of physics steps above it) and at 1.07 x
-under full-scale random actions held for 10 steps (7.8 % of steps above qd_max: the servo's
-overshoot of a reference cruising at qd_max), from an ad-hoc script outside the repository, one
-episode of 8 environments each, 2026-11-28. What it costs is what a real Panda costs: from rest,
-one command of 2 cm moves the TCP ~7 mm up in its period (tests/test_arm.py), a held one moves 7,
-17, then 21 mm per period (0.4 m/s), and the scripted experts take longer and damp their approach
-(ArmEnv.toward; their docstrings).
+limiter does (libfranka has one, at the robot's 1 kHz; here at the physics step's 500 Hz). Before
+this (until 2026-11-28) the servos stepped toward each period's target: the joints peaked at 1.2-1.6
+x qd_max under the scripted experts and 1.8 x under full-scale random actions, accelerating far
+beyond qdd_max. Now they peak at 0.94-1.07 x qd_max under the experts at noise 0 and 0.3 (at most
+0.1 % of physics steps above it) and at 1.07 x under full-scale random actions held for 10 steps
+(7.8 % of steps above qd_max: the servo's overshoot of a reference cruising at qd_max), from an
+ad-hoc script outside the repository, one episode of 8 environments each, 2026-11-28. What it costs
+is what a real Panda costs: from rest, one command of 2 cm moves the TCP ~7 mm up in its period
+(tests/test_arm.py), a held one moves 7, 17, then 21 mm per period (0.4 m/s), and the scripted
+experts take longer and damp their approach (ArmEnv.toward; their docstrings).
 
 Gripper: the action maps linearly to the finger opening target; the finger servo moves the
 fingers at up to the Franka Hand's 0.05 m/s and squeezes with up to GripperParams.force per finger.
@@ -128,18 +128,31 @@ class DiffIK:
         qdd_max, and never faster than every joint can still stop before its range ends, as a
         velocity command through a rate limiter would move the robot. Both limits scale the joints'
         velocities together, so that the TCP keeps the IK's direction (from rest, a lift stays a
-        lift; clipped joint by joint it went 2.8 cm sideways)."""
+        lift; clipped joint by joint it went 2.8 cm sideways); a joint the servo has carried past its
+        range's end brakes on its own."""
         v_cmd = (q_target - q) / self.period
         p, v = q.copy(), np.clip(qd, -self.qd_max, self.qd_max)
         dv = self.qdd_max * dt
         steps = round(self.period / dt)
         pos, vel = np.empty((steps,) + q.shape), np.empty((steps,) + q.shape)
         for k in range(steps):
-            change = v_cmd - v  # scaled as a whole: clipping each joint's would bend the TCP's path
+            # A joint its servo has carried past its range's end, still moving out, brakes alone at
+            # qdd_max (the IK's target lies inside); the others move toward v_cmd together, scaled as a
+            # whole (clipping each joint's change would bend the TCP's path).
+            past = (np.where(v > 0, self.hi - p, p - self.lo) <= 0.0) & (v != 0.0)
+            change = np.where(past, 0.0, v_cmd - v)
             v = v + change * np.minimum(1.0, (dv / np.maximum(np.abs(change), 1e-12)).min(-1, keepdims=True))
-            room = np.where(v > 0, self.hi - p, p - self.lo)  # rad to the end of the range ahead
-            stop = np.sqrt(2.0 * self.qdd_max * np.maximum(room, 0.0))  # rad/s from which it can still stop
-            v = v * np.minimum(1.0, (stop / np.maximum(np.abs(v), 1e-12)).min(-1, keepdims=True))
+            v = np.where(past, np.sign(v) * np.maximum(np.abs(v) - dv, 0.0), v)
+            # A joint this change starts moving out from its range's end (|v| <= dv) stays there; the
+            # others are no faster, together, than each can still stop within its room ahead, braking
+            # by dv per physics step: from v in [n dv, (n + 1) dv) it covers dt ((n + 1) v - dv n (n + 1) / 2).
+            room = np.where(v > 0, self.hi - p, p - self.lo)
+            v = np.where((room <= 0.0) & ~past, 0.0, v)
+            room = np.maximum(room, 0.0)
+            n = np.floor(np.sqrt(0.25 + 2.0 * room / (dv * dt)) - 0.5)
+            stop = (room / dt + dv * n * (n + 1) / 2) / (n + 1)
+            scale = np.where(past | (v == 0.0), 1.0, stop / np.maximum(np.abs(v), 1e-12))
+            v = v * np.minimum(1.0, scale.min(-1, keepdims=True))
             p = p + v * dt
             pos[k], vel[k] = p, v
         return pos.transpose(1, 0, 2), vel.transpose(1, 0, 2)

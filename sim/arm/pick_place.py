@@ -117,7 +117,8 @@ class ArmPickPlaceEnv(ArmEnv):
         200/200 succeed at noise 0.0 and 0.1, 198/200 at 0.3; median 54-63 steps, at most 115 of the
         150 (with the joints' acceleration limits and the damped ``toward``, 2026-11-28; before them
         198/200, 200/200, 189/200, median 47-59 steps). The descent now ends up to 14 mm below the
-        cube's centre before the TCP settles on it (0.1 mm before), 21 mm at noise 0.3. tests/test_arm.py checks >= 90 % on 20."""
+        cube's centre before the TCP settles on it (0.1 mm before), 21 mm at noise 0.3.
+        tests/test_arm.py checks >= 90 % on 20."""
         ee, cube, goal, t = self.ee_pos, self.cube_pos, self.goal, self.t
         ph = self.expert_phase
         held = np.linalg.norm(cube - ee, axis=-1) < 0.03
