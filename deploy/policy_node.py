@@ -222,7 +222,8 @@ class ControllerNode(Node):
         """Publish status now if a state or service changed the mode outside a tick (a clock that went
         back starts the controller up again): the next tick may change it once more (auto_arm arms on
         the state that came with the new clock), and every transition must reach /status and the log.
-        The mode's rotor command follows at the next tick."""
+        The mode's rotor command follows at the next tick: a mode that the next tick changes again
+        (a start-up re-armed at once) is reported but never commanded (no idle command, no actuate())."""
         c = self.controller
         if always or (c.mode.value, c.reason) != self._last:
             self._publish_status(Command(c.prev_action.copy(), c.mode, c.reason))
