@@ -78,8 +78,8 @@ def test_joints_keep_franka_speed_and_acceleration_limits(monkeypatch):
 
     def references(q, qd, target):
         """The period's references, checked against the limits."""
-        pos, vel = ik.reference_trajectory(q, qd, target, dt)
-        assert pos.shape == vel.shape == (4, env.substeps, 7)
+        pos, vel = ik.reference_trajectory(q, qd, target)
+        assert pos.shape == vel.shape == (4, NOMINAL.sim.substeps, 7)
         accel = np.diff(np.concatenate((qd[:, None], vel), axis=1), axis=1) / dt
         assert (np.abs(accel) <= qdd_max * (1 + 1e-9)).all(), np.abs(accel / qdd_max).max()
         assert (np.abs(vel) <= qd_max * (1 + 1e-9)).all()
@@ -123,7 +123,7 @@ def test_joints_keep_franka_speed_and_acceleration_limits(monkeypatch):
         if k % 10 == 0:
             a = torch.as_tensor(rng.uniform(-1, 1, (4, ACT_DIM)), dtype=torch.float32)
         env.step(a)
-    assert len(speeds) == 40 * 4 * env.substeps
+    assert len(speeds) == 40 * 4 * NOMINAL.sim.substeps
     assert max(s.max() for s in speeds) < 1.15
 
 

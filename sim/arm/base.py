@@ -217,11 +217,10 @@ class ArmEnv(gym.vector.VectorEnv):
         self.cfg, self.params, self.num_envs = cfg, params, num_envs
         self.device = torch.device(device)
         self.control_period = params.sim.control_period  # s
-        self.substeps = params.sim.substeps
         self.max_steps = cfg.episode_steps
         lat = cfg.randomization.max_latency_steps
         self.critic_dim = CRITIC_DIM + (1 + ACT_DIM * lat if lat > 0 else 0)
-        self.ik = DiffIK(params, self.control_period, IKConfig())
+        self.ik = DiffIK(params, IKConfig())
 
         # --- MuJoCo: one compiled model, copied per env (each env's randomized fields are its own)
         self.xml = mdl.build_mjcf(params, cube=self.HAS_CUBE, pad=self.HAS_PAD)
@@ -604,7 +603,7 @@ class ArmEnv(gym.vector.VectorEnv):
         yaw_des = self.ik.yaw_targets(self.ee_rot, a[:, TURN])
         q_target = self.ik.joint_targets(self.jac, self.ee_pos, self.ee_rot, q, pos_des, yaw_des)
         grip = self.ik.gripper_target(a[:, GRIP])
-        refs = self.ik.servo_references(q, self.qvel[:, self.arm_dadr], q_target, self.params.sim.timestep)
+        refs = self.ik.servo_references(q, self.qvel[:, self.arm_dadr], q_target)
         bad = bad_action.copy()
         for i in range(self.num_envs):
             m, d = self.models[i], self.datas[i]

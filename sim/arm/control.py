@@ -88,14 +88,14 @@ def rotation_error(rot: np.ndarray, rot_des: np.ndarray) -> np.ndarray:
 class DiffIK:
     """Turns Cartesian TCP deltas into joint position targets (see the module docstring)."""
 
-    def __init__(self, params: ArmParams, control_period: float, cfg: IKConfig = IKConfig()):
-        p = params.panda
+    def __init__(self, params: ArmParams, cfg: IKConfig = IKConfig()):
+        p, control_period = params.panda, params.sim.control_period
         self.cfg = cfg
         self.q_home = np.array(p.home)
         self.lo = np.array(p.q_min) + cfg.limit_margin
         self.hi = np.array(p.q_max) - cfg.limit_margin
         self.max_step = np.array(p.qd_max) * control_period  # rad per control period
-        self.period = control_period
+        self.period, self.dt, self.steps = control_period, params.sim.timestep, params.sim.substeps  # s, s, 1
         self.qd_max, self.qdd_max = np.array(p.qd_max), np.array(p.qdd_max)
         # Velocity feed-forward through the position servo: kp (q_ref + kv/kp v_ref - q) - kv qd is
         # kp (q_ref - q) + kv (v_ref - qd).
@@ -119,10 +119,10 @@ class DiffIK:
                                                   q[rows], step[rows], beyond[rows])
         return np.clip(q + step, self.lo, self.hi)
 
-    def reference_trajectory(self, q: np.ndarray, qd: np.ndarray, q_target: np.ndarray,
-                             dt: float) -> tuple[np.ndarray, np.ndarray]:
+    def reference_trajectory(self, q: np.ndarray, qd: np.ndarray,
+                             q_target: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The joints' reference positions (rad) and velocities (rad/s), each [N, steps, 7], at the end
-        of each physics step of ``dt`` s over the control period, from the joints' positions q and
+        of each physics step (``dt``) of the control period, from the joints' positions q and
         velocities qd [N,7] at its start: the velocity moves from qd toward the period's mean
         (q_target - q) / T (which joint_targets keeps within qd_max) with no joint faster than
         qdd_max, and never faster than every joint can still stop before its range ends, as a
@@ -132,10 +132,10 @@ class DiffIK:
         range's end brakes on its own."""
         v_cmd = (q_target - q) / self.period
         p, v = q.copy(), np.clip(qd, -self.qd_max, self.qd_max)
+        dt = self.dt
         dv = self.qdd_max * dt
-        steps = round(self.period / dt)
-        pos, vel = np.empty((steps,) + q.shape), np.empty((steps,) + q.shape)
-        for k in range(steps):
+        pos, vel = np.empty((self.steps,) + q.shape), np.empty((self.steps,) + q.shape)
+        for k in range(self.steps):
             # A joint its servo has carried past its range's end, still moving out, brakes alone at
             # qdd_max (the IK's target lies inside); the others move toward v_cmd together, scaled as a
             # whole (clipping each joint's change would bend the TCP's path).
@@ -157,10 +157,10 @@ class DiffIK:
             pos[k], vel[k] = p, v
         return pos.transpose(1, 0, 2), vel.transpose(1, 0, 2)
 
-    def servo_references(self, q: np.ndarray, qd: np.ndarray, q_target: np.ndarray, dt: float) -> np.ndarray:
+    def servo_references(self, q: np.ndarray, qd: np.ndarray, q_target: np.ndarray) -> np.ndarray:
         """The position servos' references [N, steps, 7] (rad) for reference_trajectory, its velocity
         fed forward (``lead``)."""
-        pos, vel = self.reference_trajectory(q, qd, q_target, dt)
+        pos, vel = self.reference_trajectory(q, qd, q_target)
         return pos + self.lead * vel
 
     def _solve(self, jac: np.ndarray, err: np.ndarray, pull: np.ndarray) -> np.ndarray:
