@@ -111,7 +111,9 @@ def hover(backend: str, prefix: Path) -> dict:
 
         w.spin_until(released, 60, "the simulator to release the vehicle")
         t_release = float(released().group(1))
-        w.spin_until(lambda: rec.odom and rec.odom[-1][1] > t_release + 4.0, 30, "4 s of simulated flight")
+        # Both streams: the observer takes one message per spin, and under load the status can lag the odometry.
+        w.spin_until(lambda: rec.odom and rec.odom[-1][1] > t_release + 4.0 and rec.status
+                     and rec.status[-1][1].get("t", 0.0) > t_release + 4.0, 30, "4 s of simulated flight")
         assert RosWorld.stop(launch) == 0, w.output(launch)
         out = w.output(launch)
     target = np.array([0.0, 0.0, 1.0])

@@ -638,8 +638,10 @@ def _wait_pids(proc: subprocess.Popen, n: int, lines: list[str]) -> list[int]:
 def _gone(pid: int, within: float) -> bool:
     deadline = time.monotonic() + within
     while time.monotonic() < deadline:
-        status = Path(f"/proc/{pid}/status")
-        if not status.exists() or "zombie" in status.read_text().lower():
+        try:
+            if "zombie" in Path(f"/proc/{pid}/status").read_text().lower():
+                return True
+        except (FileNotFoundError, ProcessLookupError):  # gone, also between a look and the read
             return True
         time.sleep(0.05)
     return False
