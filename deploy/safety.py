@@ -40,6 +40,10 @@ Modes and rules, checked on every tick:
 A clock that goes back (a simulator reset or restart: /clock from 0 again) starts the controller up
 again, DISARMED (``auto_arm`` arms it again on the first valid state unless the operator disarmed or
 stopped it since the last arming; an emergency stop stays latched): its kept times would lie ahead.
+A clock that goes back ``CLOCK_RESTARTS_MAX`` times within ``CLOCK_RESTART_WINDOW_S`` of steady wall
+time is not a restarted simulator but two clocks (two simulators publishing /clock): arming, by the
+operator or ``auto_arm``, is refused until the clock has gone that long without going back (a restart
+on every other message would otherwise arm and disarm the rotors period after period).
 ``disarm()`` (SetBool false) in flight is a controlled descent without recovery; on the ground it
 cuts the rotors.
 """
@@ -47,6 +51,7 @@ cuts the rotors.
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 from enum import Enum
 from typing import Callable
@@ -60,6 +65,10 @@ from .state import State, observation
 
 IDLE_ACTION = -1.0  # action -1 = 0 rpm (contract: rpm = (a + 1) / 2 * rpm_max)
 SPIN_DOWN_S = 0.3  # s added to a failsafe descent's fall time: the rotors' spin-down
+# A simulator is restarted or reset by hand or by a harness, seconds apart at the quickest; two /clock
+# publishers send the clock back with every other message (100 times a second at 10 ms steps).
+CLOCK_RESTARTS_MAX = 3  # clock restarts within the window that mark the clock as unsteady
+CLOCK_RESTART_WINDOW_S = 10.0  # s, steady wall time
 
 
 class Mode(str, Enum):
@@ -139,8 +148,9 @@ class SafeController:
     """Policy + safety rules. ``policy`` maps one observation (22,) float32 to an action (4,)."""
 
     def __init__(self, policy: Callable[[np.ndarray], np.ndarray], cfg: SafetyConfig,
-                 params: CrazyflieParams = NOMINAL):
-        self.policy, self.cfg = policy, cfg
+                 params: CrazyflieParams = NOMINAL, wall: Callable[[], float] = time.monotonic):
+        """``wall``: steady wall time (s), which only the clock-restart rate is counted on."""
+        self.policy, self.cfg, self.wall = policy, cfg, wall
         self.target = np.asarray(cfg.target, dtype=np.float64)
         self.hover_action = params.hover_action
         self.descent_action = rpm_to_action(params.hover_rpm * math.sqrt(cfg.descent_thrust_ratio), params.rpm_max)
@@ -148,6 +158,8 @@ class SafeController:
         self.failsafe_count = 0
         self._clock = -math.inf  # the latest time (s) on_state() or tick() was given
         self._operator_stop = False  # disarm() or estop() since the last arm(): no auto_arm after a restart
+        self._clock_restarts: list[float] = []  # wall times (s) of the clock's restarts within the window
+        self._unsteady_until = -math.inf  # wall time (s) until which the clock counts as unsteady
         self._start_up("start-up")
 
     def _start_up(self, reason: str) -> None:
@@ -172,15 +184,31 @@ class SafeController:
         does): every time kept (state age, descent end, recoveries, ramp, floor timer) would be wrong, so
         the controller starts up again, DISARMED (re-armed on the first valid state with auto_arm)."""
         if now < self._clock:
-            why = f"clock went back from {self._clock:.3f} s to {now:.3f} s (a restarted simulator?)"
+            was_unsteady, t = self.clock_unsteady() is not None, self.wall()
+            self._clock_restarts = [r for r in self._clock_restarts if r > t - CLOCK_RESTART_WINDOW_S] + [t]
+            if was_unsteady or len(self._clock_restarts) >= CLOCK_RESTARTS_MAX:
+                self._unsteady_until = t + CLOCK_RESTART_WINDOW_S
+            unsteady = self.clock_unsteady()
+            why = unsteady or f"clock went back from {self._clock:.3f} s to {now:.3f} s (a restarted simulator?)"
             estop = self.mode is Mode.ESTOP  # an emergency stop stays latched until arm()
             self._start_up(why)
             if estop:
                 self._set(Mode.ESTOP, f"{why}: emergency stop kept, re-arm to fly")
+            elif unsteady:  # the same reason at every restart: not a new status every period
+                self.reason += (": rotors idle, arming once it has run steadily" if self._auto_arm_pending
+                                else ": rotors idle, re-arm to fly once it has run steadily")
             else:
                 self.reason += (": rotors idle, arming on the first valid state" if self._auto_arm_pending
                                 else ": rotors idle, re-arm to fly")
         self._clock = now
+
+    def clock_unsteady(self) -> str | None:
+        """Why the clock cannot be flown on, or None: it went back ``CLOCK_RESTARTS_MAX`` times within
+        ``CLOCK_RESTART_WINDOW_S`` of wall time, and has not since gone that long without going back."""
+        if self.wall() >= self._unsteady_until:
+            return None
+        return (f"clock went back {CLOCK_RESTARTS_MAX} times within {CLOCK_RESTART_WINDOW_S:g} s "
+                "(more than one /clock publisher?)")
 
     # ------------------------------------------------------------------ inputs
     def on_state(self, state: State | None, now: float, error: str | None = None) -> None:
@@ -223,7 +251,7 @@ class SafeController:
         self._check_clock(now)
         if self.mode is Mode.ARMED:  # the policy flies on, its previous action untouched
             return True, "already armed"
-        problem = self.state_problem(now)
+        problem = self.clock_unsteady() or self.state_problem(now)
         if problem is not None:
             return False, f"refused to arm: {problem}"
         if self.mode is not Mode.FAILSAFE:  # rotors idle: as at the start of a training episode

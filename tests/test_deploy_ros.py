@@ -250,6 +250,34 @@ def test_a_restarted_simulator_starts_the_safety_layer_again(seeded_policy):
     check_commands(rec.cmd)
 
 
+def test_a_second_simulator_on_the_same_clock_keeps_the_rotors_idle(seeded_policy):
+    """A second simulator started beside the first (both publishing /clock, one at 0 s, one 2 s and more
+    ahead) sends the clock back with every other message: the safety layer names the two clocks and
+    stays DISARMED (auto_arm would otherwise arm on every restart); with one simulator left, it arms
+    again once the clock has gone 10 s without going back."""
+    from deploy.safety import CLOCK_RESTART_WINDOW_S
+
+    with world() as w:
+        rec = Observed(w)
+        w.start(*w.node_cmd("sim_bridge", clamped=True), name="sim")
+        w.start(*w.node_cmd("policy_node", policy=seeded_policy, use_sim_time=True, auto_arm=True), name="policy")
+        w.spin_until(lambda: rec.mode() == "armed" and rec.odom and rec.odom[-1][1] > 2.0, 60,
+                     "the policy node to arm and 2 s of simulated time")
+        second = w.start(*w.node_cmd("sim_bridge", clamped=True), name="sim2")
+        t0 = time.monotonic()
+        w.spin_until(lambda: any("more than one /clock publisher" in s["reason"] for t, s in rec.status if t >= t0),
+                     30, "the safety layer to name the two clocks")
+        t1 = min(t for t, s in rec.status if t >= t0 and "more than one /clock publisher" in s["reason"])
+        w.spin_for(3.0)
+        assert not rec.seen_mode("armed", t1), [s["reason"] for t, s in rec.status if t >= t1 and s["mode"] == "armed"]
+        RosWorld.stop(second, signal.SIGKILL)
+        t2 = time.monotonic()
+        w.spin_until(lambda: rec.seen_mode("armed", t2), CLOCK_RESTART_WINDOW_S + 20, "auto_arm with one clock left")
+        t3 = min(t for t, s in rec.status if t >= t2 and s["mode"] == "armed")
+    assert t3 - t2 >= CLOCK_RESTART_WINDOW_S - 0.5, t3 - t2  # 10 s without going back, counted from the last restart
+    check_commands(rec.cmd)
+
+
 def test_a_clock_that_goes_back_reaches_status_even_if_the_next_tick_arms_again(seeded_policy):
     """The restarted simulator's first state can bring the new clock (the controller starts up again)
     and, with auto_arm, the next tick arms on it: the start-up must still be published. Driven in

@@ -410,6 +410,38 @@ def test_a_clock_that_goes_back_starts_the_controller_up_again(auto_arm):
     assert c.status()["recoveries"] == 0
 
 
+def test_two_clocks_keep_the_rotors_idle_until_one_is_left():
+    """Two simulators publishing /clock (one at 50 s, one just started) send the clock back with every
+    other message. Restarted each time, auto_arm would arm the rotors every other period; from the third
+    restart within 10 s of wall time arming is refused (auto_arm and the operator's), with one status
+    reason, until the clock has run 10 s without going back."""
+    wall = [0.0]
+    c = SafeController(FakePolicy(), SafetyConfig(auto_arm=True), wall=lambda: wall[0])
+    modes, reasons = [], set()
+    for k in range(200):  # 2 s of 10 ms periods, the two clocks interleaved
+        now = (50.0 if k % 2 == 0 else 0.0) + 0.01 * (k // 2)
+        wall[0] = 0.01 * k
+        c.on_state(hover_state(now), now)
+        cmd = c.tick(now)
+        modes.append(cmd.mode)
+        if k >= 5:  # the third restart
+            reasons.add(cmd.reason)
+            assert cmd.mode is Mode.DISARMED and cmd.action.tolist() == [IDLE_ACTION] * 4, (k, cmd.reason)
+    assert modes[:5] == [Mode.ARMED] * 5  # armed, and re-armed at once after the first and second restart
+    assert reasons == {"clock went back 3 times within 10 s (more than one /clock publisher?): rotors idle, "
+                       "arming once it has run steadily"}
+    ok, why = c.arm(0.99)
+    assert not ok and "more than one /clock publisher" in why
+    # one simulator left: armed again once its clock has gone 10 s of wall time without going back
+    t_last = wall[0]
+    for k in range(1, 1200):
+        now, wall[0] = 1.0 + 0.01 * k, t_last + 0.01 * k
+        c.on_state(hover_state(now), now)
+        if c.tick(now).mode is Mode.ARMED:
+            break
+    assert wall[0] - t_last == pytest.approx(10.0, abs=0.011)
+
+
 @pytest.mark.parametrize("stop", ["estop", "disarm"])
 def test_an_operators_stop_outlasts_a_clock_that_goes_back(stop):
     """After an emergency stop or a disarm, a restarted simulator's clock neither clears the stop nor lets
