@@ -18,7 +18,8 @@ Modes and rules, checked on every tick:
             output) switches to FAILSAFE in the same tick. Actions are clipped to [-1, max_action].
             A vehicle whose valid states show it on the floor (below ``landed_height``) for
             ``ground_timeout`` without a break while ARMED did not take off, or came down and cannot
-            leave the floor (tipped over, a broken rotor): the rotors are cut and the mode is DISARMED.
+            leave the floor (tipped over, a broken rotor): the rotors are cut and the mode is DISARMED
+            (counted in ``failsafe_count``, as a failsafe on the ground, which also cuts at once, is).
   FAILSAFE  controlled descent: every rotor at the speed giving ``descent_thrust_ratio`` of the
             hover thrust (a fixed, attitude-neutral command: with no trustworthy state there is
             nothing to close a loop on), so the vehicle sinks at (1 - ratio) g, for the time the
@@ -301,6 +302,7 @@ class SafeController:
             if problem is not None:
                 self._enter_failsafe(problem, now)
             elif self._stuck_on_floor(now):
+                self.failsafe_count += 1  # a rule took the rotors from the policy, as a failsafe on the ground does
                 self._set(Mode.DISARMED, f"on the floor for {self.cfg.ground_timeout:g} s while armed: "
                                          "rotors cut, re-arm to fly")
             else:

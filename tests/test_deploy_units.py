@@ -474,7 +474,7 @@ def test_a_vehicle_that_stays_on_the_floor_while_armed_is_cut():
         if cmd.mode is not Mode.ARMED:
             break
     assert cmd.mode is Mode.DISARMED and t == pytest.approx(1.6) and "on the floor for 1 s" in cmd.reason
-    assert cmd.action.tolist() == [IDLE_ACTION] * 4
+    assert cmd.action.tolist() == [IDLE_ACTION] * 4 and c.status()["failsafe_count"] == 1
     # Re-arming starts a new count.
     c.on_state(hover_state(3.0, z=0.01), 3.0)
     assert c.arm(3.0)[0] and c.tick(3.0).mode is Mode.ARMED
