@@ -6,7 +6,7 @@ wall time on hardware, simulated time under a simulator.
 
 Modes and rules, checked on every tick:
   DISARMED  rotors at idle (0 rpm). ``arm()`` (std_srvs/SetBool true) switches to ARMED only with
-            a fresh, valid state inside the geofence. With ``auto_arm`` the first such state arms
+            a fresh, valid state inside the geofence and a steady clock (below). With ``auto_arm`` the first such state arms
             once after start-up (simulation and HIL launch files use it, real flights do not).
   ARMED     the policy flies, to a setpoint that starts where the vehicle is when the policy takes
             over (arming, recovery) and moves in a straight line to ``target`` at ``takeoff_speed``
@@ -42,9 +42,10 @@ A clock that goes back (a simulator reset or restart: /clock from 0 again) start
 again, DISARMED (``auto_arm`` arms it again on the first valid state unless the operator disarmed or
 stopped it since the last arming; an emergency stop stays latched): its kept times would lie ahead.
 A clock that goes back ``CLOCK_RESTARTS_MAX`` times within ``CLOCK_RESTART_WINDOW_S`` of steady wall
-time is not a restarted simulator but two clocks (two simulators publishing /clock): arming, by the
-operator or ``auto_arm``, is refused until the clock has gone that long without going back (a restart
-on every other message would otherwise arm and disarm the rotors period after period).
+time is taken for two clocks (two simulators publishing /clock), not for restarts, which come seconds
+apart: arming, by the operator or ``auto_arm``, is refused until the clock has gone that long without
+going back (a restart on every other message would otherwise arm and disarm the rotors period after
+period).
 ``disarm()`` (SetBool false) in flight is a controlled descent without recovery; on the ground it
 cuts the rotors.
 """
@@ -66,10 +67,11 @@ from .state import State, observation
 
 IDLE_ACTION = -1.0  # action -1 = 0 rpm (contract: rpm = (a + 1) / 2 * rpm_max)
 SPIN_DOWN_S = 0.3  # s added to a failsafe descent's fall time: the rotors' spin-down
-# A simulator is restarted or reset by hand or by a harness, seconds apart at the quickest; two /clock
-# publishers send the clock back with every other message (100 times a second at 10 ms steps).
+# A simulator is restarted (a new process) or reset by hand or by a harness, seconds apart at the
+# quickest; two /clock publishers send the clock back with every other message (50 times a second for
+# two simulators at 10 ms steps).
 CLOCK_RESTARTS_MAX = 3  # clock restarts within the window that mark the clock as unsteady
-CLOCK_RESTART_WINDOW_S = 10.0  # s, steady wall time
+CLOCK_RESTART_WINDOW_S = 2.0  # s, steady wall time; also how long the clock must then go without going back
 
 
 class Mode(str, Enum):
@@ -183,10 +185,13 @@ class SafeController:
     def _check_clock(self, now: float) -> None:
         """A clock that goes back is a restarted simulator's (/clock from 0 again; a steady clock never
         does): every time kept (state age, descent end, recoveries, ramp, floor timer) would be wrong, so
-        the controller starts up again, DISARMED (re-armed on the first valid state with auto_arm)."""
+        the controller starts up again, DISARMED (re-armed on the first valid state with auto_arm, once
+        the clock is steady: ``clock_unsteady``)."""
         if now < self._clock:
-            was_unsteady, t = self.clock_unsteady() is not None, self.wall()
-            self._clock_restarts = [r for r in self._clock_restarts if r > t - CLOCK_RESTART_WINDOW_S] + [t]
+            t = self.wall()
+            was_unsteady = t < self._unsteady_until
+            self._clock_restarts = [r for r in self._clock_restarts[-(CLOCK_RESTARTS_MAX - 1):]
+                                    if r > t - CLOCK_RESTART_WINDOW_S] + [t]
             if was_unsteady or len(self._clock_restarts) >= CLOCK_RESTARTS_MAX:
                 self._unsteady_until = t + CLOCK_RESTART_WINDOW_S
             unsteady = self.clock_unsteady()
@@ -252,7 +257,11 @@ class SafeController:
         self._check_clock(now)
         if self.mode is Mode.ARMED:  # the policy flies on, its previous action untouched
             return True, "already armed"
-        problem = self.clock_unsteady() or self.state_problem(now)
+        unsteady = self.clock_unsteady()
+        if unsteady is not None:
+            return False, (f"refused to arm: {unsteady}, steady for "
+                           f"{self._unsteady_until - self.wall():.1f} s more")
+        problem = self.state_problem(now)
         if problem is not None:
             return False, f"refused to arm: {problem}"
         if self.mode is not Mode.FAILSAFE:  # rotors idle: as at the start of a training episode
@@ -277,6 +286,8 @@ class SafeController:
         self._auto_arm_pending, self._operator_stop = False, True
         if self.mode in (Mode.ARMED, Mode.FAILSAFE):
             self._enter_failsafe("disarm requested", now, may_recover=False)
+        elif self.mode is Mode.DISARMED:  # a reason that promised auto_arm would be out of date
+            self._set(Mode.DISARMED, "disarm requested: rotors idle, re-arm to fly")
         return f"{self.mode.value}: {self.reason}"
 
     def estop(self) -> str:

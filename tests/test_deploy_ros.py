@@ -23,6 +23,7 @@ import numpy as np
 import pytest
 
 from deploy import ament
+from deploy.safety import CLOCK_RESTART_WINDOW_S
 from deploy.testing import REPO, RosWorld
 from sim.crazyflie.params import NOMINAL
 
@@ -253,10 +254,8 @@ def test_a_restarted_simulator_starts_the_safety_layer_again(seeded_policy):
 def test_a_second_simulator_on_the_same_clock_keeps_the_rotors_idle(seeded_policy):
     """A second simulator started beside the first (both publishing /clock, one at 0 s, one 2 s and more
     ahead) sends the clock back with every other message: the safety layer names the two clocks and
-    stays DISARMED (auto_arm would otherwise arm on every restart); with one simulator left, it arms
-    again once the clock has gone 10 s without going back."""
-    from deploy.safety import CLOCK_RESTART_WINDOW_S
-
+    stays DISARMED, its rotors idle (auto_arm would otherwise arm on every restart); with one simulator
+    left, it arms again once the clock has gone 2 s without going back."""
     with world() as w:
         rec = Observed(w)
         w.start(*w.node_cmd("sim_bridge", clamped=True), name="sim")
@@ -269,12 +268,15 @@ def test_a_second_simulator_on_the_same_clock_keeps_the_rotors_idle(seeded_polic
                      30, "the safety layer to name the two clocks")
         t1 = min(t for t, s in rec.status if t >= t0 and "more than one /clock publisher" in s["reason"])
         w.spin_for(3.0)
+        t_kill = time.monotonic()
         assert not rec.seen_mode("armed", t1), [s["reason"] for t, s in rec.status if t >= t1 and s["mode"] == "armed"]
+        idle = [c for t, c in rec.cmd if t1 + 0.1 <= t < t_kill]  # (commands sent before the status: in flight)
+        assert len(idle) > 100 and all((c == 0.0).all() for c in idle), [c for c in idle if (c != 0.0).any()][:3]
         RosWorld.stop(second, signal.SIGKILL)
         t2 = time.monotonic()
         w.spin_until(lambda: rec.seen_mode("armed", t2), CLOCK_RESTART_WINDOW_S + 20, "auto_arm with one clock left")
         t3 = min(t for t, s in rec.status if t >= t2 and s["mode"] == "armed")
-    assert t3 - t2 >= CLOCK_RESTART_WINDOW_S - 0.5, t3 - t2  # 10 s without going back, counted from the last restart
+    assert t3 - t2 >= CLOCK_RESTART_WINDOW_S - 0.5, t3 - t2  # 2 s without going back, counted from the last restart
     check_commands(rec.cmd)
 
 
@@ -393,7 +395,8 @@ def fuzz_odometry(rng: np.random.Generator, now_ns: int):
 def test_fuzz_every_subscribed_topic(seeded_policy):
     """10k malformed odometry and 10k malformed /clock messages (the node runs on sim time, so it
     subscribes to both), plus arm/e-stop calls: the node stays up, every command is finite and in
-    range, and it still arms on valid states afterwards."""
+    range, and it still arms on valid states afterwards, once the clock has gone CLOCK_RESTART_WINDOW_S
+    without going back."""
     from nav_msgs.msg import Odometry
     from rosgraph_msgs.msg import Clock
     from std_srvs.srv import SetBool
@@ -435,6 +438,11 @@ def test_fuzz_every_subscribed_topic(seeded_policy):
 
         node.create_timer(PERIOD, good)
         w.spin_for(0.5)
+        # The fuzzed clock went back thousands of times: arming waits until it has run steadily.
+        future = arm.call_async(SetBool.Request(data=True))
+        w.spin_until(future.done, 5, "the arm service")
+        assert not future.result().success and "/clock publisher" in future.result().message, future.result().message
+        w.spin_for(CLOCK_RESTART_WINDOW_S)
         future = arm.call_async(SetBool.Request(data=True))
         w.spin_until(future.done, 5, "the arm service")
         assert future.result().success, future.result().message

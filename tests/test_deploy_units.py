@@ -28,7 +28,7 @@ from deploy.crazyflie_bridge import (
     state_from_log,
 )
 from deploy.launch import LaunchError, Scope, parse_cli, plan, substitute
-from deploy.safety import IDLE_ACTION, Mode, SafeController, SafetyConfig
+from deploy.safety import CLOCK_RESTART_WINDOW_S, CLOCK_RESTARTS_MAX, IDLE_ACTION, Mode, SafeController, SafetyConfig
 from deploy.state import (
     InvalidState,
     State,
@@ -413,8 +413,9 @@ def test_a_clock_that_goes_back_starts_the_controller_up_again(auto_arm):
 def test_two_clocks_keep_the_rotors_idle_until_one_is_left():
     """Two simulators publishing /clock (one at 50 s, one just started) send the clock back with every
     other message. Restarted each time, auto_arm would arm the rotors every other period; from the third
-    restart within 10 s of wall time arming is refused (auto_arm and the operator's), with one status
-    reason, until the clock has run 10 s without going back."""
+    restart within 2 s of wall time arming is refused (auto_arm and the operator's), with one status
+    reason, until the clock has run 2 s without going back."""
+    assert (CLOCK_RESTARTS_MAX, CLOCK_RESTART_WINDOW_S) == (3, 2.0)
     wall = [0.0]
     c = SafeController(FakePolicy(), SafetyConfig(auto_arm=True), wall=lambda: wall[0])
     modes, reasons = [], set()
@@ -428,18 +429,49 @@ def test_two_clocks_keep_the_rotors_idle_until_one_is_left():
             reasons.add(cmd.reason)
             assert cmd.mode is Mode.DISARMED and cmd.action.tolist() == [IDLE_ACTION] * 4, (k, cmd.reason)
     assert modes[:5] == [Mode.ARMED] * 5  # armed, and re-armed at once after the first and second restart
-    assert reasons == {"clock went back 3 times within 10 s (more than one /clock publisher?): rotors idle, "
+    assert reasons == {"clock went back 3 times within 2 s (more than one /clock publisher?): rotors idle, "
                        "arming once it has run steadily"}
     ok, why = c.arm(0.99)
-    assert not ok and "more than one /clock publisher" in why
-    # one simulator left: armed again once its clock has gone 10 s of wall time without going back
+    assert not ok and "more than one /clock publisher" in why and why.endswith("steady for 2.0 s more")
+    # one simulator left: armed again once its clock has gone 2 s of wall time without going back
     t_last = wall[0]
     for k in range(1, 1200):
         now, wall[0] = 1.0 + 0.01 * k, t_last + 0.01 * k
         c.on_state(hover_state(now), now)
         if c.tick(now).mode is Mode.ARMED:
             break
-    assert wall[0] - t_last == pytest.approx(10.0, abs=0.011)
+    assert wall[0] - t_last == pytest.approx(2.0, abs=0.011)
+
+
+def test_restarts_seconds_apart_are_not_two_clocks():
+    """A harness that restarts its simulator every 1.5 s (a new process: seconds apart at the quickest)
+    has auto_arm arm again after every restart, for as long as it goes on."""
+    wall = [0.0]
+    c = SafeController(FakePolicy(), SafetyConfig(auto_arm=True), wall=lambda: wall[0])
+    for k in range(3000):  # 30 s of 10 ms periods, the clock from 0 again every 1.5 s
+        now = 0.01 * (k % 150) + 0.001
+        wall[0] = 0.01 * k
+        c.on_state(hover_state(now), now)
+        assert c.tick(now).mode is Mode.ARMED, (k, c.reason)
+
+
+def test_a_disarm_while_the_clock_is_unsteady_is_not_undone_by_auto_arm():
+    """The operator's disarm during the two-clock lockout: the status no longer promises auto_arm, and
+    none comes when the clock is steady again; arm() flies."""
+    wall = [0.0]
+    c = SafeController(FakePolicy(), SafetyConfig(auto_arm=True), wall=lambda: wall[0])
+    for k in range(10):
+        now = (50.0 if k % 2 == 0 else 0.0) + 0.01 * (k // 2)
+        wall[0] = 0.01 * k
+        c.on_state(hover_state(now), now)
+        c.tick(now)
+    assert c.clock_unsteady() is not None and "arming once" in c.reason
+    assert c.disarm(0.05) == "disarmed: disarm requested: rotors idle, re-arm to fly"
+    for k in range(1, 400):
+        now, wall[0] = 0.05 + 0.01 * k, 0.09 + 0.01 * k
+        c.on_state(hover_state(now), now)
+        assert c.tick(now).mode is Mode.DISARMED and c.reason == "disarm requested: rotors idle, re-arm to fly"
+    assert c.arm(now)[0] and c.tick(now).mode is Mode.ARMED
 
 
 @pytest.mark.parametrize("stop", ["estop", "disarm"])
