@@ -112,6 +112,7 @@ def hover(backend: str, prefix: Path) -> dict:
 
         w.spin_until(released, 60, "the simulator to release the vehicle")
         t_release = float(released().group(1))
+
         def status_span() -> float:  # simulated time (s) between the first and last status seen in flight
             flying = [s["t"] for _, s in rec.status if s.get("t", 0.0) > t_release]
             return flying[-1] - flying[0] if flying else 0.0

@@ -410,6 +410,18 @@ def test_a_clock_that_goes_back_starts_the_controller_up_again(auto_arm):
     assert c.status()["recoveries"] == 0
 
 
+def two_clocks(c: SafeController, wall: list[float], periods: int) -> list:
+    """``periods`` 10 ms periods of two simulators' interleaved /clock (one at 50 s, one started at 0 s),
+    the wall clock (``wall[0]``, s) from 0 s: one state and one tick per message; the commands."""
+    cmds = []
+    for k in range(periods):
+        now = (50.0 if k % 2 == 0 else 0.0) + 0.01 * (k // 2)
+        wall[0] = 0.01 * k
+        c.on_state(hover_state(now), now)
+        cmds.append(c.tick(now))
+    return cmds
+
+
 def test_two_clocks_keep_the_rotors_idle_until_one_is_left():
     """Two simulators publishing /clock (one at 50 s, one just started) send the clock back with every
     other message. Restarted each time, auto_arm would arm the rotors every other period; from the third
@@ -418,17 +430,12 @@ def test_two_clocks_keep_the_rotors_idle_until_one_is_left():
     assert (CLOCK_RESTARTS_MAX, CLOCK_RESTART_WINDOW_S) == (3, 2.0)
     wall = [0.0]
     c = SafeController(FakePolicy(), SafetyConfig(auto_arm=True), wall=lambda: wall[0])
-    modes, reasons = [], set()
-    for k in range(200):  # 2 s of 10 ms periods, the two clocks interleaved
-        now = (50.0 if k % 2 == 0 else 0.0) + 0.01 * (k // 2)
-        wall[0] = 0.01 * k
-        c.on_state(hover_state(now), now)
-        cmd = c.tick(now)
-        modes.append(cmd.mode)
-        if k >= 5:  # the third restart
-            reasons.add(cmd.reason)
-            assert cmd.mode is Mode.DISARMED and cmd.action.tolist() == [IDLE_ACTION] * 4, (k, cmd.reason)
-    assert modes[:5] == [Mode.ARMED] * 5  # armed, and re-armed at once after the first and second restart
+    cmds = two_clocks(c, wall, 200)
+    assert [cmd.mode for cmd in cmds[:5]] == [Mode.ARMED] * 5  # armed, and re-armed at once after the 1st and 2nd restart
+    reasons = set()
+    for k, cmd in enumerate(cmds[5:], 5):  # from the third restart
+        reasons.add(cmd.reason)
+        assert cmd.mode is Mode.DISARMED and cmd.action.tolist() == [IDLE_ACTION] * 4, (k, cmd.reason)
     assert reasons == {"clock went back 3 times within 2 s (more than one /clock publisher?): rotors idle, "
                        "arming once it has run steadily"}
     ok, why = c.arm(0.99)
@@ -460,11 +467,7 @@ def test_a_disarm_while_the_clock_is_unsteady_is_not_undone_by_auto_arm():
     none comes when the clock is steady again; arm() flies."""
     wall = [0.0]
     c = SafeController(FakePolicy(), SafetyConfig(auto_arm=True), wall=lambda: wall[0])
-    for k in range(10):
-        now = (50.0 if k % 2 == 0 else 0.0) + 0.01 * (k // 2)
-        wall[0] = 0.01 * k
-        c.on_state(hover_state(now), now)
-        c.tick(now)
+    two_clocks(c, wall, 10)
     assert c.clock_unsteady() is not None and "arming once" in c.reason
     assert c.disarm(0.05) == "disarmed: disarm requested: rotors idle, re-arm to fly"
     for k in range(1, 400):
