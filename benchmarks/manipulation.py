@@ -138,8 +138,8 @@ def base_args(task: str, data: Path, run: Path, a) -> list[str]:
 
 def base_policy(task: str, work: Path, a) -> tuple[Path, dict]:
     data = work / "data"
+    worse = [f"task.expert_worse_share={a.worse_share}"] if a.worse_share > 0 else []
     if not (data / "meta.json").is_file():
-        worse = [f"task.expert_worse_share={a.worse_share}"] if a.worse_share > 0 else []
         subprocess.run([sys.executable, "-m", "policies.collect", f"task={task}", f"episodes={a.demos}",
                         f"noise={a.noise}", "seed=0", f"out={data}", "progress=false", *worse], cwd=ROOT, check=True)
     meta = json.loads((data / "meta.json").read_text())
@@ -148,6 +148,16 @@ def base_policy(task: str, work: Path, a) -> tuple[Path, dict]:
         raise SystemExit(f"error: {data} holds {made[0]} demonstrations at noise {made[1]} (worse share {made[2]}), "
                          f"not --demos {a.demos} --noise {a.noise} --worse-share {a.worse_share}: delete it or give "
                          f"another --work")
+    # ... and of today's task: a dataset of another time limit or randomization is not this command's
+    from omegaconf import OmegaConf
+
+    from policies.config import compose_config, diff_keys
+
+    want = OmegaConf.to_container(compose_config([f"task={task}", *worse]).task, resolve=True)
+    differ = diff_keys(want, meta.get("task_config", {}))
+    if differ:
+        raise SystemExit(f"error: {data} was collected with other task settings ({', '.join(differ)}): delete it or "
+                         f"give another --work")
     run = work / "base"
     args = base_args(task, data, run, a)
     if cached(run, args) is None:

@@ -401,17 +401,18 @@ def test_time_reward_counts_the_steps_to_success():
 
 
 def test_exact_resume_push():
-    env = make("arm_push", 3, seed=5)
+    env = make("arm_push", 3, seed=5, episode_steps=100)  # a time-out within the 115 steps below
     env.reset(seed=5)
     for _ in range(25):
         env.step(env.expert_action(0.2))
     state = env.state_dict()
-    other = make("arm_push", 3, seed=123)
+    other = make("arm_push", 3, seed=123, episode_steps=100)
     # As a checkpoint of a revision before the arm's latency option (no latency, nothing in flight)
     # and before the worse push operator
     old = ("latency", "action_queue", "worse_operator", "worse_dir")
     other.load_state_dict({k: v for k, v in state.items() if k not in old})
     g = torch.Generator().manual_seed(0)
+    ended = 0
     for k in range(90):  # crosses episode ends; the expert's phases and noise generator resume too
         if k % 2:
             a, a2 = env.expert_action(0.3), other.expert_action(0.3)
@@ -422,7 +423,9 @@ def test_exact_resume_push():
         obs2, r2, te2, tr2, _ = other.step(a)
         assert all(torch.equal(obs[key], obs2[key]) for key in obs)
         assert torch.equal(r, r2) and torch.equal(te, te2) and torch.equal(tr, tr2)
+        ended += int((te | tr).sum())
     assert other.total_steps == env.total_steps
+    assert ended >= 1, "no episode ended: the resume was not checked across an episode end"
 
 
 def test_gymnasium_check_env():

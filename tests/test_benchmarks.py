@@ -71,6 +71,27 @@ def test_manipulation_reuses_a_run_only_if_it_has_the_same_settings(tmp_path):
         cached(run, [*args[:2], "algo.variant=sac", *args[3:-1], "max_env_steps=150000"])
 
 
+def test_manipulation_reuses_a_dataset_only_of_the_same_task_settings(tmp_path):
+    """A dataset under --work is read only if it was collected with the benchmark's counts and today's
+    task settings (e.g. an older time limit refuses it), before any base is trained on it."""
+    from types import SimpleNamespace
+
+    from benchmarks.manipulation import base_policy
+    from policies.config import compose_config
+
+    a = SimpleNamespace(demos=50, noise=0.3, worse_share=0.0, bc_steps=10, chunk=None, episodes=1, threads=1)
+    task = OmegaConf.to_container(compose_config(["task=arm_push"]).task, resolve=True)
+    data = tmp_path / "data"
+    data.mkdir()
+    meta = {"episodes": 50, "expert_noise": 0.3, "task_config": {**task, "episode_steps": task["episode_steps"] - 60}}
+    (data / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(SystemExit, match=r"other task settings \(episode_steps\)"):
+        base_policy("arm_push", tmp_path, a)
+    (data / "meta.json").write_text(json.dumps({**meta, "episodes": 30}))
+    with pytest.raises(SystemExit, match="holds 30 demonstrations at noise 0.3"):
+        base_policy("arm_push", tmp_path, a)
+
+
 def test_every_manipulation_method_composes_a_valid_config(tmp_path):
     """Each method's overrides are valid policies.train settings; the demonstrations' methods point
     algo.demos at the task's dataset under --work; SAC from scratch makes one update per DSRL decision

@@ -43,7 +43,8 @@ class PickPlaceReward:
 @dataclass
 class PickPlaceConfig(ArmTaskConfig):
     name: str = "arm_pick_place"
-    episode_steps: int = 150  # 7.5 s; the expert needs 54 steps (median), 59 at p90, at most 65 at noise 0 (63 / 73 / 115 at 0.3)
+    # 7.5 s; the expert needs 54 steps (median), 59 at p90, at most 65 at noise 0 (63 / 73 / 115 at 0.3)
+    episode_steps: int = 150
     goal_x: tuple[float, float] = (0.35, 0.65)  # m, world, uniform (rejected until the distance fits)
     goal_y: tuple[float, float] = (-0.25, 0.25)  # m
     goal_distance: tuple[float, float] = (0.15, 0.3)  # m from the cube's start: the pad never touches it

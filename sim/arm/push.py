@@ -35,8 +35,8 @@ class PushReward:
 class PushConfig(ArmTaskConfig):
     name: str = "arm_push"
     # 8 s. The expert (docstring's protocol) needs 51 steps (median) at noise 0, at most 99; at noise 0.3
-    # 53, p90 90, and 11 of 200 push for longer than 100 steps, so 100 (the old servos' limit, when it needed
-    # 34, at most ~70) cut slow but sound pushes. A multiple of 4 and 8, so a DSRL decision never straddles it.
+    # 53, p90 90, and 11 of 200 succeed only after step 100, so 100 (the old servos' limit, when it needed 34,
+    # at most ~70) cut slow but sound pushes. A multiple of 4 and 8, so a DSRL decision never straddles it.
     episode_steps: int = 160
     goal_x: tuple[float, float] = (0.35, 0.65)  # m, world, uniform (rejected until the distance fits)
     goal_y: tuple[float, float] = (-0.2, 0.2)  # m
