@@ -241,14 +241,17 @@ static void test_deadman(void)
   CHECK(cfp_update(&c, &in) == CFP_POLICY);
   in.now_ms = 10000u + config.deadman_ms - 1u;
   CHECK(cfp_update(&c, &in) == CFP_POLICY);
+  CHECK(!c.fallback_takeover);
   in.now_ms = 10000u + config.deadman_ms;
   CHECK(cfp_update(&c, &in) == CFP_FALLBACK);
   CHECK(c.fault == CFP_FAULT_DEADMAN);
   CHECK(motors_off(&c)); /* the PID drives now; the glue's own command is off */
+  CHECK(c.fallback_takeover); /* the adapter resets the PID on this step only */
 
   /* Setpoints come back: the fault stays latched, the PID keeps flying. */
   in = hover_input(10500);
   CHECK(cfp_update(&c, &in) == CFP_FALLBACK);
+  CHECK(!c.fallback_takeover);
   /* Landed (supervisor no longer flying): motors idle. */
   in.in_flight = false;
   CHECK(cfp_update(&c, &in) == CFP_IDLE);
@@ -318,6 +321,7 @@ static void test_policy_error(void)
   CHECK(c.fault == CFP_FAULT_POLICY);
   CHECK(c.policy_rc == 2);
   CHECK(motors_off(&c));
+  CHECK(c.fallback_takeover);
 
   /* Latched: the policy is not run again even if it would now succeed. */
   fake_rc = 0;
@@ -359,6 +363,10 @@ static void test_other_setpoints(void)
   in.setpoint_kind = CFP_SETPOINT_OTHER;
   CHECK(cfp_update(&c, &in) == CFP_FALLBACK);
   CHECK(c.fault == CFP_FAULT_NONE);
+  CHECK(c.fallback_takeover);
+  in.now_ms = 1011;
+  CHECK(cfp_update(&c, &in) == CFP_FALLBACK);
+  CHECK(!c.fallback_takeover);
 
   /* Position setpoints again: the policy re-engages from a reset state. */
   in = hover_input(1020);

@@ -10,6 +10,7 @@ void cfp_init(cfp_t *c, const cfp_config_t *cfg)
   c->fault = CFP_FAULT_NONE;
   c->policy_rc = 0;
   c->policy_steps = 0;
+  c->fallback_takeover = false;
   for (int i = 0; i < CFP_OBS_DIM; ++i) {
     c->obs[i] = 0.0f;
   }
@@ -131,5 +132,6 @@ cfp_mode_t cfp_update(cfp_t *c, const cfp_input_t *in)
   if (c->mode != CFP_POLICY) {
     motors_off(c);
   }
+  c->fallback_takeover = c->mode == CFP_FALLBACK && previous != CFP_FALLBACK;
   return c->mode;
 }

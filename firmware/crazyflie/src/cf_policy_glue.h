@@ -24,6 +24,11 @@
  *      the policy only knows how to reach a position.
  *   6. Fresh position setpoint: POLICY. On engaging, policy_reset() is called, the previous-action
  *      observation starts at the hover action (as in training) and the policy runs at once.
+ *
+ * On the step FALLBACK begins, fallback_takeover is set: the stock PID has been running open-loop
+ * beside the policy (same setpoint, output discarded), so its integrators hold the integral of the
+ * policy's tracking error, not a trim of its own loop. The adapter resets them to the current state
+ * before the PID's output is used, as the PID does itself when the setpoint mode changes.
  */
 #ifndef CF_POLICY_GLUE_H
 #define CF_POLICY_GLUE_H
@@ -95,6 +100,7 @@ typedef struct {
   float obs[CFP_OBS_DIM];       /* last observation given to the policy */
   float action[CFP_ACT_DIM];    /* last action, held between policy ticks */
   float motor_force[CFP_ACT_DIM]; /* normalized force 0..1 per motor, valid in IDLE and POLICY */
+  bool fallback_takeover; /* true on the step FALLBACK begins: the adapter resets the stock PID then */
 } cfp_t;
 
 void cfp_init(cfp_t *c, const cfp_config_t *cfg);

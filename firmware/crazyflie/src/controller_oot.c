@@ -10,8 +10,12 @@
  * (sim/crazyflie/params.py) so a command means the thrust the policy was trained to expect.
  * With the stock THRUST_MAX (0.1125 N) actions above ~0.74 saturate at full PWM.
  *
- * Fallback: the stock PID controller runs on every step (output discarded while the policy flies)
- * so its filters and integrators are warm when it takes over in flight.
+ * Fallback: the stock PID controller runs on every step (output discarded while the policy flies).
+ * On the step it takes over, its PIDs and filters are reset to the current state first: running
+ * open-loop beside the policy, its integrators summed the policy's tracking error. With the CF2's
+ * stock gains (platform_defaults_cf2.h: z position ki 0.5, z velocity ki 15, thrust scale 1000) a
+ * steady 2 cm below the setpoint saturates the z velocity loop's output (+32767) after about 16 s:
+ * the PID would take over at full climb thrust.
  */
 #include <stdbool.h>
 #include <stdint.h>
@@ -21,9 +25,11 @@
 
 #include "app.h"
 #include "controller.h"
+#include "attitude_controller.h"
 #include "controller_pid.h"
 #include "log.h"
 #include "platform_defaults.h"
+#include "position_controller.h"
 #include "stabilizer_types.h"
 #include "supervisor.h"
 
@@ -80,8 +86,6 @@ static cfp_setpoint_kind_t setpoint_kind(const setpoint_t *sp)
 void controllerOutOfTree(control_t *control, const setpoint_t *setpoint, const sensorData_t *sensors,
                          const state_t *state, const stabilizerStep_t stabilizerStep)
 {
-  controllerPid(&pid_control, setpoint, sensors, state, stabilizerStep);
-
   const quaternion_t *q = &state->attitudeQuaternion;
   /* A body-frame velocity reference has no place in the world-frame observation: treat it as 0. */
   const bool world_vel = !setpoint->velocity_body;
@@ -103,6 +107,13 @@ void controllerOutOfTree(control_t *control, const setpoint_t *setpoint, const s
   const cfp_mode_t mode = cfp_update(&glue, &in);
   log_mode = (uint8_t)mode;
   log_fault = (uint8_t)glue.fault;
+  if (glue.fallback_takeover) {
+    /* What controller_pid.c does itself on a setpoint-mode change (its controllerResetAllPids). */
+    positionControllerResetAllPID(state->position.x, state->position.y, state->position.z);
+    positionControllerResetAllfilters();
+    attitudeControllerResetAllPID(state->attitude.roll, state->attitude.pitch, state->attitude.yaw);
+  }
+  controllerPid(&pid_control, setpoint, sensors, state, stabilizerStep);
   if (mode == CFP_FALLBACK) {
     *control = pid_control;
     return;
