@@ -228,6 +228,8 @@ static void test_deadman(void)
   reset_fake(0);
   cfp_init(&c, &config);
 
+  CHECK(!c.fallback_takeover);
+
   /* No setpoint streamed yet (stale) on the ground: idle, and that is no fault. */
   cfp_input_t in = hover_input(5000);
   in.setpoint_ms = 0;
@@ -235,6 +237,15 @@ static void test_deadman(void)
   CHECK(cfp_update(&c, &in) == CFP_IDLE);
   CHECK(c.fault == CFP_FAULT_NONE);
   CHECK(fake_calls == 0);
+  CHECK(!c.fallback_takeover);
+  /* The same in flight (e.g. after a take-off on attitude setpoints): the PID flies on, taking over
+   * from idle on this step. */
+  in.in_flight = true;
+  CHECK(cfp_update(&c, &in) == CFP_FALLBACK);
+  CHECK(c.fault == CFP_FAULT_NONE);
+  CHECK(c.fallback_takeover);
+  CHECK(cfp_update(&c, &in) == CFP_FALLBACK);
+  CHECK(!c.fallback_takeover);
 
   /* Flying on the policy, then setpoints stop at t = 10000 ms. */
   in = hover_input(10000);
@@ -255,6 +266,7 @@ static void test_deadman(void)
   /* Landed (supervisor no longer flying): motors idle. */
   in.in_flight = false;
   CHECK(cfp_update(&c, &in) == CFP_IDLE);
+  CHECK(!c.fallback_takeover);
   /* The supervisor's null setpoint (a stop stamped 0, e.g. after its 2 s commander timeout) cuts
    * the motors but is not the operator's stop: the fault stays, and returning position
    * setpoints do not re-engage the policy. */
@@ -329,6 +341,7 @@ static void test_policy_error(void)
   in = hover_input(1020);
   CHECK(cfp_update(&c, &in) == CFP_FALLBACK);
   CHECK(fake_calls == calls);
+  CHECK(!c.fallback_takeover);
 
   /* Error on the ground (e.g. a non-finite estimate before take-off): motors stay off. */
   in.setpoint_kind = CFP_SETPOINT_STOP;

@@ -25,10 +25,11 @@
  *   6. Fresh position setpoint: POLICY. On engaging, policy_reset() is called, the previous-action
  *      observation starts at the hover action (as in training) and the policy runs at once.
  *
- * On the step FALLBACK begins, fallback_takeover is set: the stock PID has been running open-loop
- * beside the policy (same setpoint, output discarded), so its integrators hold the integral of the
- * policy's tracking error, not a trim of its own loop. The adapter resets them to the current state
- * before the PID's output is used, as the PID does itself when the setpoint mode changes.
+ * On the step FALLBACK begins (from POLICY or from IDLE), fallback_takeover is set: the stock PID has
+ * been running open-loop (output discarded), beside the policy its integrators hold the integral of
+ * the policy's tracking error, not a trim of its own loop. The adapter resets them to the current
+ * state and runs the PID's loops at once before its output is used, as the PID resets itself when
+ * the setpoint mode changes.
  */
 #ifndef CF_POLICY_GLUE_H
 #define CF_POLICY_GLUE_H

@@ -13,9 +13,13 @@
  * Fallback: the stock PID controller runs on every step (output discarded while the policy flies).
  * On the step it takes over, its PIDs and filters are reset to the current state first: running
  * open-loop beside the policy, its integrators summed the policy's tracking error. With the CF2's
- * stock gains (platform_defaults_cf2.h: z position ki 0.5, z velocity ki 15, thrust scale 1000) a
- * steady 2 cm below the setpoint saturates the z velocity loop's output (+32767) after about 16 s:
- * the PID would take over at full climb thrust.
+ * stock gains (platform_defaults_cf2.h: z position kp 2 ki 0.5, z velocity kp 25 ki 15, thrust
+ * scale 1000, base 36000) a steady 2 cm below the setpoint, vehicle at rest, reaches full thrust
+ * (65535) after about 15 s and the z velocity loop's output limit (32.767, x1000) after about 16 s:
+ * the PID would take over climbing at full thrust. That step also runs the PID as at stabilizer
+ * step 0, where its position (100 Hz) and attitude (500 Hz) loops both execute: otherwise it would
+ * output, until its next position step (up to 9 ms), the thrust and attitude it computed last from
+ * the wound-up state.
  */
 #include <stdbool.h>
 #include <stdint.h>
@@ -113,7 +117,7 @@ void controllerOutOfTree(control_t *control, const setpoint_t *setpoint, const s
     positionControllerResetAllfilters();
     attitudeControllerResetAllPID(state->attitude.roll, state->attitude.pitch, state->attitude.yaw);
   }
-  controllerPid(&pid_control, setpoint, sensors, state, stabilizerStep);
+  controllerPid(&pid_control, setpoint, sensors, state, glue.fallback_takeover ? 0 : stabilizerStep);
   if (mode == CFP_FALLBACK) {
     *control = pid_control;
     return;
