@@ -143,12 +143,11 @@ def base_policy(task: str, work: Path, a) -> tuple[Path, dict]:
         subprocess.run([sys.executable, "-m", "policies.collect", f"task={task}", f"episodes={a.demos}",
                         f"noise={a.noise}", "seed=0", f"out={data}", "progress=false", *worse], cwd=ROOT, check=True)
     meta = json.loads((data / "meta.json").read_text())
-    made = (meta["episodes"], meta["expert_noise"], meta.get("task_config", {}).get("expert_worse_share", 0.0))
-    if made != (a.demos, a.noise, a.worse_share):
-        raise SystemExit(f"error: {data} holds {made[0]} demonstrations at noise {made[1]} (worse share {made[2]}), "
-                         f"not --demos {a.demos} --noise {a.noise} --worse-share {a.worse_share}: delete it or give "
-                         f"another --work")
-    # ... and of today's task: a dataset of another time limit or randomization is not this command's
+    if (meta["episodes"], meta["expert_noise"]) != (a.demos, a.noise):
+        raise SystemExit(f"error: {data} holds {meta['episodes']} demonstrations at noise {meta['expert_noise']}, "
+                         f"not --demos {a.demos} --noise {a.noise}: delete it or give another --work")
+    # ... of today's task settings, --worse-share's expert_worse_share among them: a dataset of another time limit,
+    # randomization or operator mix is not this command's
     from omegaconf import OmegaConf
 
     from policies.config import compose_config, diff_keys

@@ -90,6 +90,10 @@ def test_manipulation_reuses_a_dataset_only_of_the_same_task_settings(tmp_path):
     (data / "meta.json").write_text(json.dumps({**meta, "episodes": 30}))
     with pytest.raises(SystemExit, match="holds 30 demonstrations at noise 0.3"):
         base_policy("arm_push", tmp_path, a)
+    mixed = {**meta, "task_config": {**task, "expert_worse_share": 0.5}}  # demonstrations of --worse-share 0.5
+    (data / "meta.json").write_text(json.dumps(mixed))
+    with pytest.raises(SystemExit, match=r"other task settings \(expert_worse_share\)"):
+        base_policy("arm_push", tmp_path, a)
 
 
 def test_every_manipulation_method_composes_a_valid_config(tmp_path):

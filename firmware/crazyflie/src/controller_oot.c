@@ -28,8 +28,8 @@
 #include "task.h"
 
 #include "app.h"
-#include "controller.h"
 #include "attitude_controller.h"
+#include "controller.h"
 #include "controller_pid.h"
 #include "log.h"
 #include "platform_defaults.h"
