@@ -572,10 +572,11 @@ def test_arm_config_refuses_values_that_make_non_finite_or_inverted_data(field, 
         ArmPushEnv(cfg, 1)
 
 
-def test_a_nan_action_fails_its_env_alone():
-    """A non-finite action is a failure of its env, flagged non-finite, not applied: the other envs
-    step exactly as they would have, and no observation (the critic's actions in flight included)
-    holds NaN."""
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_a_non_finite_action_fails_its_env_alone(value):
+    """A non-finite action is a failure of its env, flagged non-finite, not applied (an infinity is
+    not clipped into a full command): the other envs step exactly as they would have, and no
+    observation (the critic's actions in flight included) holds NaN."""
     cfg = get_task("arm_push").default_config()
     cfg.randomization.max_latency_steps = 2
     envs = [get_task("arm_push").env_cls(cfg, 3, seed=5) for _ in range(2)]
@@ -584,7 +585,7 @@ def test_a_nan_action_fails_its_env_alone():
         env.reset(seed=5)
         env.step(actions)
     bad = actions.clone()
-    bad[0, 3] = float("nan")
+    bad[0, 3] = value
     obs, reward, term, _, info = envs[0].step(bad)
     ref, *_ = envs[1].step(actions)
     assert term.tolist() == [True, False, False] and info["nonfinite"].tolist() == [True, False, False]

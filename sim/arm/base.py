@@ -587,14 +587,15 @@ class ArmEnv(gym.vector.VectorEnv):
         self.expert_t0[idx] = 0
 
     def step(self, action: torch.Tensor):
-        issued = np.clip(torch.as_tensor(action).detach().cpu().numpy().astype(np.float64), -1.0, 1.0)
+        issued = torch.as_tensor(action).detach().cpu().numpy().astype(np.float64)
         if issued.shape != (self.num_envs, ACT_DIM):  # e.g. a policy of another contract version
             raise ValueError(f"action of shape {tuple(issued.shape)}: expected ({self.num_envs}, {ACT_DIM}), "
                              "[dx, dy, dz, dyaw, gripper] per environment")
-        # A non-finite action (np.clip keeps NaN) fails its env as a non-finite state does; it is not
-        # queued or applied (MuJoCo would zero every control of that env, and NaN in the queue would
-        # reach the critic's in-flight actions).
+        # A non-finite action fails its env as a non-finite state does; it is not queued or applied
+        # (MuJoCo would zero every control of that env, and NaN in the queue would reach the critic's
+        # in-flight actions). Checked before the clip, which would turn an infinity into a full command.
         bad_action = ~np.isfinite(issued).all(-1)
+        issued = np.clip(issued, -1.0, 1.0)
         issued[bad_action] = 0.0
         self.action_queue = np.concatenate((issued[:, None], self.action_queue[:, :-1]), axis=1)
         a = self.action_queue[np.arange(self.num_envs), self.latency]  # the action issued `latency` periods ago

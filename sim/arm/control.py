@@ -34,7 +34,10 @@ x qd_max under the scripted experts and 1.8 x under full-scale random actions, a
 beyond qdd_max. Now they peak at 0.94-1.07 x qd_max under the experts at noise 0 and 0.3 (at most
 0.1 % of physics steps above it) and at 1.07 x under full-scale random actions held for 10 steps
 (7.8 % of steps above qd_max: the servo's overshoot of a reference cruising at qd_max), from an
-ad-hoc script outside the repository, one episode of 8 environments each, 2026-11-28. What it costs
+ad-hoc script outside the repository, one episode of 8 environments each, 2026-11-28. Not where the
+hand is pressed against something: the links do not collide, so random actions can take the hand
+under the table's edge, and there a joint reached 1.94 x qd_max (a review's ad-hoc run, 2026-11-29:
+4 environments, 300 steps of random actions each held for 10, joint 7, the reference at 0.98 x). What it costs
 is what a real Panda costs: from rest, one command of 2 cm moves the TCP ~7 mm up in its period
 (tests/test_arm.py), a held one moves 7, 17, then 21 mm per period (0.4 m/s), and the scripted
 experts take longer and damp their approach (ArmEnv.toward; their docstrings).
