@@ -1,7 +1,9 @@
 """Soft actor-critic with automatic temperature and an asymmetric critic: the actor sees the
 22-float policy observation, the twin Q-functions see the privileged critic observation
 and the action. Many environments step in parallel; each iteration adds one transition per
-environment and takes ``updates_per_iteration`` gradient steps.
+environment and takes ``updates_per_iteration`` gradient steps. A time-out is bootstrapped
+through (its next state's value) unless the critic observes the episode's clock
+(``env.critic_sees_time``): then it ends the return, as a termination does.
 """
 
 from __future__ import annotations
@@ -85,8 +87,9 @@ class SAC:
             m = info["_final_obs"][:, None]
             nxt = {k: torch.where(m, info["final_obs"][k], v) for k, v in nxt.items()}
         keep = ~info["nonfinite"] if "nonfinite" in info else torch.ones_like(term)
+        done = term | trunc if self.env.critic_sees_time else term
         self.buffer.add(obs=obs["policy"][keep], critic=obs["critic"][keep], action=action[keep], reward=reward[keep],
-                        next_obs=nxt["policy"][keep], next_critic=nxt["critic"][keep], done=term[keep].float())
+                        next_obs=nxt["policy"][keep], next_critic=nxt["critic"][keep], done=done[keep].float())
         return reward
 
     def _critic_loss(self, b: dict[str, torch.Tensor], alpha: torch.Tensor, eps: torch.Tensor) -> torch.Tensor:

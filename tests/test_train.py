@@ -790,6 +790,45 @@ def test_ppo_logs_the_reward_the_task_paid_not_the_bootstrapped_one():
     assert metrics["reward"] == pytest.approx(torch.stack(paid).mean().item(), rel=1e-6)
 
 
+def _arm_reach(n: int, episode_steps: int):
+    spec = get_task("arm_reach")
+    cfg = spec.default_config()
+    cfg.episode_steps = episode_steps
+    return spec.env_cls(cfg, n, seed=0)
+
+
+def test_sac_ends_the_return_at_a_time_out_only_where_the_critic_sees_the_clock():
+    """The arm critic observes t / episode_steps, so a time-out ends its MDP: SAC stores it as done
+    (bootstrapping there evaluated Q at t = T, a state never trained on). The quadrotor critic has
+    no clock: a time-out is bootstrapped through (done = 0)."""
+    from policies.sac import SAC, SACConfig
+
+    arm = SAC(SACConfig(num_envs=4, batch_size=8), _arm_reach(4, 3), torch.device("cpu"), seed=0)
+    for _ in range(3):  # the third step is every episode's time-out (reaching the target in 3 steps is not possible)
+        arm.collect()
+    assert arm.buffer.data["done"][:12].flatten().tolist() == [0.0] * 8 + [1.0] * 4
+    quad = SAC(SACConfig(num_envs=4, batch_size=8), QuadHoverEnv(QuadTaskConfig(episode_seconds=0.03), 4),
+               torch.device("cpu"), seed=0)
+    for _ in range(3):
+        quad.collect()
+    assert quad.buffer.data["done"][:12].sum() == 0.0
+
+
+def test_ppo_bootstraps_a_time_out_only_where_the_critic_does_not_see_the_clock():
+    """PPO adds gamma V(final observation) to a time-out's reward on the quadrotor (no clock in its
+    critic), not on the arm (t / episode_steps in its critic: the time-out ends the MDP)."""
+    for env, expect_bootstrap in ((QuadHoverEnv(QuadTaskConfig(episode_seconds=0.03), 4), True),
+                                  (_arm_reach(4, 3), False)):
+        ppo = PPO(PPOConfig(num_envs=4, horizon=3, minibatches=1, epochs=1, compile=False), env,
+                  torch.device("cpu"), 0)
+        ppo.value = lambda critic_obs: torch.full(critic_obs.shape[:1], 1000.0)
+        batch = ppo.rollout()
+        added = (batch["reward"] - batch["env_reward"]).view(3, 4)  # [step, env]: the third step times out
+        expected = torch.zeros(3, 4)
+        expected[2] = ppo.cfg.gamma * 1000.0 if expect_bootstrap else 0.0
+        torch.testing.assert_close(added, expected, msg=type(env).__name__)
+
+
 def test_ppo_refuses_more_minibatches_than_transitions_and_norms_ignore_empty_batches():
     from policies.normalizer import RunningNorm
 

@@ -200,6 +200,8 @@ class QuadHoverEnv(gym.vector.VectorEnv):
     tensors on the env's device instead of NumPy arrays, so that training never leaves it."""
 
     metadata = {"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP}
+    # The critic does not observe the episode's clock: trainers bootstrap a time-out with its value.
+    critic_sees_time = False
 
     @staticmethod
     def check_config(cfg: QuadTaskConfig) -> None:
