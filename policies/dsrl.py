@@ -286,7 +286,9 @@ class DSRL:
         # collections' statistics alone: after one collection 94 % of arm_pick_place's demonstration
         # rows had a feature at the normaliser's clip, after 100 1 % (BENCHMARKS.md, "DSRL on
         # arm_pick_place"). A resume loads the statistics saved with the critics, demonstrations included.
+        # The actor's too: its loss and the TD target's next noise are computed on these rows' states.
         self._count_in_critic_norms(batch["critic"], batch["chunk"])
+        self.pi.obs_norm.update(batch["obs"])
 
     def _count_in_critic_norms(self, critic_obs: torch.Tensor, q_action: torch.Tensor) -> None:
         """Add rows the critics train on to their observation normalisers: Q's (and its target's) over

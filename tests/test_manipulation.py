@@ -19,6 +19,7 @@ from policies import checkpoint as ckpt
 from policies import dataset as ds
 from policies.config import UserError, compose_config, to_objects
 from policies.dsrl import DSRL
+from policies.normalizer import RunningNorm
 from sim.arm.base import ACT_DIM, CRITIC_DIM, POLICY_DIM
 from sim.registry import get_task
 
@@ -789,11 +790,14 @@ def test_dsrl_na_loads_demonstrations(base_run, demos):
     first = algo.buffer.data["chunk"][0].reshape(algo.exec_horizon, -1).numpy()
     assert np.array_equal(first, d.action[: algo.exec_horizon])
     # The critics' normalisers count the demonstrations' rows (Q^A: state and chunk; Q^W: state and a
-    # noise of the base's N(0, I)), as collect() counts each collected decision, the target critic's too.
+    # noise of the base's N(0, I)), as collect() counts each collected decision, the target critic's too;
+    # the actor's counts their policy observations (its loss and the TD target's next noise use them).
     rows = torch.cat((algo.buffer.data["critic"], algo.buffer.data["chunk"]), -1)[: algo.buffer.size].double()
-    eps = algo.pi.obs_norm.count.item()  # the count of a normaliser that has seen nothing (pi's: no collect yet)
-    for critic in (algo.q, algo.q_target, algo.qw):
-        assert critic.obs_norm.count.item() == pytest.approx(algo.buffer.size + eps)
+    eps = RunningNorm(1).count.item()  # the count of a normaliser that has seen nothing
+    for norm in (algo.q.obs_norm, algo.q_target.obs_norm, algo.qw.obs_norm, algo.pi.obs_norm):
+        assert norm.count.item() == pytest.approx(algo.buffer.size + eps)
+    policy_rows = algo.buffer.data["obs"][: algo.buffer.size].double()
+    assert torch.allclose(algo.pi.obs_norm.mean, policy_rows.mean(0).to(algo.pi.obs_norm.mean.dtype), atol=1e-4)
     assert torch.allclose(algo.q.obs_norm.mean, rows.mean(0).to(algo.q.obs_norm.mean.dtype), atol=1e-4)
     assert torch.allclose(algo.q_target.obs_norm.mean, algo.q.obs_norm.mean)
     critic_dim = algo.buffer.data["critic"].shape[1]
