@@ -84,8 +84,8 @@ class Demonstrations:
     def action_chunks(self, horizon: int) -> np.ndarray:
         """[T, horizon, A]: the actions taken from each step on, padded past an episode's end
         by repeating its last action (for the arm's displacement commands that is a move that goes
-        on, not a stop; such targets follow the episode's end, so they are never executed), never
-        crossing into the next episode."""
+        on, not a stop: the demonstrator never executed these, but a clone learns them as targets and
+        executes them where success does not cut its chunk short), never crossing into the next episode."""
         out = np.empty((len(self.action), horizon, self.action.shape[1]), dtype=np.float32)
         for s in self.episode_slices():
             idx = np.minimum(np.arange(s.start, s.stop)[:, None] + np.arange(horizon), s.stop - 1)

@@ -3,8 +3,8 @@ the critic also sees the privileged simulator state.
 
 One iteration = ``horizon`` steps of every environment, then ``epochs`` passes of clipped
 PPO over ``minibatches`` shuffled minibatches. Time-limit truncations are bootstrapped with
-the critic's value of the final observation, unless the critic observes the episode's clock
-(``env.critic_sees_time``: the time-out then ends its MDP); non-finite transitions are masked out.
+the critic's value of the final observation, unless the task says a time-out ends the return
+(``env.time_out_ends_return``); non-finite transitions are masked out.
 """
 
 from __future__ import annotations
@@ -96,7 +96,7 @@ class PPO:
                 episode_lengths.append(info["episode_length"])
             valid = ~info["nonfinite"] if "nonfinite" in info else torch.ones(N, dtype=torch.bool, device=self.device)
             env_rewards.append(reward)  # what the task paid, for the log (before the bootstrap below)
-            if trunc.any() and not env.critic_sees_time:
+            if trunc.any() and not env.time_out_ends_return:
                 # Time limit is not a terminal state: bootstrap with V(final observation).
                 reward = reward + c.gamma * trunc.float() * self.value(info["final_obs"]["critic"])
             for k, v in zip(buf, (obs, critic_obs, u, logp, value, reward, term | trunc, valid)):

@@ -2,8 +2,8 @@
 22-float policy observation, the twin Q-functions see the privileged critic observation
 and the action. Many environments step in parallel; each iteration adds one transition per
 environment and takes ``updates_per_iteration`` gradient steps. A time-out is bootstrapped
-through (its next state's value) unless the critic observes the episode's clock
-(``env.critic_sees_time``): then it ends the return, as a termination does.
+through (its next state's value) unless the task says it ends the return
+(``env.time_out_ends_return``, where the critic observes the episode's clock).
 """
 
 from __future__ import annotations
@@ -87,7 +87,7 @@ class SAC:
             m = info["_final_obs"][:, None]
             nxt = {k: torch.where(m, info["final_obs"][k], v) for k, v in nxt.items()}
         keep = ~info["nonfinite"] if "nonfinite" in info else torch.ones_like(term)
-        done = term | trunc if self.env.critic_sees_time else term
+        done = term | trunc if self.env.time_out_ends_return else term
         self.buffer.add(obs=obs["policy"][keep], critic=obs["critic"][keep], action=action[keep], reward=reward[keep],
                         next_obs=nxt["policy"][keep], next_critic=nxt["critic"][keep], done=done[keep].float())
         return reward

@@ -797,32 +797,45 @@ def _arm_reach(n: int, episode_steps: int):
     return spec.env_cls(cfg, n, seed=0)
 
 
-def test_sac_ends_the_return_at_a_time_out_only_where_the_critic_sees_the_clock():
-    """The arm critic observes t / episode_steps, so a time-out ends its MDP: SAC stores it as done
-    (bootstrapping there evaluated Q at t = T, a state never trained on). The quadrotor critic has
-    no clock: a time-out is bootstrapped through (done = 0)."""
+def _recording_truncations(env) -> list[torch.Tensor]:
+    """Wrap env.step to record each step's ``truncated``, so a test can check the time-out happened."""
+    seen, step = [], env.step
+
+    def recording_step(action):
+        out = step(action)
+        seen.append(out[3].clone())
+        return out
+
+    env.step = recording_step
+    return seen
+
+
+def test_sac_ends_the_return_at_a_time_out_only_where_the_task_says_so():
+    """The arm tasks (whose critic observes t / episode_steps) end the return at a time-out: SAC
+    stores it as done (bootstrapping there evaluated Q at t = T, a state never trained on). The
+    quadrotor's time-out is bootstrapped through (done = 0), as its PPO recipe does."""
     from policies.sac import SAC, SACConfig
 
-    arm = SAC(SACConfig(num_envs=4, batch_size=8), _arm_reach(4, 3), torch.device("cpu"), seed=0)
-    for _ in range(3):  # the third step is every episode's time-out (reaching the target in 3 steps is not possible)
-        arm.collect()
-    assert arm.buffer.data["done"][:12].flatten().tolist() == [0.0] * 8 + [1.0] * 4
-    quad = SAC(SACConfig(num_envs=4, batch_size=8), QuadHoverEnv(QuadTaskConfig(episode_seconds=0.03), 4),
-               torch.device("cpu"), seed=0)
-    for _ in range(3):
-        quad.collect()
-    assert quad.buffer.data["done"][:12].sum() == 0.0
+    for env, done_at_time_out in ((_arm_reach(4, 3), 1.0), (QuadHoverEnv(QuadTaskConfig(episode_seconds=0.03), 4), 0.0)):
+        sac = SAC(SACConfig(num_envs=4, batch_size=8), env, torch.device("cpu"), seed=0)
+        truncated = _recording_truncations(env)
+        for _ in range(3):  # the third step is every episode's time-out (no success or crash is possible in 3)
+            sac.collect()
+        assert [t.tolist() for t in truncated] == [[False] * 4] * 2 + [[True] * 4], type(env).__name__
+        assert sac.buffer.data["done"][:12].flatten().tolist() == [0.0] * 8 + [done_at_time_out] * 4, type(env).__name__
 
 
-def test_ppo_bootstraps_a_time_out_only_where_the_critic_does_not_see_the_clock():
-    """PPO adds gamma V(final observation) to a time-out's reward on the quadrotor (no clock in its
-    critic), not on the arm (t / episode_steps in its critic: the time-out ends the MDP)."""
+def test_ppo_bootstraps_a_time_out_only_where_the_task_does_not_end_the_return():
+    """PPO adds gamma V(final observation) to a time-out's reward on the quadrotor, not on the arm
+    (whose critic observes t / episode_steps: the time-out ends its MDP)."""
     for env, expect_bootstrap in ((QuadHoverEnv(QuadTaskConfig(episode_seconds=0.03), 4), True),
                                   (_arm_reach(4, 3), False)):
         ppo = PPO(PPOConfig(num_envs=4, horizon=3, minibatches=1, epochs=1, compile=False), env,
                   torch.device("cpu"), 0)
+        truncated = _recording_truncations(env)
         ppo.value = lambda critic_obs: torch.full(critic_obs.shape[:1], 1000.0)
         batch = ppo.rollout()
+        assert [t.tolist() for t in truncated] == [[False] * 4] * 2 + [[True] * 4], type(env).__name__
         added = (batch["reward"] - batch["env_reward"]).view(3, 4)  # [step, env]: the third step times out
         expected = torch.zeros(3, 4)
         expected[2] = ppo.cfg.gamma * 1000.0 if expect_bootstrap else 0.0

@@ -176,9 +176,10 @@ class ArmEnv(gym.vector.VectorEnv):
     TCP_POS, TCP_YAW, GRIPPER_OPENING = EE_POS, EE_YAW, GRIPPER  # what the perception reads to follow a grasped cube
     HAS_CUBE = True
     HAS_PAD = False
-    # The critic observes the time left (t / episode_steps), so a time-out is the end of its MDP:
-    # trainers do not bootstrap past it (V at t = T is 0; a state with t = T is never trained on).
-    critic_sees_time = True
+    # A time-out ends the return, as a termination does: the critic observes the time left
+    # (t / episode_steps), so the time-out is the end of its MDP (V at t = T is 0; bootstrapping there
+    # evaluated a state with t = T, which no update trains on).
+    time_out_ends_return = True
     # The task's stages on the way to success, in order (milestones()): where a failed episode got
     # to, for the evaluation's failure breakdown. None by default.
     MILESTONES: tuple[str, ...] = ()
