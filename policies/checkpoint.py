@@ -81,11 +81,15 @@ def _to_device(obj, device: torch.device, key: str | None = None):
 
 
 def policy_record(policy: torch.nn.Module, cfg, eval_result: dict, steps: int, unit: str = "env_steps") -> dict:
-    """A self-contained deployable policy: its class, constructor arguments and weights, and how
-    far its run had trained (``unit``: "env_steps", or "gradient_steps" for an offline algorithm)."""
+    """A self-contained deployable policy: its class, constructor arguments and weights, how far its
+    run had trained (``unit``: "env_steps", or "gradient_steps" for an offline algorithm), and the
+    version of the task's contract it was trained on (require_contract compares it)."""
+    from sim.registry import get_task
+
     return {
         "policy_class": type(policy).__name__, "policy_spec": dict(policy.spec), "policy": policy.state_dict(),
         "eval": eval_result, unit: steps, "config": OmegaConf.to_container(cfg, resolve=True),
+        "contract": get_task(cfg.task.name).contract.version,
     }
 
 
@@ -134,7 +138,9 @@ def load_policy(run_dir: str | Path, device="cpu") -> tuple[torch.nn.Module, dic
 
 def require_contract(rec: dict, where: Path) -> None:
     """CheckpointError if the record's policy (a steered one: its base) does not take the observation
-    and give the action its task's contract (sim/*/contract.py) now defines."""
+    and give the action its task's contract (sim/*/contract.py) now defines, or was trained on another
+    version of it (a version can change what the same floats mean, e.g. the arm's dynamics in v3).
+    Records saved before the version was recorded (2026-11-29) are checked by their sizes alone."""
     from sim.registry import UnknownTaskError, get_task
 
     task = (rec["config"].get("task") or {}).get("name")
@@ -149,6 +155,10 @@ def require_contract(rec: dict, where: Path) -> None:
         raise CheckpointError(f"{where}: its policy takes {sizes[0]} observation and gives {sizes[1]} action floats; "
                               f"task '{task}' now has {contract.obs_size} and {contract.action_size} (contract "
                               f"{contract.version}): it was trained on an earlier contract, train it again")
+    trained_on = rec.get("contract")
+    if trained_on is not None and trained_on != contract.version:
+        raise CheckpointError(f"{where}: it was trained on contract {trained_on}; task '{task}' now has "
+                              f"{contract.version} (the same sizes, other meaning): train it again")
 
 
 def require_unchanged(what: str, saved: str | None, current: str | None, run: str = "run") -> None:

@@ -152,6 +152,7 @@ def load_base(run_dir: str, task: str, obs_dim: int, act_dim: int, device) -> tu
         if rec.get("policy_class") != "DiffusionPolicy":  # the kind first: a PPO run of any revision
             raise UserError(f"algo.base={run_dir} holds a '{rec.get('policy_class')}' policy; DSRL steers a "
                             f"diffusion policy (train one with python -m policies.train task={task} algo=diffusion_bc)")
+        ckpt.require_contract(rec, Path(run_dir) / ckpt.BEST)
         base = ckpt.policy_from_record(rec, Path(run_dir) / ckpt.BEST, device)
     except ckpt.CheckpointError as e:
         raise UserError(f"algo.base={run_dir}: {e}") from None
