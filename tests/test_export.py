@@ -264,6 +264,29 @@ def test_c_other_activations_match_pytorch(exported, tmp_path, activation):
     assert np.abs(out["action"] - ref).max() <= 1e-5
 
 
+@pytest.mark.parametrize("activation", ["relu", "elu"])
+def test_c_a_nan_made_inside_the_network_is_an_output_error(exported, tmp_path, activation):
+    """Two first-layer units that overflow to +inf, subtracted in the second layer, give NaN before
+    its activation; torch carries it to the output, and the C must report POLICY_ERR_OUTPUT, not
+    turn it into a number (its ReLU once gave 0 for NaN, and a finite action came out)."""
+    actor = make_actor(activation, seed=1)
+    first, second = [m for m in actor.net if isinstance(m, torch.nn.Linear)][:2]
+    with torch.no_grad():
+        actor.obs_norm.mean[0], actor.obs_norm.var[0] = -1e6, 1.0  # feature 0 normalised to the clip, +10
+        first.weight[:2], first.bias[:2] = 0.0, 3e38
+        first.weight[:2, 0] = 1e38  # 3e38 + 10 x 1e38 overflows: +inf
+        second.weight[:, :2] = 0.0  # the infinities reach one second-layer unit alone,
+        second.weight[0] = 0.0
+        second.weight[0, :2] = torch.tensor([1.0, -1.0])  # as inf - inf
+    obs = exported["obs"][:8]
+    with torch.no_grad():
+        assert torch.isnan(actor(torch.as_tensor(obs))).all()
+    _, c = generate_c(actor, tmp_path)
+    exe = compile_c("gcc", [*STRICT, "-O2"], [c, DRIVER], tmp_path, tmp_path / "driver")
+    out, _ = run_driver(exe, obs, tmp_path)
+    assert (out["rc"] == int(header_constants(tmp_path / "policy.h")["POLICY_ERR_OUTPUT"])).all(), out["rc"]
+
+
 @pytest.mark.parametrize("task", ["quad_hover", "arm_push"])
 def test_sac_actors_export_and_only_the_quadrotor_gets_c(tmp_path, task):
     """SAC's actor has a (mean, log std) head: its C is the mean half. C is for the Crazyflie's MCU:
