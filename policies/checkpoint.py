@@ -155,10 +155,26 @@ def require_contract(rec: dict, where: Path) -> None:
         raise CheckpointError(f"{where}: its policy takes {sizes[0]} observation and gives {sizes[1]} action floats; "
                               f"task '{task}' now has {contract.obs_size} and {contract.action_size} (contract "
                               f"{contract.version}): it was trained on an earlier contract, train it again")
-    trained_on = rec.get("contract")
-    if trained_on is not None and trained_on != contract.version:
-        raise CheckpointError(f"{where}: it was trained on contract {trained_on}; task '{task}' now has "
-                              f"{contract.version} (the same sizes, other meaning): train it again")
+    problem = contract_version_problem(rec.get("contract"), task)
+    if problem:
+        raise CheckpointError(f"{where}: {problem}")
+
+
+def contract_version_problem(trained_on: str | None, task: str) -> str | None:
+    """Why a policy (or a run) made under contract version ``trained_on`` (None: saved before
+    versions were recorded) does not fit ``task``'s contract now; None if it does."""
+    from sim.registry import get_task
+
+    contract = get_task(task).contract
+    if trained_on is None:
+        if not contract.EARLIER_VERSIONS:
+            return None
+        return (f"it was saved before the contract's version was recorded, and task '{task}' has had "
+                f"{', '.join(contract.EARLIER_VERSIONS)} before {contract.version}: train it again")
+    if trained_on != contract.version:
+        return (f"it was trained on contract {trained_on}; task '{task}' now has {contract.version} "
+                "(the same sizes, other meaning): train it again")
+    return None
 
 
 def require_unchanged(what: str, saved: str | None, current: str | None, run: str = "run") -> None:

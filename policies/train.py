@@ -118,6 +118,9 @@ def prepare(argv: list[str]) -> tuple[DictConfig, Path, dict | None]:
         raise UserError(str(e)) from None
     if state.get("config_hash") != config_hash(merged):
         raise UserError(f"resume={resume}: checkpoint was written by a different config than {saved_path}")
+    problem = ckpt.contract_version_problem(state.get("contract"), merged.task.name)
+    if problem:  # its best policies so far were made under that version; the rest would be stamped anew
+        raise UserError(f"resume={resume}: {problem.replace('train it again', 'start a new run')}")
     return merged, run_dir, state
 
 
@@ -210,7 +213,8 @@ def run(cfg: DictConfig, run_dir: Path, resume_state: dict | None, t_start: floa
 
         def save_last():
             ckpt.save_atomic({"algo": algo.state_dict(), "env": env.state_dict(), "torch_rng": torch.get_rng_state(),
-                              "trainer": tr, "config_hash": config_hash(cfg)}, run_dir / ckpt.LAST)
+                              "trainer": tr, "config_hash": config_hash(cfg),
+                              "contract": spec.contract.version}, run_dir / ckpt.LAST)
 
         bar = tqdm(total=budget, initial=tr["env_steps"], unit=unit, unit_scale=True,
                    disable=not cfg.progress, dynamic_ncols=True, desc=f"{task_cfg.name}/{algo_cfg.name}")

@@ -21,7 +21,11 @@ class Field:
 
 class ContractBase:
     """Mixin for a frozen dataclass with ``observation: tuple[Field, ...]``, ``action_size``,
-    ``version`` and the other fields that make up the contract."""
+    ``version`` and the other fields that make up the contract. ``EARLIER_VERSIONS`` (a class
+    attribute, not part of the serialised contract) names the versions before ``version``: a policy
+    record saved before records carried their version (2026-11-29) is trusted only where there are none."""
+
+    EARLIER_VERSIONS: tuple[str, ...] = ()
 
     @property
     def obs_size(self) -> int:

@@ -266,8 +266,8 @@ def test_c_other_activations_match_pytorch(exported, tmp_path, activation):
 
 @pytest.mark.parametrize("activation", ["relu", "elu"])
 def test_c_a_nan_made_inside_the_network_is_an_output_error(exported, tmp_path, activation):
-    """Two first-layer units that overflow to +inf, subtracted in the second layer, give NaN before
-    its activation; torch carries it to the output, and the C must report POLICY_ERR_OUTPUT, not
+    """Two first-layer units that overflow to +inf give NaN before the second layer's activation
+    (inf - inf, 0 x inf); torch carries it to the output, and the C must report POLICY_ERR_OUTPUT, not
     turn it into a number (its ReLU once gave 0 for NaN, and a finite action came out)."""
     actor = make_actor(activation, seed=1)
     first, second = [m for m in actor.net if isinstance(m, torch.nn.Linear)][:2]
@@ -275,9 +275,8 @@ def test_c_a_nan_made_inside_the_network_is_an_output_error(exported, tmp_path, 
         actor.obs_norm.mean[0], actor.obs_norm.var[0] = -1e6, 1.0  # feature 0 normalised to the clip, +10
         first.weight[:2], first.bias[:2] = 0.0, 3e38
         first.weight[:2, 0] = 1e38  # 3e38 + 10 x 1e38 overflows: +inf
-        second.weight[:, :2] = 0.0  # the infinities reach one second-layer unit alone,
-        second.weight[0] = 0.0
-        second.weight[0, :2] = torch.tensor([1.0, -1.0])  # as inf - inf
+        second.weight[0, :2] = torch.tensor([1.0, -1.0])  # inf - inf; every other unit meets inf x w,
+        second.weight[1:, :2] = 0.0  # here 0 x inf: NaN in every second-layer unit
     obs = exported["obs"][:8]
     with torch.no_grad():
         assert torch.isnan(actor(torch.as_tensor(obs))).all()

@@ -500,8 +500,12 @@ def test_dsrl_refuses_a_bad_base(tmp_path, run_dir, base_run):
         assert r.returncode == 2 and "trained on contract arm-ee-delta-v2" in r.stderr, (args[0], r.stderr)
         assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr, r.stderr
     assert not (tmp_path / "v2run").exists() and sorted(p.name for p in v2.iterdir()) == [ckpt.BEST.split("/")[0]]
-    legacy = {k: v for k, v in rec.items() if k != "contract"}
-    ckpt.require_contract(legacy, tmp_path / "legacy")  # no error
+    # One saved before versions were recorded cannot tell v2 from v3: refused too.
+    legacy = tmp_path / "base_legacy"
+    ckpt.save_atomic({k: v for k, v in rec.items() if k != "contract"}, legacy / ckpt.BEST)
+    r = cli("policies.eval", str(legacy))
+    assert r.returncode == 2 and "saved before the contract's version was recorded" in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr, r.stderr
 
 
 def test_dsrl_benchmarks_refuse_a_run_of_another_kind(tmp_path, run_dir, base_run):

@@ -541,6 +541,14 @@ def test_every_generator_state_of_an_environment_stays_on_the_cpu(tmp_path, task
         torch.Generator().set_state(loaded[k])
 
 
+def test_the_shipped_policy_from_before_contract_versions_were_recorded_loads():
+    """The pretrained hover record has no contract version (saved before they were recorded); the
+    Crazyflie contract has had no other version, so it is judged by its sizes and loads."""
+    run = ROOT / "policies/pretrained/quad_hover"
+    policy, rec = ckpt.load_policy(run)
+    assert "contract" not in rec and policy(torch.zeros(1, 22)).shape == (1, 4)
+
+
 def test_resume_errors_overwrite_nothing(tmp_path):
     run = tmp_path / "run"
     assert train_main([*TINY, f"run_dir={run}", "max_env_steps=1024"]) == 0
@@ -556,6 +564,14 @@ def test_resume_errors_overwrite_nothing(tmp_path):
     res = _run_cli(*TINY, f"run_dir={run}")
     assert res.returncode == 2 and "already holds a run" in res.stderr
 
+    state = torch.load(run / "checkpoints/last.pt", weights_only=False)
+    assert state["contract"] == get_task("quad_hover").contract.version
+    torch.save({**state, "contract": "crazyflie-rpm-v0"}, run / "checkpoints/last.pt")  # begun under another version
+    res = _run_cli(f"resume={run}")
+    assert res.returncode == 2 and "trained on contract crazyflie-rpm-v0" in res.stderr, res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1 and "start a new run" in res.stderr
+    torch.save({k: v for k, v in state.items() if k != "contract"}, run / "checkpoints/last.pt")
+    assert train_main([f"resume={run}", "max_env_steps=1024"]) == 0  # from before versions were recorded: one ever
     state = torch.load(run / "checkpoints/last.pt", weights_only=False)  # critic laid out as an older revision's
     state["algo"]["critic"] = {k.replace("nets.0.", "net."): v for k, v in state["algo"]["critic"].items()}
     torch.save(state, run / "checkpoints/last.pt")

@@ -6,6 +6,7 @@ Exported arm policies carry it in their ONNX metadata; loaders compare it and re
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from sim.contract import ContractBase, Field
 
@@ -19,6 +20,7 @@ class ArmContract(ContractBase):
     # v3 (2026-11-28): the joints reach the IK's targets within Franka's acceleration limits
     # (sim/arm/control.py), so a policy of v2's faster arm would meet other dynamics behind the same layout
     version: str = "arm-ee-delta-v3"
+    EARLIER_VERSIONS: ClassVar[tuple[str, ...]] = ("arm-ee-delta-v1", "arm-ee-delta-v2")  # v2: the gripper's yaw
     observation: tuple[Field, ...] = (
         Field("joint_positions", 7, "joints 1..7", "rad"),
         Field("joint_velocities", 7, "joints 1..7", "rad/s"),

@@ -203,7 +203,8 @@ class QuadHoverEnv(gym.vector.VectorEnv):
     # A time-out is bootstrapped with the value of the state it cut (hovering has no end; episodes are
     # cut for training), although the critic also observes t / max_steps. Ending the return there
     # instead made PPO slower to pass the hover criterion: seeds 0-5 at 3.0 / 2.5 / 2.5 / 2.0 / 9.5 /
-    # 11.5M steps against 2.5 / 2.5 / 2.5 / 2.5 / 3.0 / 3.5M (BENCHMARKS.md, "Time to hover").
+    # 11.5M steps against 2.5 / 2.5 / 2.5 / 2.5 / 3.0 / 3.5M (BENCHMARKS.md, "Time to hover"); quad_track
+    # inherits it, not measured there.
     time_out_ends_return = False
 
     @staticmethod
