@@ -220,14 +220,16 @@ int policy_self_test(float tol)
 
 def run_on_host(c_dir: Path, obs: np.ndarray) -> tuple[int, np.ndarray] | None:
     """Compile ``c_dir``'s policy.c with the host's C compiler (as C99, -O2, no fast-math, no fused
-    multiply-add: as the firmware builds it, firmware/crazyflie/src/Kbuild) and run policy_step on every row of ``obs`` [N, 22]. Returns the boot
+    multiply-add: as the firmware builds it, firmware/crazyflie/src/Kbuild) and run policy_step on
+    every row of ``obs`` [N, 22]. Returns the boot
     self-test's result and the (rc, action) records [N], or None without a C compiler."""
     cc = next((c for c in ("gcc", "cc", "clang") if shutil.which(c)), None)
     if cc is None:
         return None
     with tempfile.TemporaryDirectory(prefix="policy_c_") as tmp:
         exe, obs_file, out_file = Path(tmp) / "driver", Path(tmp) / "obs.bin", Path(tmp) / "out.bin"
-        build = subprocess.run([cc, "-std=c99", "-ffp-contract=off", "-O2", f"-I{c_dir}", str(c_dir / "policy.c"), str(DRIVER), "-o",
+        build = subprocess.run([cc, "-std=c99", "-ffp-contract=off", "-O2", f"-I{c_dir}", str(c_dir / "policy.c"),
+                                str(DRIVER), "-o",
                                 str(exe), "-lm"], capture_output=True, text=True)
         if build.returncode != 0:
             raise UnsupportedLayerError(f"the generated C does not compile with {cc}:\n{build.stderr[-2000:]}")

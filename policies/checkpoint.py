@@ -139,8 +139,8 @@ def load_policy(run_dir: str | Path, device="cpu") -> tuple[torch.nn.Module, dic
 def require_contract(rec: dict, where: Path) -> None:
     """CheckpointError if the record's policy (a steered one: its base) does not take the observation
     and give the action its task's contract (sim/*/contract.py) now defines, or was trained on another
-    version of it (a version can change what the same floats mean, e.g. the arm's dynamics in v3).
-    Records saved before the version was recorded (2026-11-29) are checked by their sizes alone."""
+    version of it (a version can change what the same floats mean, e.g. the arm's dynamics in v3;
+    records saved before versions were recorded: contract_version_problem)."""
     from sim.registry import UnknownTaskError, get_task
 
     task = (rec["config"].get("task") or {}).get("name")
@@ -155,25 +155,23 @@ def require_contract(rec: dict, where: Path) -> None:
         raise CheckpointError(f"{where}: its policy takes {sizes[0]} observation and gives {sizes[1]} action floats; "
                               f"task '{task}' now has {contract.obs_size} and {contract.action_size} (contract "
                               f"{contract.version}): it was trained on an earlier contract, train it again")
-    problem = contract_version_problem(rec.get("contract"), task)
+    problem = contract_version_problem(rec.get("contract"), task, contract)
     if problem:
-        raise CheckpointError(f"{where}: {problem}")
+        raise CheckpointError(f"{where}: {problem}: train it again")
 
 
-def contract_version_problem(trained_on: str | None, task: str) -> str | None:
-    """Why a policy (or a run) made under contract version ``trained_on`` (None: saved before
-    versions were recorded) does not fit ``task``'s contract now; None if it does."""
-    from sim.registry import get_task
-
-    contract = get_task(task).contract
+def contract_version_problem(trained_on: str | None, task: str, contract) -> str | None:
+    """Why a policy (or a run) made under contract version ``trained_on`` does not fit ``task``'s
+    ``contract`` now; None if it does. A record saved before versions were recorded (None, before
+    2026-11-29) fits only a contract that never had another version."""
     if trained_on is None:
         if not contract.EARLIER_VERSIONS:
             return None
         return (f"it was saved before the contract's version was recorded, and task '{task}' has had "
-                f"{', '.join(contract.EARLIER_VERSIONS)} before {contract.version}: train it again")
+                f"{', '.join(contract.EARLIER_VERSIONS)} before {contract.version}")
     if trained_on != contract.version:
         return (f"it was trained on contract {trained_on}; task '{task}' now has {contract.version} "
-                "(the same sizes, other meaning): train it again")
+                "(the same sizes, other meaning)")
     return None
 
 

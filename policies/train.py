@@ -118,9 +118,10 @@ def prepare(argv: list[str]) -> tuple[DictConfig, Path, dict | None]:
         raise UserError(str(e)) from None
     if state.get("config_hash") != config_hash(merged):
         raise UserError(f"resume={resume}: checkpoint was written by a different config than {saved_path}")
-    problem = ckpt.contract_version_problem(state.get("contract"), merged.task.name)
+    task = merged.task.name
+    problem = ckpt.contract_version_problem(state.get("contract"), task, get_task(task).contract)
     if problem:  # its best policies so far were made under that version; the rest would be stamped anew
-        raise UserError(f"resume={resume}: {problem.replace('train it again', 'start a new run')}")
+        raise UserError(f"resume={resume}: {problem}: start a new run")
     return merged, run_dir, state
 
 

@@ -489,13 +489,13 @@ def test_dsrl_refuses_a_bad_base(tmp_path, run_dir, base_run):
         assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr, r.stderr
     assert sorted(p.name for p in old.iterdir()) == [ckpt.BEST.split("/")[0]]
     # A base of the same sizes trained on another version of the contract (v2: the arm without Franka's
-    # limits) is refused by eval, export and as DSRL's base, one line each; one recorded before versions
-    # were recorded (no "contract" key) is judged by its sizes.
+    # limits) is refused by eval, export and as DSRL's base, one line each.
     assert rec["contract"] == get_task("arm_push").contract.version
     v2 = tmp_path / "base_v2"
     ckpt.save_atomic({**rec, "contract": "arm-ee-delta-v2"}, v2 / ckpt.BEST)
-    for args in (("policies.eval", str(v2)), ("policies.export", str(v2)),
-                 ("policies.train", "task=arm_push", "algo=dsrl", f"algo.base={v2}", f"run_dir={tmp_path / 'v2run'}", *FAST)):
+    steer_it = ("policies.train", "task=arm_push", "algo=dsrl", f"algo.base={v2}", f"run_dir={tmp_path / 'v2run'}",
+                *FAST)
+    for args in (("policies.eval", str(v2)), ("policies.export", str(v2)), steer_it):
         r = cli(*args)
         assert r.returncode == 2 and "trained on contract arm-ee-delta-v2" in r.stderr, (args[0], r.stderr)
         assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr, r.stderr

@@ -832,7 +832,8 @@ def test_sac_ends_the_return_at_a_time_out_only_where_the_task_says_so():
     quadrotor's time-out is bootstrapped through (done = 0), as its PPO recipe does."""
     from policies.sac import SAC, SACConfig
 
-    for env, done_at_time_out in ((_arm_reach(4, 3), 1.0), (QuadHoverEnv(QuadTaskConfig(episode_seconds=0.03), 4), 0.0)):
+    quad = QuadHoverEnv(QuadTaskConfig(episode_seconds=0.03), 4)
+    for env, done_at_time_out in ((_arm_reach(4, 3), 1.0), (quad, 0.0)):
         sac = SAC(SACConfig(num_envs=4, batch_size=8), env, torch.device("cpu"), seed=0)
         truncated = _recording_truncations(env)
         for _ in range(3):  # the third step is every episode's time-out (no success or crash is possible in 3)
