@@ -138,17 +138,19 @@ def test_reset_observations_are_not_views():
     assert all(v._base is None for v in obs.values())
 
 
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -float("inf")])
 @pytest.mark.parametrize("backend", ["torch", "mujoco", "pybullet"])
-def test_a_nan_action_resets_its_environment_alone(backend):
+def test_a_non_finite_action_resets_its_environment_alone(backend, value):
     """In every simulator a non-finite action fails and resets its own environment; the others fly on
-    (MuJoCo holds all vehicles in one MjData, which it would reset as a whole)."""
+    (MuJoCo holds all vehicles in one MjData, which it would reset as a whole). An infinity is not
+    clipped into a full (or zero) rotor command."""
     env = QuadHoverEnv(QuadTaskConfig(compile=False), 3, seed=0, backend=backend)
     env.reset(seed=0)
     hover = torch.full((3, 4), env.hover_action)
     for _ in range(5):
         env.step(hover)
     before = env.backend.state[1:].clone()
-    hover[0] = float("nan")
+    hover[0, 2] = value
     obs, reward, term, trunc, info = env.step(hover)
     env.close()
     assert term.tolist() == [True, False, False] and info["nonfinite"].tolist() == [True, False, False]

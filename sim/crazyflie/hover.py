@@ -490,7 +490,10 @@ class QuadHoverEnv(gym.vector.VectorEnv):
 
     @torch.no_grad()
     def step(self, action: torch.Tensor):
-        action = torch.as_tensor(action, dtype=torch.float32, device=self.device).clamp(-1.0, 1.0)
+        action = torch.as_tensor(action, dtype=torch.float32, device=self.device)
+        # A non-finite action fails its env through a non-finite state (NaN reaches the rotor command
+        # whatever the latency); an infinity is made NaN first, as the clip would make it a full command.
+        action = torch.where(action.isfinite(), action, float("nan")).clamp(-1.0, 1.0)
         noise = self._observation_noise()
         self.total_steps += self.num_envs
         curriculum = torch.tensor(self.curriculum(), device=self.device)
