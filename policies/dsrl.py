@@ -24,8 +24,9 @@ entropy bonus, so the steering leaves w ~ N(0, I) only as far as the noise criti
 Two choices for sparse tasks that end at success: (1) the critic targets carry no entropy bonus
 (it stays in the actor's loss): with one, every decision before the end pays alpha * H (about
 0.21 with 20 noise dimensions at alpha 0.01), so a success, which stops that stream, would be
-worth less than never succeeding; (2) a time-out ends the return like a termination, since the
-critic observes the time left in the episode.
+worth less than never succeeding; (2) a time-out ends the return like a termination where the task
+says so (``env.time_out_ends_return``: the arm's critics observe the time left in the episode), as
+in SAC and PPO; elsewhere it is bootstrapped from the episode's final observation.
 """
 
 from __future__ import annotations
@@ -330,6 +331,7 @@ class DSRL:
         reward = torch.zeros(n, device=self.device)
         ended = torch.zeros(n, dtype=torch.bool, device=self.device)
         bad = torch.zeros(n, dtype=torch.bool, device=self.device)  # the decision reached a non-finite state
+        timed_out = torch.zeros(n, dtype=torch.bool, device=self.device)  # its episode ended at the time limit
         nxt = {k: torch.zeros_like(v) for k, v in obs.items() if k in ("policy", "critic")}
         for k in range(self.exec_horizon):
             o, r, term, trunc, info = self.env.step(chunk[:, k])
@@ -340,6 +342,7 @@ class DSRL:
                     nxt[key][new] = info["final_obs"][key][new]
                 if "nonfinite" in info:
                     bad |= info["nonfinite"] & new
+                timed_out |= new & trunc & ~term
                 ended |= new
         for key in nxt:
             nxt[key][~ended] = o[key][~ended]
@@ -354,14 +357,17 @@ class DSRL:
         self.pending.append(dict(obs=obs["policy"], critic=obs["critic"], w=w, chunk=chunk.reshape(n, -1),
                                  reward=torch.zeros(n, device=self.device),
                                  open=torch.ones(n, dtype=torch.bool, device=self.device)))
-        self._store(reward, ended, bad, nxt)
+        terminal = ended if self.env.time_out_ends_return else ended & ~timed_out
+        self._store(reward, ended, terminal, bad, nxt)
         self.decisions += n
         return reward
 
-    def _store(self, reward: torch.Tensor, ended: torch.Tensor, bad: torch.Tensor, nxt: dict[str, torch.Tensor]) -> None:
+    def _store(self, reward: torch.Tensor, ended: torch.Tensor, terminal: torch.Tensor, bad: torch.Tensor,
+               nxt: dict[str, torch.Tensor]) -> None:
         """Add this decision's reward to the pending decisions of each env and store those now
-        complete: n_step decisions old, or their episode ended here (time-outs end returns too, see
-        the module's text). A decision that reached a non-finite state is never fed to training; the
+        complete: n_step decisions old, or their episode ended here; ``terminal``: the ended ones
+        whose return ends there (not bootstrapped; time-outs only where the task says so, see the
+        module's text). A decision that reached a non-finite state is never fed to training; the
         earlier decisions of that env still pending are stored cut short before it, bootstrapped from
         the (finite) state it started from."""
         g, n_step = self.cfg.gamma, self.cfg.n_step
@@ -385,7 +391,7 @@ class DSRL:
                 if n_step > 1:
                     row["discount"] = torch.full((int(keep.sum()),), g ** (age + 1), device=self.device)
                 self.buffer.add(**row, next_obs=nxt["policy"][keep], next_critic=nxt["critic"][keep],
-                                done=ended[keep].float())
+                                done=terminal[keep].float())
             p["open"] = p["open"] & ~close
         self.pending = [p for p in self.pending if p["open"].any()]
 

@@ -275,15 +275,19 @@ def test_dsrl_never_stores_a_nonfinite_decision(base_run):
     assert all(torch.isfinite(v[: algo.buffer.size]).all() for v in algo.buffer.data.values())
 
 
-def test_dsrl_starts_every_episode_at_home_as_an_evaluation_does(base_run):
+@pytest.mark.parametrize("time_out_ends_return", [True, False])
+def test_dsrl_starts_every_episode_at_home_as_an_evaluation_does(base_run, time_out_ends_return):
     """An episode that ends inside a chunk is not continued by the chunk's remaining actions: the next
-    decision starts a new episode at t = 0, the arm at home and at rest, as evaluation's do."""
+    decision starts a new episode at t = 0, the arm at home and at rest, as evaluation's do. The
+    time-outs end their returns as the task says (the arm's do; a task whose don't is bootstrapped)."""
     algo = _dsrl(base_run, "na", ["task.episode_steps=22"])
     env, n = algo.env, algo.env.num_envs
     assert n >= 3
+    env.time_out_ends_return = time_out_ends_return
     env.t[:3] = [20, 18, 0]  # env 0 ends at the chunk's 2nd step, env 1 at its last, env 2 goes on
     algo.collect()
-    assert env.t[:3].tolist() == [0, 0, 4] and algo.buffer.data["done"][:2].tolist() == [1.0, 1.0]
+    done = float(time_out_ends_return)
+    assert env.t[:3].tolist() == [0, 0, 4] and algo.buffer.data["done"][:2].tolist() == [done, done]
     home = np.array(env.params.panda.home)
     for i in (0, 1):
         assert np.allclose(env.qpos[i, env.arm_qadr], home) and np.allclose(env.qvel[i, env.arm_dadr], 0.0)
