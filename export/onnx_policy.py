@@ -102,7 +102,7 @@ class OnnxPolicy:
 
     def __call__(self, obs: np.ndarray, noise: np.ndarray | None = None) -> np.ndarray:
         """Action [N, A] (or chunk [N, H, A]) for observations [N, D] or one observation [D]; an
-        unsteered diffusion policy needs ``noise`` [N, H*A] too."""
+        unsteered diffusion policy needs ``noise`` [N, H*A] too, and no other model takes one."""
         feed = {INPUT: _rows(obs, self.obs_size, "observation")}
         if self.noise_size:
             if noise is None:
@@ -111,6 +111,9 @@ class OnnxPolicy:
             feed[NOISE] = _rows(noise, self.noise_size, "noise")
             if len(feed[NOISE]) != len(feed[INPUT]):
                 raise ContractError(f"{len(feed[INPUT])} observations but {len(feed[NOISE])} noises")
+        elif noise is not None:  # it would be ignored: the caller believes it chooses the noise
+            raise ContractError("this model takes no noise: it is an actor, or a diffusion policy whose steering "
+                                "actor picks the noise")
         return self.session.run([OUTPUT], feed)[0]
 
 

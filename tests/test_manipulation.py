@@ -559,6 +559,8 @@ def test_steered_policy_exports_to_onnx_with_parity(base_run, tmp_path):
     # A deployment reads how many of the chunk's actions to execute per query from the metadata.
     assert (onnx.metadata["exec_horizon"], onnx.metadata["pred_horizon"], onnx.metadata["ddim_steps"]) == ("4", "4", "5")
     assert float(onnx.metadata["noise_bound"]) == policy.noise_bound
+    with pytest.raises(ContractError, match="takes no noise"):  # the steering actor picks it, not the caller
+        onnx(obs, np.zeros((200, policy.base.latent_dim), np.float32))
     with pytest.raises(ContractError, match="another observation/action contract"):
         OnnxPolicy(run / "export/policy.onnx", CRAZYFLIE)
 
