@@ -241,9 +241,14 @@ class DSRL:
     def _load_demos(self, path: str, obs_dim: int, act_dim: int) -> None:
         """Demonstrations as decisions of exec_horizon steps (a chunk cut short by the episode's
         end is padded with its last action), with n_step-decision returns as collect() stores them;
-        an episode's last decision ends the return."""
+        an episode's last decision ends the return, a time-out's too: a dataset holds no observation
+        after an episode's last step to bootstrap from, so demonstrations need a task whose time-outs
+        end returns (``env.time_out_ends_return``, every arm task)."""
         from .config import UserError
 
+        if not self.env.time_out_ends_return:
+            raise UserError(f"algo.demos: task {self.env.cfg.name} bootstraps its time-outs, and a dataset holds "
+                            "no observation after an episode's last step to bootstrap from")
         try:
             d = ds.load(path, task=self.env.cfg.name, obs_dim=obs_dim, act_dim=act_dim,
                         critic_dim=self.env.single_observation_space["critic"].shape[0])
@@ -263,7 +268,7 @@ class DSRL:
             r = [d.reward[t:min(t + h, s.stop)].sum() for t in starts]
             for j, t in enumerate(starts):
                 m = min(n_step, len(starts) - j)  # decisions summed: n_step, fewer at the episode's end
-                done = j + m >= len(starts)  # terminated or timed out (see the module docstring)
+                done = j + m >= len(starts)  # terminated or timed out (see the docstring)
                 idx = np.minimum(np.arange(t, t + h), s.stop - 1)  # the last chunk padded with its last action
                 rows["obs"].append(d.obs[t])
                 rows["critic"].append(d.critic[t])

@@ -279,15 +279,19 @@ def test_dsrl_never_stores_a_nonfinite_decision(base_run):
 def test_dsrl_starts_every_episode_at_home_as_an_evaluation_does(base_run, time_out_ends_return):
     """An episode that ends inside a chunk is not continued by the chunk's remaining actions: the next
     decision starts a new episode at t = 0, the arm at home and at rest, as evaluation's do. The
-    time-outs end their returns as the task says (the arm's do; a task whose don't is bootstrapped)."""
+    time-outs end their returns as the task says (the arm's do; a task whose don't is bootstrapped from
+    the episode's final observation), a failure always."""
     algo = _dsrl(base_run, "na", ["task.episode_steps=22"])
     env, n = algo.env, algo.env.num_envs
-    assert n >= 3
+    assert n >= 4
     env.time_out_ends_return = time_out_ends_return
     env.t[:3] = [20, 18, 0]  # env 0 ends at the chunk's 2nd step, env 1 at its last, env 2 goes on
+    env.datas[3].qpos[env.cube_qadr + 2] = -0.2  # env 3: the cube knocked off the table, a failure at the 1st step
     algo.collect()
     done = float(time_out_ends_return)
-    assert env.t[:3].tolist() == [0, 0, 4] and algo.buffer.data["done"][:2].tolist() == [done, done]
+    b = algo.buffer.data
+    assert env.t[:4].tolist() == [0, 0, 4, 0] and b["done"][:4].tolist() == [done, done, 0.0, 1.0]
+    assert b["next_critic"][:2, CRITIC_DIM - 1].tolist() == [1.0, 1.0]  # the final observations: t / T = 1
     home = np.array(env.params.panda.home)
     for i in (0, 1):
         assert np.allclose(env.qpos[i, env.arm_qadr], home) and np.allclose(env.qvel[i, env.arm_dadr], 0.0)
@@ -799,7 +803,7 @@ def test_eval_video_of_a_manipulation_policy(base_run):
     assert gif.info["duration"] == 50, "20 Hz, as the arm is controlled"
 
 
-def test_dsrl_na_loads_demonstrations(base_run, demos):
+def test_dsrl_na_loads_demonstrations(base_run, demos, monkeypatch):
     """algo.demos: every demonstration becomes decisions of exec_horizon steps in Q^A's buffer,
     an episode's last one ending the return; DSRL-SAC (whose buffer holds noises) refuses them."""
     from policies.config import UserError
@@ -852,6 +856,11 @@ def test_dsrl_na_loads_demonstrations(base_run, demos):
                               ("task.terminate_on_success=false", "collected with terminate_on_success=True")):
         with pytest.raises(UserError, match=message):
             _dsrl(base_run, "na", [f"algo.demos={demos}", override])
+    # An episode's last decision ends its return: refused where the task bootstraps its time-outs.
+    monkeypatch.setattr(type(algo.env), "time_out_ends_return", False)
+    with pytest.raises(UserError, match="bootstraps its time-outs"):
+        _dsrl(base_run, "na", [f"algo.demos={demos}"])
+    monkeypatch.undo()
     # Resumed after the demonstrations were collected again: refused (their digest is checkpointed).
     state = algo.state_dict()
     algo.load_state_dict(state)  # the same demonstrations: fine

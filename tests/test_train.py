@@ -146,6 +146,7 @@ def test_a_non_finite_action_resets_its_environment_alone(backend, value):
     clipped into a full (or zero) rotor command."""
     env = QuadHoverEnv(QuadTaskConfig(compile=False), 3, seed=0, backend=backend)
     env.reset(seed=0)
+    env.latency[0] = 1.0  # the longest delay: this step's action weighs 0 in the command applied
     hover = torch.full((3, 4), env.hover_action)
     for _ in range(5):
         env.step(hover)

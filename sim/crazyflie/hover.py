@@ -492,7 +492,8 @@ class QuadHoverEnv(gym.vector.VectorEnv):
     def step(self, action: torch.Tensor):
         action = torch.as_tensor(action, dtype=torch.float32, device=self.device)
         # A non-finite action fails its env through a non-finite state (NaN reaches the rotor command
-        # whatever the latency); an infinity is made NaN first, as the clip would make it a full command.
+        # whatever the latency); an infinity is made NaN first, as the clip would make it a full (+inf) or
+        # zero (-inf) rotor command.
         action = torch.where(action.isfinite(), action, float("nan")).clamp(-1.0, 1.0)
         noise = self._observation_noise()
         self.total_steps += self.num_envs
