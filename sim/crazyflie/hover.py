@@ -473,6 +473,10 @@ class QuadHoverEnv(gym.vector.VectorEnv):
         """One period for every environment, without data-dependent control flow (so that the torch
         backend can run it as one compiled graph): actuation latency, dynamics, reward, termination
         and the next observation. Returns (obs, reward, failed, finite, position error [m])."""
+        # A non-finite action fails its env through a non-finite state (NaN reaches the rotor command
+        # whatever the latency); an infinity is made NaN first, as the clip would make it a full (+inf) or
+        # zero (-inf) rotor command.
+        action = torch.where(action.isfinite(), action, float("nan")).clamp(-1.0, 1.0)
         # Latency: shift the history, apply the action issued `latency` periods ago. A delay of
         # k + f periods weights the commands issued k and k + 1 periods ago by 1 - f and f.
         self.action_hist = torch.cat((action[:, None], self.action_hist[:, :-1]), dim=1)
@@ -491,10 +495,6 @@ class QuadHoverEnv(gym.vector.VectorEnv):
     @torch.no_grad()
     def step(self, action: torch.Tensor):
         action = torch.as_tensor(action, dtype=torch.float32, device=self.device)
-        # A non-finite action fails its env through a non-finite state (NaN reaches the rotor command
-        # whatever the latency); an infinity is made NaN first, as the clip would make it a full (+inf) or
-        # zero (-inf) rotor command.
-        action = torch.where(action.isfinite(), action, float("nan")).clamp(-1.0, 1.0)
         noise = self._observation_noise()
         self.total_steps += self.num_envs
         curriculum = torch.tensor(self.curriculum(), device=self.device)
