@@ -80,16 +80,18 @@ def _to_device(obj, device: torch.device, key: str | None = None):
     return obj
 
 
-def policy_record(policy: torch.nn.Module, cfg, eval_result: dict, steps: int, unit: str = "env_steps") -> dict:
+def policy_record(policy: torch.nn.Module, cfg, eval_result: dict, steps: int, unit: str = "env_steps",
+                  revisions: list[str] | None = None) -> dict:
     """A self-contained deployable policy: its class, constructor arguments and weights, how far its
-    run had trained (``unit``: "env_steps", or "gradient_steps" for an offline algorithm), and the
-    version of the task's contract it was trained on (require_contract compares it)."""
+    run had trained (``unit``: "env_steps", or "gradient_steps" for an offline algorithm), the
+    version of the task's contract it was trained on (require_contract compares it) and the code
+    revisions that trained it (``revisions``: one per session that changed it, oldest first)."""
     from sim.registry import get_task
 
     return {
         "policy_class": type(policy).__name__, "policy_spec": dict(policy.spec), "policy": policy.state_dict(),
         "eval": eval_result, unit: steps, "config": OmegaConf.to_container(cfg, resolve=True),
-        "contract": get_task(cfg.task.name).contract.version,
+        "contract": get_task(cfg.task.name).contract.version, "source_revisions": list(revisions or ["unknown"]),
     }
 
 

@@ -102,7 +102,10 @@ def _export_into(out: Path, policy, task_cfg, cfg, rec: dict, contract) -> tuple
     """Write and check the export in ``out``; returns the checks' figures and the files' names."""
     meta = {
         "task": task_cfg.name, "algo": cfg.algo.name, "config_hash": config_hash(cfg),
-        "source_revision": source_revision(), **{k: rec[k] for k in ("env_steps", "gradient_steps") if k in rec},
+        # The code that trained the policy (revisions joined by commas if resumed under several) and
+        # the code that exported it, which wrote the graph, its normalisation and the C.
+        "source_revision": ",".join(rec.get("source_revisions", ["unknown"])), "export_revision": source_revision(),
+        **{k: rec[k] for k in ("env_steps", "gradient_steps") if k in rec},
         "eval_success_rate": rec["eval"]["success_rate"], "policy_class": rec["policy_class"],
     }
     # A chunked (diffusion) policy: how many of its output actions a deployment executes per query, each
@@ -117,7 +120,8 @@ def _export_into(out: Path, policy, task_cfg, cfg, rec: dict, contract) -> tuple
     names = {"onnx": "policy.onnx"}
     if isinstance(policy, Actor) and contract == CRAZYFLIE_CONTRACT:  # C is for the Crazyflie's MCU
         generate_c(policy, out, header_note=f"task {task_cfg.name}, config {meta['config_hash']}, "
-                                            f"rev {meta['source_revision']}")
+                                            f"trained at rev {meta['source_revision']}, exported at rev "
+                                            f"{meta['export_revision']}")
         names.update(c="policy.c", h="policy.h")
 
     obs = parity_observations(policy, task_cfg)

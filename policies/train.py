@@ -23,6 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
+from export.onnx_policy import source_revision
 from sim.registry import get_task
 
 from . import checkpoint as ckpt
@@ -202,6 +203,11 @@ def run(cfg: DictConfig, run_dir: Path, resume_state: dict | None, t_start: floa
             print(f"resuming {run_dir} at {tr['env_steps']:,} {unit}s ({tr['seconds']:.1f} s of training, "
                   f"{len(tr['evals'])} evaluations before it)", flush=True)
         tr["eval_every"] = eval_every
+        # The code revisions that trained this run, one per session that ran other code than the one
+        # before it (a resume after a pull adds one); checkpoints of older revisions recorded none.
+        revisions, rev = tr.setdefault("source_revisions", ["unknown"] if resume_state else []), source_revision()
+        if not revisions or revisions[-1] != rev:
+            revisions.append(rev)
         latest = run_dir.parent.parent / "latest" if run_dir.parent.parent.name == "runs" else None
         if latest is not None:  # runs/latest -> this run (once a resume has loaded), for the README's commands
             latest.unlink(missing_ok=True)
@@ -249,7 +255,8 @@ def run(cfg: DictConfig, run_dir: Path, resume_state: dict | None, t_start: floa
             new_best = reached or (better and not tr["passed"])
             if new_best:
                 tr["best_success"], tr["best_error"] = res.success_rate, res.tiebreak
-                ckpt.save_atomic(ckpt.policy_record(algo.actor, cfg, rec, tr["env_steps"], steps_key),
+                ckpt.save_atomic(ckpt.policy_record(algo.actor, cfg, rec, tr["env_steps"], steps_key,
+                                                   tr["source_revisions"]),
                                  run_dir / ckpt.BEST_PENDING)
             if reached:
                 tr["passed"], tr["passed_at"] = True, cfg.stop_at_success
@@ -321,7 +328,8 @@ def run(cfg: DictConfig, run_dir: Path, resume_state: dict | None, t_start: floa
         results = {"run_dir": str(run_dir), steps_key: tr["env_steps"], "train_seconds": tr["seconds"],
                    "best_success": tr["best_success"], "passed": pass_holds(tr, cfg),
                    "time_to_success_s": tr["time_to_success"],
-                   "eval_seconds": tr["eval_seconds"], "evals": tr["evals"]}
+                   "eval_seconds": tr["eval_seconds"], "source_revisions": tr["source_revisions"],
+                   "evals": tr["evals"]}
         (run_dir / "results.json").write_text(json.dumps(results, indent=2))
         return results
 

@@ -24,7 +24,7 @@ from omegaconf import OmegaConf
 from torch import nn
 
 from export.c_codegen import DRIVER, DRIVER_OUT, UnsupportedLayerError, generate_c
-from export.onnx_policy import ContractError, OnnxPolicy
+from export.onnx_policy import ContractError, OnnxPolicy, source_revision
 from policies import checkpoint as ckpt
 from policies.config import config_hash
 from policies.export import PARITY_FLOOR, export_run, main
@@ -120,7 +120,8 @@ def test_onnx_metadata_carries_contract_and_provenance(run_dir, exported):
     assert meta["contract"] == CONTRACT.to_json()
     assert meta["task"] == cfg.task.name
     assert meta["config_hash"] == config_hash(cfg)
-    assert meta["source_revision"]
+    # The training's revision (the fixture's record has none: "unknown"), and the exporting checkout's.
+    assert meta["source_revision"] == "unknown" and meta["export_revision"] == source_revision()
     assert meta["env_steps"] == "12345" and float(meta["eval_success_rate"]) == 0.5
     assert "exec_horizon" not in meta, "an MLP actor acts once per query: no chunk to describe"
     assert OnnxPolicy(exported["onnx"]).contract["version"] == CONTRACT.version

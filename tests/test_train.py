@@ -635,6 +635,28 @@ def test_a_budget_end_evaluation_keeps_the_grid_and_a_resumed_budget_is_saved(tm
     assert [e["env_steps"] for e in evals] == [2048, 3072, 4096, 5120, 6144, 7168]
 
 
+def test_a_run_records_the_code_revisions_that_trained_it(tmp_path, monkeypatch):
+    """best.pt and results.json name the revision of each session that trained the run (a resume
+    under other code adds one); a run whose checkpoint predates the record starts with "unknown"."""
+    from policies import train
+
+    run = tmp_path / "run"
+    monkeypatch.setattr(train, "source_revision", lambda: "aaa")
+    assert train_main([*TINY, f"run_dir={run}", "max_env_steps=2048"]) == 0
+    assert train_main([f"resume={run}", "max_env_steps=4096"]) == 0  # the same code: no new entry
+    assert json.loads((run / "results.json").read_text())["source_revisions"] == ["aaa"]
+    monkeypatch.setattr(train, "source_revision", lambda: "bbb+uncommitted")
+    assert train_main([f"resume={run}", "max_env_steps=6144"]) == 0
+    assert json.loads((run / "results.json").read_text())["source_revisions"] == ["aaa", "bbb+uncommitted"]
+    best = torch.load(run / ckpt.BEST, weights_only=False)  # the revisions up to its own evaluation
+    assert best["source_revisions"] == (["aaa"] if best["env_steps"] <= 4096 else ["aaa", "bbb+uncommitted"])
+    state = torch.load(run / ckpt.LAST, weights_only=False)
+    del state["trainer"]["source_revisions"]  # as a checkpoint of an older revision
+    ckpt.save_atomic(state, run / ckpt.LAST)
+    assert train_main([f"resume={run}", "max_env_steps=8192"]) == 0
+    assert json.loads((run / "results.json").read_text())["source_revisions"] == ["unknown", "bbb+uncommitted"]
+
+
 def test_a_kill_between_a_new_best_policy_and_its_checkpoint_leaves_them_consistent(tmp_path, monkeypatch):
     """Killed after writing a new best policy but before last.pt recorded its evaluation, then
     resumed with its budget spent at last.pt: best.pt is the policy of the evaluation last.pt
