@@ -28,9 +28,15 @@ most 26 bytes of log data):
   attitude  stateEstimate.qx, qy, qz, qw (body->world), gyro.x, y, z        4 x float32 + 3 x FP16 = 22 B
             (gyro: body frame FLU, deg/s -> rad/s here)
 Blocks sampled in the same firmware tick (timestamps within 5 ms) form one state, published as
-odom (nav_msgs/Odometry, pose world, twist body per REP 105, stamped with the receipt time on this
-node's clock) whatever its values, which this node's subscription then checks like any other state:
-a non-finite or implausible estimate fails safe in the same tick, and the recording shows it.
+odom (nav_msgs/Odometry, pose world, twist body per REP 105) whatever its values, which this node's
+subscription then checks like any other state: a non-finite or implausible estimate fails safe in the
+same tick, and the recording shows it. The stamp is the time the firmware sampled it, on this node's
+clock (FirmwareClock): a packet the radio delivered late (retries under interference come in bursts)
+is as old as it is, so the safety layer's stale check holds it back; a sample no newer than the last
+one is dropped (counted in ``status`` as ``rejected``: ``out_of_order``).
+The radio link's state is in ``status`` (``link``: null, or why commands cannot reach the vehicle);
+without a link, arming is refused and a disarm or emergency stop answers success = false (the safety
+layer still takes it). The bridge does not reconnect a lost link: restart it.
 rotor_cmd carries what the offboard copy of the policy commands from the streamed state: a shadow
 for recording and comparison with the onboard log (rlpolicy.a1..a4), not what the motors get.
 """
@@ -80,13 +86,45 @@ def state_from_log(pose: dict, attitude: dict, stamp: float) -> State:
     )
 
 
+class FirmwareClock:
+    """The time a log sample was taken (s, this node's clock) from its firmware timestamp (ms since
+    the vehicle booted) and its arrival time: firmware time plus the smallest offset (arrival minus
+    firmware time) seen so far, that of the quickest delivery, so that a late delivery keeps its age.
+    The offset may rise by ``DRIFT`` per second of firmware time (a firmware crystal slower than the
+    host's; STM32 crystals are specified to tens of ppm), otherwise it would only ever fall."""
+
+    DRIFT = 1e-4  # s/s
+
+    def __init__(self):
+        self.offset: float | None = None  # s
+        self.last_ms: int | None = None
+
+    def stamp(self, timestamp_ms: int, arrival: float) -> float | None:
+        """The sample's time (s), or None for a sample no newer than the last (late or repeated)."""
+        if self.last_ms is not None and timestamp_ms <= self.last_ms:
+            return None
+        t = timestamp_ms * 1e-3
+        seen = arrival - t
+        if self.offset is None:
+            self.offset = seen
+        else:
+            self.offset = min(seen, self.offset + self.DRIFT * (timestamp_ms - self.last_ms) * 1e-3)
+        self.last_ms = timestamp_ms
+        return t + self.offset
+
+
 class StateAssembler:
-    """Pairs the two log blocks of one firmware tick; ``feed`` returns a State when a pair completes."""
+    """Pairs the two log blocks of one firmware tick; ``feed`` returns a State when a pair completes,
+    stamped with its sampling time (FirmwareClock), or None (no pair yet, or a sample no newer than
+    the last: ``dropped`` counts those)."""
 
     def __init__(self):
         self.latest: dict[str, tuple[int, dict]] = {}
+        self.clock = FirmwareClock()
+        self.dropped = 0
 
-    def feed(self, block: str, timestamp_ms: int, data: dict, stamp: float) -> State | None:
+    def feed(self, block: str, timestamp_ms: int, data: dict, arrival: float) -> State | None:
+        """``arrival``: when the block was received (s, this node's clock)."""
         if block not in LOG_BLOCKS:
             raise ValueError(f"unknown log block '{block}'")
         self.latest[block] = (timestamp_ms, data)
@@ -96,6 +134,10 @@ class StateAssembler:
         if abs(tp - ta) > PAIR_TOLERANCE_MS:
             return None
         self.latest.clear()
+        stamp = self.clock.stamp(max(tp, ta), arrival)
+        if stamp is None:
+            self.dropped += 1
+            return None
         return state_from_log(pose, att, stamp)
 
 
@@ -126,6 +168,7 @@ class CrazyflieBridge(ControllerNode):
         # (start time s, last valid position m, its vertical velocity m/s) of a failsafe descent
         self._failsafe_from: tuple[float, np.ndarray, float] | None = None
         self.connected = False
+        self._link = "not connected yet"  # why commands cannot reach the vehicle
 
         if self.uri.startswith("radio://"):
             from cflib.drivers.crazyradio import get_serials
@@ -151,6 +194,8 @@ class CrazyflieBridge(ControllerNode):
 
     # ------------------------------------------------------------------ radio (cflib threads)
     def _on_connected(self, uri: str) -> None:
+        with self._lock:
+            self._assembler = StateAssembler()  # a new link: the firmware's clock may have restarted
         for conf in self._log_configs:
             self.cf.log.add_config(conf)
             conf.start()
@@ -158,13 +203,19 @@ class CrazyflieBridge(ControllerNode):
         self.get_logger().info(f"connected to {uri}, streaming the state estimate every {LOG_PERIOD_MS} ms")
 
     def _on_link(self, what: str) -> None:
-        self.connected = False
+        self.connected, self._link = False, what
         self.get_logger().error(what)
 
+    def link_problem(self) -> str | None:
+        return None if self.connected else f"no radio link ({self._link}); restart the bridge"
+
     def _on_log(self, timestamp_ms: int, data: dict, conf) -> None:
-        stamp = self.get_clock().now().nanoseconds * 1e-9
+        arrival = self.get_clock().now().nanoseconds * 1e-9
         with self._lock:
-            state = self._assembler.feed(conf.name, timestamp_ms, data, stamp)
+            dropped = self._assembler.dropped
+            state = self._assembler.feed(conf.name, timestamp_ms, data, arrival)
+            if self._assembler.dropped > dropped:
+                self.rejected["out_of_order"] = self.rejected.get("out_of_order", 0) + 1
         if state is not None:  # checked where every odom is, on the executor (ControllerNode._on_odom)
             self._odom_pub.publish(fill_odometry(self._odom_msg(), state, self.world_frame, self.robot))
 

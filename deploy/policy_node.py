@@ -45,11 +45,11 @@ import numpy as np
 from .ros import (
     ARM,
     CONTROL_PUB_QOS,
-    CONTROL_QOS,
     ESTOP,
     ODOM,
     ROTOR_CMD,
     STATUS,
+    STATE_QOS,
     STATUS_QOS,
     WORLD_FRAME,
     Node,
@@ -123,6 +123,8 @@ class ControllerNode(Node):
             recovery_window=float(param(self, "recovery_window", d.recovery_window, "s: window of max_recoveries")),
             takeoff_speed=float(param(self, "takeoff_speed", d.takeoff_speed, "m/s: setpoint from take-over to target")),
             ground_timeout=float(param(self, "ground_timeout", d.ground_timeout, "s on the floor while armed: cut")),
+            max_arm_tilt_deg=float(param(self, "max_arm_tilt_deg", d.max_arm_tilt_deg, "deg: no arming above it")),
+            max_tilt_deg=float(param(self, "max_tilt_deg", d.max_tilt_deg, "deg: tumbled above it, rotors cut")),
             auto_arm=bool(param(self, "auto_arm", d.auto_arm, "arm on the first valid state")),
         )
         self.clock_timeout = float(param(self, "clock_timeout", 0.5, "sim time: wall s without /clock = dead"))
@@ -138,7 +140,7 @@ class ControllerNode(Node):
         self.cmd_pub = self.create_publisher(Float32MultiArray, ROTOR_CMD, CONTROL_PUB_QOS)
         self.status_pub = self.create_publisher(String, STATUS, STATUS_QOS)
         self._status_msg = String
-        self.create_subscription(Odometry, ODOM, self._on_odom, CONTROL_QOS)
+        self.create_subscription(Odometry, ODOM, self._on_odom, STATE_QOS)
         self.create_service(SetBool, ARM, self._on_arm)
         self.create_service(Trigger, ESTOP, self._on_estop)
 
@@ -197,15 +199,24 @@ class ControllerNode(Node):
         else:
             self._state_received_at = time.perf_counter()
             self.accepted += 1
-            self.controller.on_state(state, now)
+            self.controller.on_state(state, now, age=age)  # stale from its stamp on, not from its receipt
         self._report_change()
+
+    def link_problem(self) -> str | None:
+        """Why commands cannot reach the vehicle (crazyflie_bridge: no radio link), or None."""
+        return None
 
     def _on_arm(self, request, response):
         now = self._now()
-        if request.data:
+        link = self.link_problem()
+        if request.data and link is not None:
+            response.success, response.message = False, f"refused to arm: {link}"
+        elif request.data:
             response.success, response.message = self.controller.arm(now)
         else:
-            response.success, response.message = True, self.controller.disarm(now)
+            response.success, response.message = link is None, self.controller.disarm(now)
+            if link is not None:
+                response.message += f" (NOT delivered: {link})"
         self.get_logger().info(f"arm({request.data}): {response.message}")
         # Status now; the mode's rotor command follows at the next tick (within a period): a tick
         # here would run the policy twice in one period.
@@ -213,7 +224,10 @@ class ControllerNode(Node):
         return response
 
     def _on_estop(self, request, response):
-        response.success, response.message = True, self.controller.estop()
+        link = self.link_problem()
+        response.success, response.message = link is None, self.controller.estop()
+        if link is not None:
+            response.message += f" (NOT delivered: {link})"
         self.get_logger().warning(response.message)
         self._tick()
         return response
@@ -272,7 +286,7 @@ class ControllerNode(Node):
         self._last = (cmd.mode.value, cmd.reason)
         status = {"robot": self.robot, **self.controller.status(), "t": self.get_clock().now().nanoseconds * 1e-9,
                   "latency_ms": self.latency.summary(), "inference_ms": self.inference.summary(),
-                  "accepted": self.accepted, "rejected": self.rejected, "ticks": self._ticks,
+                  "accepted": self.accepted, "rejected": self.rejected, "ticks": self._ticks, "link": self.link_problem(),
                   "watchdog_ticks": self.watchdog_ticks}
         self.status_pub.publish(self._status_msg(data=json.dumps(status)))
 

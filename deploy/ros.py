@@ -33,10 +33,13 @@ ESTOP = "emergency_stop"  # std_srvs/Trigger
 WORLD_FRAME = "world"
 ROTOR_LABEL = "rotor_rpm_M1_M2_M3_M4"
 
-# Control traffic, reliable. Subscribers keep the newest sample only (a late state or command is
-# never worth acting on); publishers keep 10 so that a slow reader that wants everything (the
-# recorder) still gets every sample.
+# Control traffic, reliable. Command subscribers keep the newest sample only (a late command is
+# never worth acting on); the safety layer's state subscription keeps 10, so that every sample is
+# checked even when several arrive within one period (a radio burst): the newest still wins, a bad
+# one among them still fails safe. Publishers keep 10 so that a slow reader that wants everything
+# (the recorder) still gets every sample.
 CONTROL_QOS = QoSProfile(depth=1, reliability=ReliabilityPolicy.RELIABLE, history=HistoryPolicy.KEEP_LAST)
+STATE_QOS = QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE, history=HistoryPolicy.KEEP_LAST)
 CONTROL_PUB_QOS = QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE, history=HistoryPolicy.KEEP_LAST)
 STATUS_QOS = QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE, history=HistoryPolicy.KEEP_LAST)
 
@@ -162,8 +165,11 @@ def run_node(make: Callable[[], Node], user_errors: tuple[type[Exception], ...] 
     finally:
         if node is not None:
             close = getattr(node, "close", None)
-            if close is not None:
-                close()
+            try:
+                if close is not None:
+                    close()
+            except KeyboardInterrupt:  # a second signal cut the clean-up short (close() sends what must be sent)
+                print(f"{node.get_name()}: clean-up interrupted", file=sys.stderr)
             node.destroy_node()
         if rclpy.ok():
             rclpy.shutdown()

@@ -6,16 +6,21 @@ wall time on hardware, simulated time under a simulator.
 
 Modes and rules, checked on every tick:
   DISARMED  rotors at idle (0 rpm). ``arm()`` (std_srvs/SetBool true) switches to ARMED only with
-            a fresh, valid state inside the geofence and a steady clock (below). With ``auto_arm`` the first such state arms
+            a fresh, valid state inside the geofence, tilted no more than ``max_arm_tilt_deg``, and a
+            steady clock (below). With ``auto_arm`` the first such state arms
             once after start-up (simulation and HIL launch files use it, real flights do not).
   ARMED     the policy flies, to a setpoint that starts where the vehicle is when the policy takes
             over (arming, recovery) and moves in a straight line to ``target`` at ``takeoff_speed``
             (a vehicle armed on the floor, as a real one is, would otherwise start 1 m and more from
             its target, farther than the hover training's initial states: the heaviest, weakest
             vehicles of the randomization then tipped over on the floor instead of taking off).
-            A state problem (older than ``stale_timeout``, non-finite, out of
+            A state problem (older than ``stale_timeout`` by its stamp, non-finite, out of
             range, outside the geofence) or a policy error (exception, non-finite or misshapen
-            output) switches to FAILSAFE in the same tick. Actions are clipped to [-1, max_action].
+            output) switches to FAILSAFE in the same tick. A rejected state counts at the next tick
+            even if a valid one arrived after it. Actions are clipped to [-1, max_action].
+            A fresh state tilted beyond ``max_tilt_deg`` (upside down by default; ARMED or FAILSAFE)
+            cuts the rotors at once (DISARMED, counted in ``failsafe_count``): a descent's thrust
+            would drive a tumbled vehicle into the floor.
             A vehicle whose valid states show it on the floor (below ``landed_height``) for
             ``ground_timeout`` without a break while ARMED did not take off, or came down and cannot
             leave the floor (tipped over, a broken rotor): the rotors are cut and the mode is DISARMED
@@ -46,8 +51,8 @@ time is taken for two clocks (two simulators publishing /clock), not for restart
 apart: arming, by the operator or ``auto_arm``, is refused until the clock has gone that long without
 going back (a restart on every other message would otherwise arm and disarm the rotors period after
 period).
-``disarm()`` (SetBool false) in flight is a controlled descent without recovery; on the ground it
-cuts the rotors.
+``disarm()`` (SetBool false) in flight is a controlled descent without recovery (during a failsafe
+descent: that descent goes on, as timed, without recovery); on the ground it cuts the rotors.
 """
 
 from __future__ import annotations
@@ -100,6 +105,10 @@ class SafetyConfig:
     # s on the floor while ARMED before the rotors are cut: twice the 0.96 s the shipped policy takes to
     # leave the floor in the randomization's weakest corner (deploy/README.md, "Safety layer").
     ground_timeout: float = 2.0
+    # deg: arming is refused above this tilt (body z from world z): the hover training's initial attitudes
+    # go up to 30 deg (issue #2's criterion), so a vehicle tilted further is outside what the policy learnt from.
+    max_arm_tilt_deg: float = 30.0
+    max_tilt_deg: float = 90.0  # deg: a fresh state tilted beyond this (upside down) cuts the rotors
     auto_arm: bool = False
 
     def __post_init__(self):
@@ -136,6 +145,9 @@ class SafetyConfig:
             raise ValueError(f"ground_timeout {self.ground_timeout}: expected a positive time (s)")
         if not (0.0 < self.descent_thrust_ratio < 1.0):
             raise ValueError(f"descent_thrust_ratio {self.descent_thrust_ratio}: expected a value in (0, 1)")
+        if not (0.0 <= self.max_arm_tilt_deg <= self.max_tilt_deg < 180.0):  # 180: no state is ever beyond it
+            raise ValueError(f"max_arm_tilt_deg {self.max_arm_tilt_deg}, max_tilt_deg {self.max_tilt_deg}: expected "
+                             "0 <= max_arm_tilt_deg <= max_tilt_deg < 180")
         if not (-1.0 < self.max_action <= 1.0):
             raise ValueError(f"max_action {self.max_action}: expected a value in (-1, 1]")
 
@@ -175,6 +187,9 @@ class SafeController:
         self._latest: State | None = None  # last valid state
         self._latest_time = -math.inf  # time it was received (s, the caller's clock)
         self._input_error: str | None = "no state received yet"
+        # The first sample rejected (or outside the geofence) since the last tick: a valid state received
+        # after it, before the tick, must not hide it (several states can arrive within one period).
+        self._rejected: str | None = None
         self._good_streak = 0
         self._descent_end = self._descent_cap = math.inf
         self._may_recover = True
@@ -217,28 +232,46 @@ class SafeController:
                 "(more than one /clock publisher?)")
 
     # ------------------------------------------------------------------ inputs
-    def on_state(self, state: State | None, now: float, error: str | None = None) -> None:
-        """A received state sample: a valid State, or None with ``error`` ("nonfinite: ...")."""
+    def on_state(self, state: State | None, now: float, error: str | None = None, age: float = 0.0) -> None:
+        """A received state sample: a valid State, or None with ``error`` ("nonfinite: ..."). ``age`` (s):
+        how old the sample already is at ``now`` (by its stamp); its staleness counts from then."""
         self._check_clock(now)
         if state is None:
             self._input_error, self._good_streak = error or "invalid state", 0
+            self._rejected = self._rejected or self._input_error
             return
-        self._latest, self._latest_time, self._input_error = state, now, None
+        self._latest, self._latest_time, self._input_error = state, now - max(age, 0.0), None
         # Recovery counts consecutive valid states inside the geofence; tick() restarts the count
         # at a stale gap.
-        self._good_streak = self._good_streak + 1 if self._inside(state.pos) else 0
+        if self._inside(state.pos):
+            self._good_streak += 1
+        else:
+            self._good_streak = 0
+            self._rejected = self._rejected or self._fence_problem(state.pos)
 
     def state_problem(self, now: float) -> str | None:
-        """Why the current state must not be flown on, or None."""
+        """Why the current state must not be flown on (or a sample rejected since the last tick), or None."""
         if self._input_error is not None:
             return self._input_error
+        if self._rejected is not None:
+            return self._rejected
         age = now - self._latest_time
         if age > self.cfg.stale_timeout:
             return f"stale: last state {age * 1e3:.0f} ms old (limit {self.cfg.stale_timeout * 1e3:.0f} ms)"
         p = self._latest.pos
         if not self._inside(p):
-            return f"geofence: position {np.round(p, 2).tolist()} m outside the box"
+            return self._fence_problem(p)
         return None
+
+    @staticmethod
+    def _fence_problem(pos: np.ndarray) -> str:
+        return f"geofence: position {np.round(pos, 2).tolist()} m outside the box"
+
+    def tilt_deg(self) -> float:
+        """Tilt of the last valid state (deg): the angle of its body z axis from world z."""
+        q = self._latest.quat  # (w, x, y, z), unit
+        cos = 1.0 - 2.0 * (q[1] * q[1] + q[2] * q[2])  # R[2, 2] of body -> world
+        return math.degrees(math.acos(min(max(cos, -1.0), 1.0)))
 
     def _inside(self, pos: np.ndarray) -> bool:
         return bool((pos >= self.cfg.geofence_min).all() and (pos <= self.cfg.geofence_max).all())
@@ -264,6 +297,9 @@ class SafeController:
         problem = self.state_problem(now)
         if problem is not None:
             return False, f"refused to arm: {problem}"
+        if self.mode is not Mode.FAILSAFE and self.tilt_deg() > self.cfg.max_arm_tilt_deg:
+            return False, (f"refused to arm: tilted {self.tilt_deg():.0f} deg (limit "
+                           f"{self.cfg.max_arm_tilt_deg:g} deg): level the vehicle")
         if self.mode is not Mode.FAILSAFE:  # rotors idle: as at the start of a training episode
             self.prev_action = np.full(ACT_DIM, self.hover_action)
         # (from a failsafe descent the rotors still turn: the previous action is the descent command)
@@ -284,8 +320,12 @@ class SafeController:
     def disarm(self, now: float) -> str:
         self._check_clock(now)
         self._auto_arm_pending, self._operator_stop = False, True
-        if self.mode in (Mode.ARMED, Mode.FAILSAFE):
+        if self.mode is Mode.ARMED:
             self._enter_failsafe("disarm requested", now, may_recover=False)
+        elif self.mode is Mode.FAILSAFE:  # the descent goes on as timed (and counted once): no recovery
+            if self._may_recover:
+                self._may_recover = False
+                self.reason += "; disarm requested: no recovery"
         elif self.mode is Mode.DISARMED:  # a reason that promised auto_arm would be out of date
             self._set(Mode.DISARMED, "disarm requested: rotors idle, re-arm to fly")
         return f"{self.mode.value}: {self.reason}"
@@ -302,11 +342,20 @@ class SafeController:
         self._now_seen = now
         if self._recovered_at and now - self._recovered_at[0] >= self.cfg.recovery_window:
             self._recovered_at = [t for t in self._recovered_at if now - t < self.cfg.recovery_window]
-        problem = self.state_problem(now)
-        if problem is not None:
+        # A sample rejected since the last tick counts here, once; on_state() already restarted the
+        # recovery count at it, so only a problem of the current state (a stale gap) restarts it here.
+        rejected, self._rejected = self._rejected, None
+        current = self.state_problem(now)
+        if current is not None:
             self._good_streak = 0
+        problem = self._input_error or rejected or current
         if self.mode is Mode.DISARMED and self._auto_arm_pending and problem is None:
             self.arm(now)
+        fresh = problem is None or problem.startswith("geofence")  # the last state is valid and current
+        if self.mode in (Mode.ARMED, Mode.FAILSAFE) and fresh and self.tilt_deg() > self.cfg.max_tilt_deg:
+            self.failsafe_count += 1
+            self._set(Mode.DISARMED, f"tumbled: tilted {self.tilt_deg():.0f} deg (limit {self.cfg.max_tilt_deg:g} "
+                                     "deg): rotors cut, re-arm to fly")
         if self.mode is Mode.FAILSAFE:
             self._update_failsafe(problem, now)
         if self.mode is Mode.ARMED:

@@ -36,6 +36,7 @@ from deploy.state import (
     make_state,
     observation,
     quat_to_rotmat,
+    stamp_seconds,
     state_from_odometry,
 )
 from sim.crazyflie.hover import QuadHoverEnv, QuadTaskConfig
@@ -933,6 +934,74 @@ def test_pyproject_registers_the_ament_package():
     assert data_files == ament.DATA_FILES, "add the [tool.setuptools.data-files] lines of deploy/README.md"
 
 
+@pytest.mark.parametrize("bad", ["nonfinite", "geofence"])
+def test_a_bad_sample_fails_safe_even_when_a_valid_one_follows_it_within_the_period(bad):
+    """Two states in one period (a radio burst): a rejected or out-of-fence sample followed by a good
+    one still fails safe at the tick."""
+    c, _ = armed_controller()
+    assert c.tick(0.0).mode is Mode.ARMED
+    if bad == "nonfinite":
+        c.on_state(None, 0.005, "nonfinite: NaN")
+    else:
+        c.on_state(hover_state(0.005, pos=[2.0, 0.0, 1.0]), 0.005)
+    c.on_state(hover_state(0.008), 0.008)
+    cmd = c.tick(0.01)
+    assert cmd.mode is Mode.FAILSAFE and cmd.reason.startswith(bad), cmd.reason
+    for k in range(2, 5):  # recover_count = 3 valid states after the failsafe began
+        c.on_state(hover_state(0.01 * k), 0.01 * k)
+        assert c.tick(0.01 * k).mode is (Mode.ARMED if k == 4 else Mode.FAILSAFE), k
+
+
+def test_a_state_is_stale_from_its_stamp_not_from_its_receipt():
+    c, _ = armed_controller()  # stale_timeout 50 ms
+    c.on_state(hover_state(0.96), 1.0, age=0.04)  # received 40 ms after it was sampled
+    assert c.tick(1.0).mode is Mode.ARMED
+    cmd = c.tick(1.011)  # 51 ms after it was sampled, 11 ms after its receipt
+    assert cmd.mode is Mode.FAILSAFE and cmd.reason.startswith("stale: last state 51 ms old"), cmd.reason
+
+
+def test_a_disarm_during_a_failsafe_descent_keeps_its_timer_and_forbids_recovery():
+    c, _ = armed_controller()
+    assert c.tick(0.1).mode is Mode.FAILSAFE  # stale
+    fall = math.sqrt(2 * 1.0 / ((1 - c.cfg.descent_thrust_ratio) * GRAVITY)) + 0.3
+    c.disarm(0.5)
+    c.disarm(0.6)
+    assert c.status()["failsafe_count"] == 1 and c.reason.count("disarm requested") == 1, c.reason
+    assert c.tick(0.1 + fall - 0.01).mode is Mode.FAILSAFE
+    assert c.tick(0.1 + fall + 0.01).mode is Mode.DISARMED
+    c, _ = armed_controller()
+    assert c.tick(0.1).mode is Mode.FAILSAFE
+    c.disarm(0.1)
+    for k in range(1, 6):  # valid states that would end an undisarmed failsafe
+        c.on_state(hover_state(0.1 + 0.01 * k), 0.1 + 0.01 * k)
+        assert c.tick(0.1 + 0.01 * k).mode is Mode.FAILSAFE
+
+
+def tilted_state(deg: float, t: float = 0.0, z: float = 0.0) -> State:
+    half = math.radians(deg) / 2  # about the body x axis (roll)
+    return make_state([0.0, 0.0, z], [math.cos(half), math.sin(half), 0, 0], [0, 0, 0], [0, 0, 0], t)
+
+
+def test_arming_is_refused_tilted_and_a_tumbled_vehicle_is_cut():
+    c = SafeController(FakePolicy(), SafetyConfig())  # max_arm_tilt_deg 30, max_tilt_deg 90
+    c.on_state(tilted_state(45.0), 0.0)
+    ok, msg = c.arm(0.0)
+    assert not ok and "tilted 45 deg" in msg, msg
+    c.on_state(tilted_state(20.0, 0.01), 0.01)
+    assert c.arm(0.01) == (True, "armed")
+    c.on_state(tilted_state(80.0, 0.02, z=1.0), 0.02)  # steep, but not over: the policy flies on
+    assert c.tick(0.02).mode is Mode.ARMED
+    c.on_state(tilted_state(120.0, 0.03, z=1.0), 0.03)
+    cmd = c.tick(0.03)
+    assert cmd.mode is Mode.DISARMED and cmd.reason.startswith("tumbled: tilted 120 deg"), cmd.reason
+    assert cmd.action.tolist() == [IDLE_ACTION] * 4 and c.status()["failsafe_count"] == 1
+    c, _ = armed_controller()  # in a failsafe descent (outside the fence: fresh states) too
+    c.on_state(make_state([2.0, 0.0, 1.0], [0.0, 1.0, 0, 0], [0, 0, 0], [0, 0, 0], 0.0), 0.0)  # upside down
+    assert c.tick(0.0).mode is Mode.DISARMED and "tumbled" in c.reason
+    with pytest.raises(ValueError, match="max_tilt_deg"):
+        SafetyConfig(max_arm_tilt_deg=40.0, max_tilt_deg=30.0)
+
+
 # ---------------------------------------------------------------------------------------------
 # Crazyflie log conversion (no radio)
 
@@ -959,20 +1028,127 @@ def test_log_packets_become_si_state():
     assert np.allclose(st.omega, [math.pi / 2, -math.pi, math.pi / 4])  # deg/s -> rad/s
 
 
-@pytest.mark.parametrize("bad, reason", [(dict(gyro_dps=(math.nan, 0, 0)), "nonfinite"),
-                                         (dict(q_xyzw=(0.0, 0.0, 0.0, 0.5)), "out_of_range")])
-def test_a_bad_onboard_estimate_is_published_and_rejected_by_the_odom_check(bad, reason):
-    """The bridge publishes every sample; the check on its odom subscription rejects a bad one."""
+class FakeClock:
+    """A ROS clock whose time (s) the test sets."""
+
+    def __init__(self, t: float = 0.0):
+        self.t = t
+
+    def now(self):
+        return type("Time", (), {"nanoseconds": int(round(self.t * 1e9))})()
+
+
+def fake_bridge(controller: SafeController, clock: FakeClock, connected: bool = True):
+    """A CrazyflieBridge without ROS or radio: its odom subscription's callback, services and
+    shutdown run on ``controller``; what it publishes as odom and sends to the vehicle is recorded."""
     from nav_msgs.msg import Odometry
 
-    pose, att = log_pair(**bad)
-    a = StateAssembler()
-    a.feed("pose", 1000, pose, 1.0)
-    st = a.feed("attitude", 1000, att, 1.0)
-    assert st is not None
-    with pytest.raises(InvalidState) as e:
-        state_from_odometry(fill_odometry(Odometry(), st, "world", "cf1"))
-    assert e.value.reason == reason
+    from deploy.crazyflie_bridge import CrazyflieBridge
+    from deploy.policy_node import Percentiles
+
+    class Commander:
+        def __init__(self):
+            self.sent = []
+
+        def send_position_setpoint(self, x, y, z, yaw):
+            self.sent.append((time.monotonic(), z))
+
+        def send_stop_setpoint(self):
+            self.sent.append((time.monotonic(), "stop"))
+
+    b = object.__new__(CrazyflieBridge)
+    b.controller, b.stale_timeout = controller, controller.cfg.stale_timeout
+    b.world_frame, b.robot, b._odom_msg = "world", "cf1", Odometry
+    b._assembler, b._lock = StateAssembler(), threading.Lock()
+    b.published = []
+    b._odom_pub = type("Pub", (), {"publish": lambda self, msg: b.published.append(msg)})()
+    b.get_clock = lambda: clock
+    b._now = lambda: clock.t
+    b.rejected, b.accepted, b._state_received_at = {}, 0, None
+    b._report_change = lambda always=False: None
+    b._tick = lambda: None
+    b.get_logger = lambda: type("Log", (), {"info": print, "warning": print, "error": print})()
+    b.get_name = lambda: "crazyflie_bridge"
+    b.latency, b.inference = Percentiles(), Percentiles()
+    b.cf = type("Crazyflie", (), {"commander": Commander(), "close_link": lambda self: None})()
+    b.connected, b._link, b.period, b._failsafe_from = connected, "test", 0.01, None
+    b.ratio, b.ground = controller.cfg.descent_thrust_ratio, controller.cfg.ground_height
+    return b
+
+
+def stream(bridge, fw_ms: int, arrival: float, **log) -> None:
+    """One firmware tick's two log blocks, received at ``arrival`` (s), then the odom they make
+    delivered to the bridge's own subscription."""
+    pose, att = log_pair(**log)
+    bridge.get_clock().t = arrival
+    n = len(bridge.published)
+    bridge._on_log(fw_ms, pose, type("Conf", (), {"name": "pose"})())
+    bridge._on_log(fw_ms, att, type("Conf", (), {"name": "attitude"})())
+    for msg in bridge.published[n:]:
+        bridge._on_odom(msg)
+
+
+@pytest.mark.parametrize("bad, reason", [(dict(gyro_dps=(math.nan, 0, 0)), "nonfinite"),
+                                         (dict(q_xyzw=(0.0, 0.0, 0.0, 0.5)), "out_of_range")])
+def test_a_bad_onboard_estimate_is_published_rejected_by_the_odom_check_and_fails_safe(bad, reason):
+    """The bridge publishes every sample; its odom subscription rejects a bad one, and the safety
+    layer fails safe at the next tick although a good sample followed it within the period."""
+    c = SafeController(FakePolicy(), SafetyConfig())
+    b = fake_bridge(c, FakeClock(100.0))
+    stream(b, 1000, 100.0)
+    assert c.arm(100.0)[0] and c.tick(100.0).mode is Mode.ARMED
+    stream(b, 1010, 100.01, **bad)
+    stream(b, 1011, 100.011)  # a good one before the tick
+    assert len(b.published) == 3 and b.rejected == {reason: 1} and b.accepted == 2
+    cmd = c.tick(100.012)
+    assert cmd.mode is Mode.FAILSAFE and cmd.reason.startswith(reason), cmd.reason
+
+
+def test_log_samples_are_stamped_when_the_firmware_took_them():
+    """A burst the radio delivers late keeps its age, so the stale check holds it back (stamped on
+    receipt, three late samples in one burst ended a failsafe in one tick); a repeated or older sample
+    is dropped; a firmware clock slower than the host's is followed."""
+    from deploy.crazyflie_bridge import FirmwareClock
+
+    c = SafeController(FakePolicy(), SafetyConfig())
+    b = fake_bridge(c, FakeClock())
+    for k in range(10):  # 10 ms apart, each 4-6 ms in transit
+        stream(b, 5000 + 10 * k, 20.0 + 0.01 * k + (0.004 if k % 2 else 0.006))
+    stamps = [stamp_seconds(m.header.stamp) for m in b.published]
+    # the quickest delivery so far sets the offset: 6 ms for the first sample, 4 ms from the second on
+    assert np.allclose(np.diff(stamps[1:]), 0.01, atol=1e-5) and stamps[-1] == pytest.approx(20.094, abs=1e-5)
+    assert c.arm(20.1)[0] and c.tick(20.1).mode is Mode.ARMED
+    assert c.tick(20.2).mode is Mode.FAILSAFE  # the link stalls for 0.3 s ...
+    for k in range(10, 13):  # ... then delivers three old samples at once
+        stream(b, 5000 + 10 * k, 20.4)
+    assert b.rejected == {"stale": 3} and c.tick(20.4).mode is Mode.FAILSAFE
+    stream(b, 5000 + 10 * 12, 20.41)  # the same sample again: dropped
+    assert b.rejected == {"stale": 3, "out_of_order": 1}
+    for k in range(40, 43):  # fresh samples again: the failsafe recovers on them
+        stream(b, 5000 + 10 * k, 20.0 + 0.01 * k + 0.005)
+        cmd = c.tick(20.0 + 0.01 * k + 0.006)
+    assert cmd.mode is Mode.ARMED and cmd.reason.startswith("recovered"), cmd.reason
+    fw = FirmwareClock()  # the firmware's crystal 50 ppm slow: an hour of samples, 5 ms in transit
+    for k in range(0, 3_600_000, 1000):
+        age = (k * 1.00005 * 1e-3 + 0.005) - fw.stamp(k, k * 1.00005 * 1e-3 + 0.005)
+    assert 0.0 <= age < 0.005
+
+
+def test_without_a_radio_link_the_bridge_refuses_to_arm_and_says_a_stop_was_not_delivered():
+    c = SafeController(FakePolicy(), SafetyConfig())
+    b = fake_bridge(c, FakeClock(), connected=False)
+    c.on_state(hover_state(), 0.0)
+    request = type("Request", (), {"data": True})()
+    response = b._on_arm(request, type("Response", (), {})())
+    assert not response.success and "no radio link" in response.message and c.mode is Mode.DISARMED
+    b.connected = True
+    assert b._on_arm(request, type("Response", (), {})()).success and c.mode is Mode.ARMED
+    b.connected, b._link = False, "link to radio://0 lost: timeout"
+    response = b._on_estop(None, type("Response", (), {})())
+    assert not response.success and "NOT delivered: no radio link (link to radio://0 lost" in response.message
+    assert c.mode is Mode.ESTOP  # the safety layer took it all the same
+    request.data = False
+    assert not b._on_arm(request, type("Response", (), {})()).success
 
 
 def test_blocks_pair_by_firmware_timestamp():
@@ -989,39 +1165,20 @@ def test_blocks_pair_by_firmware_timestamp():
 
 
 def test_stopping_the_bridge_in_flight_descends_before_the_motors_stop():
-    """Ctrl-C with the vehicle at 1 m: setpoints sink along the failsafe profile to the floor over the
-    fall time; only then does close() send the stop setpoint."""
-    import time as clock
-
-    from deploy.crazyflie_bridge import CrazyflieBridge
-
-    class Commander:
-        def __init__(self):
-            self.sent = []
-
-        def send_position_setpoint(self, x, y, z, yaw):
-            self.sent.append((clock.monotonic(), z))
-
-        def send_stop_setpoint(self):
-            self.sent.append((clock.monotonic(), "stop"))
-
-    bridge = object.__new__(CrazyflieBridge)  # no ROS node, no radio: the descent logic alone
-    bridge.controller, _ = armed_controller()
-    bridge.cf = type("Crazyflie", (), {"commander": Commander()})()
-    bridge.connected, bridge.period, bridge._failsafe_from = True, 0.01, None
-    bridge.ratio, bridge.ground = bridge.controller.cfg.descent_thrust_ratio, 0.0
-    bridge._now = clock.monotonic
-    bridge.controller.on_state(hover_state(t=clock.monotonic()), clock.monotonic())
-    bridge.descend_before_stop()
-    bridge.cf.commander.send_stop_setpoint()
-    sent = bridge.cf.commander.sent
+    """Ctrl-C with the vehicle at 1 m: close() streams setpoints that sink along the failsafe profile to
+    the floor over the fall time, and only then the stop setpoint."""
+    c, _ = armed_controller()
+    b = fake_bridge(c, FakeClock())
+    b._now = time.monotonic
+    c.on_state(hover_state(t=time.monotonic()), time.monotonic())
+    b.close()
+    sent = b.cf.commander.sent
     first_stop = next(i for i, (_, z) in enumerate(sent) if z == "stop")
     heights = [z for _, z in sent[:first_stop]]
-    fall = math.sqrt(2 * 1.0 / ((1 - bridge.ratio) * GRAVITY)) + 0.3
+    fall = math.sqrt(2 * 1.0 / ((1 - b.ratio) * GRAVITY)) + 0.3
     assert heights[0] > 0.99 and heights[-1] == 0.0 and all(a >= b for a, b in zip(heights, heights[1:]))
     assert fall - 0.05 <= sent[first_stop][0] - sent[0][0] <= fall + 0.2
-    assert all(z == "stop" for _, z in sent[first_stop:])
-    assert bridge.controller.mode is Mode.DISARMED
+    assert all(z == "stop" for _, z in sent[first_stop:]) and c.mode is Mode.DISARMED
 
 
 def test_the_bridge_publishes_the_state_in_its_world_frame_parameter():
