@@ -30,10 +30,10 @@ most 26 bytes of log data):
 Blocks sampled in the same firmware tick (timestamps within 5 ms) form one state, published as
 odom (nav_msgs/Odometry, pose world, twist body per REP 105) whatever its values, which this node's
 subscription then checks like any other state: a non-finite or implausible estimate fails safe in the
-same tick, and the recording shows it. The stamp is the time the firmware sampled it, on this node's
-clock (FirmwareClock): a packet the radio delivered late (retries under interference come in bursts)
-is as old as it is, so the safety layer's stale check holds it back; a sample no newer than the last
-one is dropped (counted in ``status`` as ``rejected``: ``out_of_order``).
+same tick, and the recording shows it. The stamp is the time the firmware sampled it (FirmwareClock,
+on a steady clock), put on this node's clock: a packet the radio delivered late (retries under
+interference come in bursts) is as old as it is, so the safety layer's stale check holds it back; a
+sample no newer than the last one is dropped (counted in ``status`` as ``rejected``: ``out_of_order``).
 The radio link's state is in ``status`` (``link``: null, or why commands cannot reach the vehicle);
 without a link, arming is refused and a disarm or emergency stop answers success = false (the safety
 layer still takes it). The bridge does not reconnect a lost link: restart it.
@@ -43,6 +43,7 @@ for recording and comparison with the onboard log (rlpolicy.a1..a4), not what th
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import threading
 import time
@@ -87,29 +88,39 @@ def state_from_log(pose: dict, attitude: dict, stamp: float) -> State:
 
 
 class FirmwareClock:
-    """The time a log sample was taken (s, this node's clock) from its firmware timestamp (ms since
-    the vehicle booted) and its arrival time: firmware time plus the smallest offset (arrival minus
-    firmware time) seen so far, that of the quickest delivery, so that a late delivery keeps its age.
-    The offset may rise by ``DRIFT`` per second of firmware time (a firmware crystal slower than the
-    host's; STM32 crystals are specified to tens of ppm), otherwise it would only ever fall."""
+    """The time a log sample was taken (s, on the steady clock its arrivals are given on) from its
+    firmware timestamp (ms since the vehicle booted, 24 bits in the log packet: it wraps after 4.66 h)
+    and its arrival: firmware time plus the smallest offset (arrival minus firmware time) seen so far,
+    that of the quickest delivery, so that a late delivery keeps its age. The offset may rise by
+    ``DRIFT`` per second of firmware time (a firmware crystal slower than the host's; STM32 crystals
+    are specified to tens of ppm), otherwise it would only ever fall. Arrivals on a steady clock: a
+    step of the system clock (NTP) would otherwise age every later sample by the step."""
 
     DRIFT = 1e-4  # s/s
+    WRAP = 1 << 24  # ms: cflib reads the log timestamp from 3 bytes
 
     def __init__(self):
         self.offset: float | None = None  # s
-        self.last_ms: int | None = None
+        self.last_raw: int | None = None  # the last sample's timestamp as sent (ms, 24 bits)
+        self.ms = 0  # the last sample's firmware time, unwrapped (ms)
 
     def stamp(self, timestamp_ms: int, arrival: float) -> float | None:
-        """The sample's time (s), or None for a sample no newer than the last (late or repeated)."""
-        if self.last_ms is not None and timestamp_ms <= self.last_ms:
-            return None
-        t = timestamp_ms * 1e-3
+        """The sample's time (s, the arrival's clock), or None for a sample no newer than the last
+        (late or repeated: up to half the wrap, 2.3 h, behind it)."""
+        if self.last_raw is None:
+            self.ms = timestamp_ms
+        else:
+            ahead = (timestamp_ms - self.last_raw) % self.WRAP
+            if ahead == 0 or ahead >= self.WRAP // 2:
+                return None
+            self.ms += ahead
+        self.last_raw = timestamp_ms
+        t = self.ms * 1e-3
         seen = arrival - t
         if self.offset is None:
             self.offset = seen
         else:
-            self.offset = min(seen, self.offset + self.DRIFT * (timestamp_ms - self.last_ms) * 1e-3)
-        self.last_ms = timestamp_ms
+            self.offset = min(seen, self.offset + self.DRIFT * ahead * 1e-3)
         return t + self.offset
 
 
@@ -124,7 +135,7 @@ class StateAssembler:
         self.dropped = 0
 
     def feed(self, block: str, timestamp_ms: int, data: dict, arrival: float) -> State | None:
-        """``arrival``: when the block was received (s, this node's clock)."""
+        """``arrival``: when the block was received (s, a steady clock); the State's stamp is on that clock."""
         if block not in LOG_BLOCKS:
             raise ValueError(f"unknown log block '{block}'")
         self.latest[block] = (timestamp_ms, data)
@@ -134,7 +145,7 @@ class StateAssembler:
         if abs(tp - ta) > PAIR_TOLERANCE_MS:
             return None
         self.latest.clear()
-        stamp = self.clock.stamp(max(tp, ta), arrival)
+        stamp = self.clock.stamp(min(tp, ta), arrival)  # the older block's time: its age is not understated
         if stamp is None:
             self.dropped += 1
             return None
@@ -169,6 +180,7 @@ class CrazyflieBridge(ControllerNode):
         self._failsafe_from: tuple[float, np.ndarray, float] | None = None
         self.connected = False
         self._link = "not connected yet"  # why commands cannot reach the vehicle
+        self._steady = time.monotonic  # the clock log arrivals are timed on (FirmwareClock)
 
         if self.uri.startswith("radio://"):
             from cflib.drivers.crazyradio import get_serials
@@ -210,13 +222,15 @@ class CrazyflieBridge(ControllerNode):
         return None if self.connected else f"no radio link ({self._link}); restart the bridge"
 
     def _on_log(self, timestamp_ms: int, data: dict, conf) -> None:
-        arrival = self.get_clock().now().nanoseconds * 1e-9
+        arrival = self._steady()
         with self._lock:
             dropped = self._assembler.dropped
             state = self._assembler.feed(conf.name, timestamp_ms, data, arrival)
             if self._assembler.dropped > dropped:
                 self.rejected["out_of_order"] = self.rejected.get("out_of_order", 0) + 1
         if state is not None:  # checked where every odom is, on the executor (ControllerNode._on_odom)
+            age = self._steady() - state.stamp  # its stamp onto this node's clock, which that check compares it with
+            state = dataclasses.replace(state, stamp=self.get_clock().now().nanoseconds * 1e-9 - age)
             self._odom_pub.publish(fill_odometry(self._odom_msg(), state, self.world_frame, self.robot))
 
     # ------------------------------------------------------------------ actuation

@@ -8,7 +8,8 @@ Publishes    rotor_cmd (std_msgs/Float32MultiArray: 4 rotor speed setpoints in r
              status (std_msgs/String, JSON: mode, reason, failsafe_count, recoveries (within the
              window), target, setpoint (what the policy flies to, null when it does not fly), latency and
              inference time percentiles in ms, accepted and rejected state counts, control ticks
-             and watchdog ticks; on every mode change and at 10 Hz)
+             and watchdog ticks, link (null, or why commands cannot reach the vehicle); on every
+             mode change and at 10 Hz)
 Services     arm (std_srvs/SetBool), emergency_stop (std_srvs/Trigger)
 Rules        deploy/safety.py. Every received state is checked (finite, plausible, header stamp
              within stale_timeout of this node's clock, pose in the world frame, twist in the body frame

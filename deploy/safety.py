@@ -185,7 +185,7 @@ class SafeController:
         self.prev_action = np.full(ACT_DIM, IDLE_ACTION)
         self._recovered_at: list[float] = []  # times (s) of the recoveries within recovery_window
         self._latest: State | None = None  # last valid state
-        self._latest_time = -math.inf  # time it was received (s, the caller's clock)
+        self._latest_time = -math.inf  # time it was sampled (s, the caller's clock: receipt minus its age)
         self._input_error: str | None = "no state received yet"
         # The first sample rejected (or outside the geofence) since the last tick: a valid state received
         # after it, before the tick, must not hide it (several states can arrive within one period).
@@ -253,11 +253,11 @@ class SafeController:
         """Why the current state must not be flown on (or a sample rejected since the last tick), or None."""
         if self._input_error is not None:
             return self._input_error
-        if self._rejected is not None:
-            return self._rejected
         age = now - self._latest_time
         if age > self.cfg.stale_timeout:
             return f"stale: last state {age * 1e3:.0f} ms old (limit {self.cfg.stale_timeout * 1e3:.0f} ms)"
+        if self._rejected is not None:
+            return self._rejected
         p = self._latest.pos
         if not self._inside(p):
             return self._fence_problem(p)
@@ -344,20 +344,23 @@ class SafeController:
             self._recovered_at = [t for t in self._recovered_at if now - t < self.cfg.recovery_window]
         # A sample rejected since the last tick counts here, once; on_state() already restarted the
         # recovery count at it, so only a problem of the current state (a stale gap) restarts it here.
-        rejected, self._rejected = self._rejected, None
-        current = self.state_problem(now)
-        if current is not None:
+        rejected = self._rejected
+        problem = self.state_problem(now)
+        self._rejected = None
+        if problem is not None and problem is not rejected:
             self._good_streak = 0
-        problem = self._input_error or rejected or current
+        # The last valid state is current (inside the fence or not): its height and attitude can be used.
+        fresh = self._input_error is None and now - self._latest_time <= self.cfg.stale_timeout
         if self.mode is Mode.DISARMED and self._auto_arm_pending and problem is None:
-            self.arm(now)
-        fresh = problem is None or problem.startswith("geofence")  # the last state is valid and current
+            armed, why = self.arm(now)
+            if not armed and "tilted" in why:  # without the angle: a status message per degree would flood /status
+                self.reason = f"auto_arm: tilted beyond {self.cfg.max_arm_tilt_deg:g} deg, arming once level"
         if self.mode in (Mode.ARMED, Mode.FAILSAFE) and fresh and self.tilt_deg() > self.cfg.max_tilt_deg:
             self.failsafe_count += 1
             self._set(Mode.DISARMED, f"tumbled: tilted {self.tilt_deg():.0f} deg (limit {self.cfg.max_tilt_deg:g} "
                                      "deg): rotors cut, re-arm to fly")
         if self.mode is Mode.FAILSAFE:
-            self._update_failsafe(problem, now)
+            self._update_failsafe(problem, now, fresh)
         if self.mode is Mode.ARMED:
             if problem is not None:
                 self._enter_failsafe(problem, now)
@@ -438,8 +441,8 @@ class SafeController:
         h, v, a = max(self.height(), 0.0), float(self._latest.vel[2]), self.descent_accel
         return (v + math.sqrt(v * v + 2.0 * a * h)) / a + SPIN_DOWN_S
 
-    def _update_failsafe(self, problem: str | None, now: float) -> None:
-        fresh_height = self.height() if problem is None or problem.startswith("geofence") else None
+    def _update_failsafe(self, problem: str | None, now: float, fresh: bool) -> None:
+        fresh_height = self.height() if fresh else None
         if fresh_height is not None and fresh_height >= self.cfg.landed_height:  # still in the air
             self._descent_end = min(max(self._descent_end, now + self._fall_time()), self._descent_cap)
         if now >= self._descent_end or (fresh_height is not None and fresh_height < self.cfg.landed_height):

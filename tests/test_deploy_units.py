@@ -995,9 +995,14 @@ def test_arming_is_refused_tilted_and_a_tumbled_vehicle_is_cut():
     cmd = c.tick(0.03)
     assert cmd.mode is Mode.DISARMED and cmd.reason.startswith("tumbled: tilted 120 deg"), cmd.reason
     assert cmd.action.tolist() == [IDLE_ACTION] * 4 and c.status()["failsafe_count"] == 1
-    c, _ = armed_controller()  # in a failsafe descent (outside the fence: fresh states) too
-    c.on_state(make_state([2.0, 0.0, 1.0], [0.0, 1.0, 0, 0], [0, 0, 0], [0, 0, 0], 0.0), 0.0)  # upside down
-    assert c.tick(0.0).mode is Mode.DISARMED and "tumbled" in c.reason
+    c, _ = armed_controller()  # in a failsafe descent too
+    assert c.tick(0.1).mode is Mode.FAILSAFE  # stale
+    c.on_state(make_state([2.0, 0.0, 1.0], [0.0, 1.0, 0, 0], [0, 0, 0], [0, 0, 0], 0.1), 0.1)  # upside down
+    assert c.tick(0.1).mode is Mode.DISARMED and "tumbled" in c.reason and c.status()["failsafe_count"] == 2
+    c, _ = armed_controller()  # ... but not on a stale state: a latched fence breach does not make it current
+    c.on_state(make_state([2.0, 0.0, 1.0], [0.0, 1.0, 0, 0], [0, 0, 0], [0, 0, 0], 0.0), 0.1, age=0.045)
+    cmd = c.tick(0.11)
+    assert cmd.mode is Mode.FAILSAFE and cmd.reason.startswith("stale"), cmd.reason
     with pytest.raises(ValueError, match="max_tilt_deg"):
         SafetyConfig(max_arm_tilt_deg=40.0, max_tilt_deg=30.0)
 
@@ -1063,7 +1068,7 @@ def fake_bridge(controller: SafeController, clock: FakeClock, connected: bool = 
     b.published = []
     b._odom_pub = type("Pub", (), {"publish": lambda self, msg: b.published.append(msg)})()
     b.get_clock = lambda: clock
-    b._now = lambda: clock.t
+    b._now = b._steady = lambda: clock.t
     b.rejected, b.accepted, b._state_received_at = {}, 0, None
     b._report_change = lambda always=False: None
     b._tick = lambda: None
@@ -1132,6 +1137,22 @@ def test_log_samples_are_stamped_when_the_firmware_took_them():
     for k in range(0, 3_600_000, 1000):
         age = (k * 1.00005 * 1e-3 + 0.005) - fw.stamp(k, k * 1.00005 * 1e-3 + 0.005)
     assert 0.0 <= age < 0.005
+    fw = FirmwareClock()  # the 24-bit timestamp wraps 4.66 h after boot: samples go on
+    wrap = FirmwareClock.WRAP
+    stamps = [fw.stamp(ms % wrap, 100.0 + 0.01 * k) for k, ms in enumerate(range(wrap - 20, wrap + 30, 10))]
+    assert None not in stamps and np.allclose(np.diff(stamps), 0.01)
+    assert fw.stamp((wrap + 10) % wrap, 100.1) is None  # an older one still is dropped
+    c = SafeController(FakePolicy(), SafetyConfig())  # a step of the system clock (NTP) ages no sample
+    clock = FakeClock(1000.0)
+    b = fake_bridge(c, clock)
+    steady = [50.0]
+    b._steady = lambda: steady[0]
+    for k in range(20):
+        if k == 10:
+            clock.t += 0.2  # the system clock steps 0.2 s ahead; the steady clock does not
+        stream(b, 10 * k, clock.t)
+        assert c.state_problem(clock.t) is None, k
+        clock.t, steady[0] = clock.t + 0.01, steady[0] + 0.01
 
 
 def test_without_a_radio_link_the_bridge_refuses_to_arm_and_says_a_stop_was_not_delivered():
@@ -1195,6 +1216,7 @@ def test_the_bridge_publishes_the_state_in_its_world_frame_parameter():
     bridge._assembler, bridge._lock = StateAssembler(), threading.Lock()
     bridge._odom_pub = type("Pub", (), {"publish": lambda self, msg: published.append(msg)})()
     bridge.get_clock = lambda: type("Clock", (), {"now": lambda self: type("T", (), {"nanoseconds": 10**9})()})()
+    bridge._steady = lambda: 1.0
     pose = {f"stateEstimate.{v}": 0.1 for v in ("x", "y", "z", "vx", "vy", "vz")}
     att = {"stateEstimate.qx": 0.0, "stateEstimate.qy": 0.0, "stateEstimate.qz": 0.0, "stateEstimate.qw": 1.0,
            "gyro.x": 0.0, "gyro.y": 0.0, "gyro.z": 0.0}
