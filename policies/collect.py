@@ -67,8 +67,17 @@ def collect(task_cfg, episodes: int, noise: float, seed: int, num_envs: int, suc
         env = get_task(task_cfg.name).env_cls(task_cfg, num_envs, seed=seed)
     except ValueError as e:  # a task value the environment refuses
         raise UserError(f"task {task_cfg.name}: {e}") from None
+    try:
+        return _collect(env, task_cfg, episodes, noise, seed, successful_only, progress)
+    finally:  # its renderers (a camera task) hold OpenGL contexts
+        env.close()
+
+
+def _collect(env, task_cfg, episodes: int, noise: float, seed: int, successful_only: bool,
+             progress: bool) -> tuple[list[dict[str, np.ndarray]], float]:
     if not hasattr(env, "expert_action"):
         raise UserError(f"task '{task_cfg.name}' has no scripted expert")
+    num_envs = env.num_envs
     obs, _ = env.reset(seed=seed)
     keys = ["obs", "critic", "action", "reward", "success", "terminal"] + (["image"] if "image" in obs else [])
     running = [{k: [] for k in keys} for _ in range(num_envs)]

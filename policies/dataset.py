@@ -68,7 +68,8 @@ class Demonstrations:
             return self
         end = int(self.episode_ends[episodes - 1])
         cut = {k: getattr(self, k)[:end] for k in REQUIRED if k != "episode_ends"}
-        meta = {**self.meta, "episodes": episodes, "successes": int(self.episode_success()[:episodes].sum())}
+        meta = {**self.meta, "episodes": episodes, "steps": end,
+                "successes": int(self.episode_success()[:episodes].sum())}
         return Demonstrations(**cut, episode_ends=self.episode_ends[:episodes].copy(), meta=meta,
                               image=None if self.image is None else self.image[:end])
 
@@ -145,8 +146,11 @@ def load(path: str | Path, task: str | None = None, obs_dim: int | None = None,
     except (OSError, ValueError, zipfile.BadZipFile, EOFError) as e:
         raise DatasetError(f"{path}/data.npz is damaged ({type(e).__name__}): re-collect the dataset") from None
     ends = arrays["episode_ends"]
-    if len(ends) == 0 or any(len(arrays[k]) != ends[-1] for k in REQUIRED if k != "episode_ends"):
-        raise DatasetError(f"{path}/data.npz: its arrays do not hold the {ends[-1] if len(ends) else 0} steps its "
+    if len(ends) == 0 or ends[0] <= 0 or (np.diff(ends) <= 0).any():
+        raise DatasetError(f"{path}/data.npz: its episode ends are not increasing step counts: re-collect the dataset")
+    per_step = [k for k in REQUIRED if k != "episode_ends"] + (["image"] if "image" in arrays else [])
+    if any(len(arrays[k]) != ends[-1] for k in per_step):
+        raise DatasetError(f"{path}/data.npz: its arrays do not hold the {ends[-1]} steps its "
                            "episode ends say: re-collect the dataset")
     demos = Demonstrations(**{k: arrays[k] for k in REQUIRED}, meta=meta, image=arrays.get("image"))
     if task is not None and meta.get("task") != task:

@@ -62,7 +62,10 @@ class DiffusionBCConfig:
     gradient_steps: int = 20_000  # training budget
     updates_per_iteration: int = 100  # gradient steps between progress updates
     eval_every_updates: int = 2_000
-    ema_decay: float = 0.995  # the evaluated/exported policy is an exponential moving average
+    # The evaluated/exported policy is an exponential moving average of the weights, with this decay
+    # once past its warm-up: update n (from 0) uses min(ema_decay, (1 + n) / (10 + n)), so that the random
+    # initial weights are gone from it within a few hundred updates, not 0.995^n (37 % after 200).
+    ema_decay: float = 0.995
 
 
 def cosine_alpha_bar(steps: int, s: float = 0.008, floor: float = 1e-4) -> torch.Tensor:
@@ -325,9 +328,10 @@ class DiffusionBC:
             loss.backward()
             self.opt.step()
             self.sched.step()
+            decay = min(c.ema_decay, (1 + self.updates) / (10 + self.updates))
             with torch.no_grad():
                 for p, pe in zip(self.model.parameters(), self.actor.parameters()):
-                    pe.lerp_(p, 1 - c.ema_decay)
+                    pe.lerp_(p, 1 - decay)
             self.updates += 1
             losses.append(loss.item())
         return {"loss": float(np.mean(losses)), "lr": self.sched.get_last_lr()[0]}
