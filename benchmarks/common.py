@@ -16,9 +16,14 @@ from policies import checkpoint as ckpt
 BENCHMARKS_MD = Path(__file__).resolve().parents[1] / "BENCHMARKS.md"
 
 
+# The load average when the benchmark started (1, 5, 15 min): what else was running on this shared
+# machine before it (the benchmark's own load comes after).
+LOAD_AT_START = os.getloadavg()
+
+
 def machine(threads: int | None = None) -> str:
-    """CPU, memory, Python and torch; ``threads``: the torch threads the measured runs used
-    (default: this process's)."""
+    """CPU, memory, Python, torch and the load average at the start; ``threads``: the torch threads the
+    measured runs used (default: this process's)."""
     cpu = "unknown CPU"
     try:
         for line in open("/proc/cpuinfo"):
@@ -30,7 +35,8 @@ def machine(threads: int | None = None) -> str:
     n = threads or torch.get_num_threads()
     mem_gb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
     return (f"{os.cpu_count()} cores ({cpu}), {mem_gb:.0f} GB RAM, no GPU, Python {platform.python_version()}, "
-            f"torch {torch.__version__} ({n} thread{'s' if n != 1 else ''})")
+            f"torch {torch.__version__} ({n} thread{'s' if n != 1 else ''}), load average at the start "
+            f"{' / '.join(f'{x:.2f}' for x in LOAD_AT_START)} (1 / 5 / 15 min)")
 
 
 def write_section(title: str, command: str, body: str, threads: int | None = None) -> None:

@@ -221,7 +221,7 @@ def plot(task: str, curves: dict, base: list[float], base_zero: list[float], ste
         ax.plot(x, ys.mean(0), color=color, lw=2, label=f"{name} (mean of {len(runs)} seeds)")
         ax.fill_between(x, ys.min(0), ys.max(0), color=color, alpha=0.2)
     ax.axhline(0.9, color="tab:red", lw=0.8, ls=":", label="target 90%")
-    ax.set(xlabel="environment steps", ylabel="success rate", ylim=(-0.02, 1.02), xlim=(0, steps), title=task)
+    ax.set(xlabel="environment steps", ylabel="success rate", ylim=(-0.02, 1.02), xlim=(0, steps * 1.02), title=task)
     ax.legend(loc="lower right", fontsize=8)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -254,8 +254,10 @@ def main() -> None:
     a = ap.parse_args()
     note = ("Success at 0 steps is the untrained steering actor, whose deterministic noise is about w = 0 "
             "(the base's most likely chunk), not the base with w ~ N(0, I); the base (w = 0) rows evaluate the base "
-            "from w = 0 on the episodes of its w ~ N(0, I) rows. "
-            f"Wall time per 1k env steps is training time without evaluations, on {a.threads} thread(s). The target "
+            "from w = 0 on the episodes of its w ~ N(0, I) rows. The base rows are one base (trained with seed 0), "
+            "their seed the evaluation episodes' (those of the DSRL runs of that seed). "
+            f"Wall time per 1k env steps is training time without evaluations (it holds the checkpoint writes), on "
+            f"{a.threads} thread(s). The target "
             "(from the issue): from a 30-50 % base to >= 90 % within 50k environment steps. Published "
             "reference: DSRL-NA on Robomimic Can from a 40 % base reaches about 65-75 % after 150-300k steps "
             "without demonstrations (Wagenmaker et al. 2025, independent reproduction).")

@@ -141,6 +141,9 @@ def observed_pick_place(episodes: int) -> str:
              "|---|---:|---:|---:|---:|---:|"]
     for label, sel in (("cube on the table", ~lifted), ("cube lifted (grasped, carried)", lifted)):
         e = errs[sel]
+        if not len(e):  # e.g. an expert that never lifted the cube in these episodes
+            lines.append(f"| {label} | 0 | 0 | - | - | - |")
+            continue
         lines.append(f"| {label} | {sel.sum()} | {seen[sel].sum()} | {e.mean():.2f} | {np.percentile(e, 95):.2f} | "
                      f"{e.max():.2f} |")
     return "\n".join(lines)
