@@ -8,6 +8,7 @@ PyTorch/onnxruntime to float rounding.
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import tempfile
@@ -53,6 +54,12 @@ def _layers(actor: nn.Module) -> list[tuple[np.ndarray, np.ndarray, str | None]]
     return out
 
 
+def contract_macro(version: str) -> str:
+    """The macro a policy.h of contract ``version`` defines: POLICY_CONTRACT_ and the version in
+    upper case, every other character than a letter or digit an underscore."""
+    return "POLICY_CONTRACT_" + re.sub(r"[^A-Z0-9]", "_", version.upper())
+
+
 def generate_c(actor: nn.Module, out_dir: Path, header_note: str = "") -> tuple[Path, Path]:
     """Write policy.h and policy.c for ``actor`` (policies.networks.Actor) into ``out_dir``."""
     layers = _layers(actor)
@@ -88,6 +95,9 @@ def generate_c(actor: nn.Module, out_dir: Path, header_note: str = "") -> tuple[
 #ifndef POLICY_H
 #define POLICY_H
 
+/* The contract, for the onboard glue to check at compile time (cf_policy_config.h). */
+#define POLICY_CONTRACT "{CONTRACT.version}"
+#define {contract_macro(CONTRACT.version)} 1
 #define POLICY_OBS_DIM {n_obs}
 #define POLICY_ACT_DIM {n_act}
 #define POLICY_PERIOD_MS {int(round(CONTRACT.policy_period_s * 1000))}

@@ -24,6 +24,7 @@ These are instructions, not cycles: flash wait states and FPU latencies of a rea
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import select
 import shutil
@@ -386,7 +387,8 @@ class McuPolicy:
         s.instructions.extend(self.instructions(int(t)) for t in ticks)
         if self.onnx is not None and (rcs == 0).any():
             ok = rcs == 0
-            s.max_abs_diff = max(s.max_abs_diff, float(np.abs(actions[ok] - self.onnx(x[ok])).max()))
+            diff = float(np.abs(actions[ok] - self.onnx(x[ok])).max())
+            s.max_abs_diff = max(s.max_abs_diff, diff if math.isfinite(diff) else math.inf)  # max() would drop a NaN
         return torch.as_tensor(actions, device=obs.device)
 
 

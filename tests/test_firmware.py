@@ -18,7 +18,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from export.c_codegen import generate_c
+from export.c_codegen import contract_macro, generate_c
 from export.onnx_policy import export_onnx
 from firmware import build, pil
 from policies import checkpoint as ckpt
@@ -113,6 +113,59 @@ def test_controller_adapter_refuses_a_policy_header_of_other_sizes(export_dir, b
     (tmp_path / "policy.h").write_text(changed)
     with pytest.raises(build.BuildError, match=message):
         build.make("adapter-check", build_dir, POLICY_DIR=tmp_path)
+
+
+@requires("arm-none-eabi-gcc")
+def test_controller_adapter_refuses_a_policy_of_another_contract(export_dir, build_dir, tmp_path):
+    """Same sizes, another contract (or an export from before contract macros): refused at compile time.
+    The glue's configuration names the contract of sim/crazyflie/contract.py."""
+    assert contract_macro(CONTRACT.version) in (REPO / "firmware/crazyflie/src/cf_policy_config.h").read_text()
+    (tmp_path / "policy.c").write_text((export_dir / "policy.c").read_text())
+    header = (export_dir / "policy.h").read_text()
+    changed = header.replace(contract_macro(CONTRACT.version), contract_macro("crazyflie-rpm-v2"))
+    assert changed != header
+    (tmp_path / "policy.h").write_text(changed)
+    with pytest.raises(build.BuildError, match="is not of contract crazyflie-rpm-v1"):
+        build.make("adapter-check", build_dir, POLICY_DIR=tmp_path)
+
+
+@requires("arm-none-eabi-gcc")
+def test_the_adapter_check_reads_the_exports_header_not_one_left_by_a_flight_build(export_dir, build_dir, tmp_path):
+    """An out-of-tree build leaves policy.h in crazyflie/src (the adapter's own directory, where a quoted
+    include looks first): adapter-check must still check POLICY_DIR's."""
+    left = REPO / "firmware/crazyflie/src/policy.h"
+    kept = left.read_bytes() if left.exists() else None
+    try:
+        left.write_text((export_dir / "policy.h").read_text().replace("#define POLICY_OBS_DIM 22",
+                                                                       "#define POLICY_OBS_DIM 23"))
+        build.make("adapter-check", build_dir, POLICY_DIR=export_dir)  # the good export passes
+        (tmp_path / "policy.c").write_text((export_dir / "policy.c").read_text())
+        (tmp_path / "policy.h").write_text((export_dir / "policy.h").read_text().replace(
+            "#define POLICY_ACT_DIM 4", "#define POLICY_ACT_DIM 3"))
+        left.write_text((export_dir / "policy.h").read_text())
+        with pytest.raises(build.BuildError, match="action size"):  # a bad export fails beside a good stale header
+            build.make("adapter-check", build_dir, POLICY_DIR=tmp_path)
+    finally:
+        if kept is None:
+            left.unlink(missing_ok=True)
+        else:
+            left.write_bytes(kept)
+
+
+@requires("arm-none-eabi-gcc", "arm-none-eabi-size")
+def test_a_build_from_another_export_rebuilds_even_from_older_files(export_dir, build_dir, tmp_path):
+    """make compares times only: an export whose files are older than the objects (the shipped one after
+    a newer run's) would otherwise leave the previous policy in the build."""
+    d = build_dir / "rebuild"
+    build.cross_sizes(export_dir, d)
+    first = (d / "arm" / "policy.o").read_bytes()
+    other = export_actor(random_actor(seed=1), tmp_path / "other", "another random actor")
+    for f in ("policy.c", "policy.h"):
+        os.utime(other / f, (0, 0))  # 1970
+    build.cross_sizes(other, d)
+    assert (d / "arm" / "policy.o").read_bytes() != first
+    build.cross_sizes(other, d)  # unchanged content: nothing rebuilt
+    assert (d / "arm" / "policy.o").read_bytes() != first
 
 
 @requires("arm-none-eabi-gcc", "arm-none-eabi-size")

@@ -13,6 +13,11 @@
 #ifndef POLICY_H
 #error "include the export's policy.h before cf_policy_config.h"
 #endif
+/* The observation and action this glue builds and applies: contract crazyflie-rpm-v1 (sim/crazyflie/
+ * contract.py). A policy of another contract can have the same sizes and still mean other things. */
+#ifndef POLICY_CONTRACT_CRAZYFLIE_RPM_V1
+#error "policy.h is not of contract crazyflie-rpm-v1 (or predates contract macros): re-export it"
+#endif
 
 static inline cfp_config_t cfp_vehicle_config(float thrust_max)
 {
