@@ -162,12 +162,42 @@ def test_pybullet_without_gyroscopic_torque_is_exact_to_rounding(make):
 
 @pytest.mark.parametrize("cls", [TorchBackend, MujocoBackend, PybulletBackend])
 def test_set_state_subset_leaves_other_envs(cls, make):
+    """Resetting environment 1 in flight leaves environment 0 where it is and on the trajectory it flies
+    without the reset (PyBullet's reset path re-staggers and averages only the reset body)."""
     backend = make(cls, 2)
     before = backend.state.clone()
     state = initial_state(1)
     backend.set_state(torch.tensor([1]), state, vehicles(2))
     assert torch.equal(backend.state[0], before[0])
     torch.testing.assert_close(backend.state[1], state[0], atol=1e-6, rtol=1e-6)
+    flown, alone = make(cls, 2), make(cls, 2)
+    for b in (flown, alone):
+        b.set_state(torch.arange(2), initial_state(2), vehicles(2))
+    for k in range(STEPS):
+        if k == 30:
+            restart = initial_state(1)
+            restart[:, POS] = torch.tensor((0.5, 0.5, 0.5))
+            flown.set_state(torch.tensor([1]), restart, vehicles(2))
+            torch.testing.assert_close(flown.state[1], restart[0], atol=1e-6, rtol=1e-6)
+        a, b = flown.step(*inputs(k, 2))[0], alone.step(*inputs(k, 2))[0]
+        torch.testing.assert_close(a, b, atol=0.0, rtol=0.0, msg=f"environment 0 at step {k}")
+
+
+@pytest.mark.parametrize("cls", [TorchBackend, MujocoBackend, PybulletBackend])
+def test_a_fast_spin_is_not_capped(cls, make):
+    """A vehicle spinning at 150 rad/s about a principal axis (a tumble; PyBullet's default cap was
+    100 rad/s and 100 m/s) keeps its rate and a fast fall its speed, with the rotors stopped."""
+    backend = make(cls, 1)
+    s = initial_state(1)
+    s[:, QUAT], s[:, OMEGA], s[:, VEL], s[:, RPM] = torch.tensor((1.0, 0.0, 0.0, 0.0)), torch.tensor((150.0, 0, 0)), \
+        torch.tensor((0.0, 0.0, -120.0)), 0.0
+    s[:, POS] = torch.tensor((0.0, 0.0, 1000.0))
+    backend.set_state(torch.arange(1), s, VehicleBatch.nominal(1, NOMINAL))
+    zero = torch.zeros(1, 3)
+    for _ in range(3):
+        state = backend.step(torch.zeros(1, 4), zero, zero)
+    assert state[0, OMEGA][0].item() == pytest.approx(150.0, rel=1e-3), state[0, OMEGA]
+    assert state[0, VEL][2].item() == pytest.approx(-120.0 - 9.81 * 0.03, rel=1e-3), state[0, VEL]
 
 
 def hover(backend, pos: list, vel=(0.0, 0.0, 0.0), steps: int = 20) -> torch.Tensor:

@@ -125,9 +125,10 @@ class PybulletBackend:
             os.unlink(f.name)
         for b in self._bodies:
             p.setCollisionFilterGroupMask(b, -1, 0, 0, physicsClientId=self._client)
-            # PyBullet damps velocities by default and lets resting bodies sleep: neither is physics.
+            # PyBullet damps velocities by default, lets resting bodies sleep and caps every velocity
+            # component at 100 (m/s, rad/s; a tumbling Crazyflie passes 100 rad/s in ~0.2 s): none is physics.
             p.changeDynamics(
-                b, -1, linearDamping=0.0, angularDamping=0.0,
+                b, -1, linearDamping=0.0, angularDamping=0.0, maxJointVelocity=1e4,
                 activationState=p.ACTIVATION_STATE_DISABLE_SLEEPING, physicsClientId=self._client,
             )
         self._hubs = np.array([(x, y, 0.0) for x, y in params.rotor_xy])  # body frame, m
