@@ -111,7 +111,9 @@ class PPO:
             next_value = last_value if t == T - 1 else batch["value"][t + 1]
             not_done = 1.0 - batch["done"][t].float()
             delta = batch["reward"][t] + c.gamma * next_value * not_done - batch["value"][t]
-            gae = delta + c.gamma * c.gae_lambda * not_done * gae
+            # A step into a non-finite state is left out of the loss, and out of the steps before it: they
+            # bootstrap from V of its (finite) start instead of reading it as an end paying 0 (as DSRL cuts there).
+            gae = (delta + c.gamma * c.gae_lambda * not_done * gae) * batch["valid"][t]
             adv[t] = gae
         batch["adv"] = adv
         batch["ret"] = adv + batch["value"]

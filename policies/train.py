@@ -148,9 +148,9 @@ def save_config(cfg: DictConfig, run_dir: Path) -> None:
     os.replace(tmp, path)
 
 
-def run(cfg: DictConfig, run_dir: Path, resume_state: dict | None, t_start: float) -> dict:
+def run(cfg: DictConfig, run_dir: Path, resume_state: dict | None, t_start: float, lock=None) -> dict:
     """Train until the budget ends or a confirmed pass; ``t_start`` (s since the epoch) is what
-    the time to success counts from."""
+    the time to success counts from; ``lock``: the run directory's lock if the caller holds it already."""
     task_cfg, algo_cfg = to_objects(cfg)
     device = torch.device(cfg.device)
     torch.set_num_threads(cfg.threads)
@@ -171,7 +171,7 @@ def run(cfg: DictConfig, run_dir: Path, resume_state: dict | None, t_start: floa
         run_dir.mkdir(parents=True, exist_ok=True)
     except OSError as e:  # a file there, no permission, a read-only file system
         raise UserError(f"run_dir={run_dir}: cannot make that directory ({e.strerror})") from None
-    with lock_run_dir(run_dir):  # held until this function ends, however it ends
+    with lock if lock is not None else lock_run_dir(run_dir):  # held until this function ends, however it ends
         if resume_state is None:
             save_config(cfg, run_dir)
 
@@ -196,8 +196,9 @@ def run(cfg: DictConfig, run_dir: Path, resume_state: dict | None, t_start: floa
             tr = {"passed": False, **resume_state["trainer"]}  # checkpoints of older revisions lack "passed"
             save_config(cfg, run_dir)  # the budgets it resumes with, for the next resume of it
             ckpt.settle_best(run_dir, tr["evals"], steps_key)
-            if tr["evals"] and tr.get("eval_every", eval_every) != eval_every:  # a new interval, from the last evaluation on
-                tr["next_eval"] = tr["evals"][-1][steps_key] + eval_every
+            if tr.get("eval_every", eval_every) != eval_every:  # a new interval: from the last evaluation on, or
+                tr["next_eval"] = (tr["evals"][-1][steps_key] + eval_every if tr["evals"]  # its grid from 0 past here
+                                   else (tr["env_steps"] // eval_every + 1) * eval_every)
             while tr["evals"] and tr["next_eval"] - eval_every > tr["evals"][-1][steps_key]:
                 tr["next_eval"] -= eval_every  # moved on by a budget's end evaluation (checkpoints of older revisions)
             print(f"resuming {run_dir} at {tr['env_steps']:,} {unit}s ({tr['seconds']:.1f} s of training, "
@@ -210,8 +211,10 @@ def run(cfg: DictConfig, run_dir: Path, resume_state: dict | None, t_start: floa
             revisions.append(rev)
         latest = run_dir.parent.parent / "latest" if run_dir.parent.parent.name == "runs" else None
         if latest is not None:  # runs/latest -> this run (once a resume has loaded), for the README's commands
-            latest.unlink(missing_ok=True)
-            latest.symlink_to(run_dir.resolve(), target_is_directory=True)
+            link = latest.with_name(f".latest.{os.getpid()}")  # replaced in one step: runs starting together
+            link.unlink(missing_ok=True)
+            link.symlink_to(run_dir.resolve(), target_is_directory=True)
+            os.replace(link, latest)
         # A resumed run drops the events logged after its checkpoint (they are logged again); every event's
         # step is in env steps (gradient steps offline), those up to the checkpoint's stay.
         writer = SummaryWriter(str(run_dir / "tb"), purge_step=tr["env_steps"] + 1 if resume_state is not None else None)
@@ -356,16 +359,27 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if help_requested(argv, train_usage()):
         return 0
+    lock = None
     try:
+        # A resume locks its run before it reads the checkpoint: a process still writing there (or being
+        # killed) would otherwise hand it an older last.pt, and the resumed run would train over newer progress.
+        resume = next((Path(a.split("=", 1)[1]) for a in argv if a.startswith("resume=")), None)
+        if resume is not None and (resume / "config.yaml").is_file():
+            lock = lock_run_dir(resume)
         cfg, run_dir, state = prepare(argv)
     except UserError as e:
+        if lock is not None:
+            lock.close()
         print(f"error: {e}", file=sys.stderr)
         return 2
     try:
-        res = run(cfg, run_dir, state, t_start)
+        res = run(cfg, run_dir, state, t_start, lock)
     except UserError as e:  # e.g. a missing dataset or base policy, found when the algorithm starts
         print(f"error: {e}", file=sys.stderr)
         return 2
+    finally:
+        if lock is not None:
+            lock.close()
     passed = res["passed"]  # a pass confirmed on new episodes, not merely the best evaluation
     steps = f"{res['gradient_steps']:,} gradient steps" if "gradient_steps" in res else f"{res['env_steps']:,} env steps"
     last = f", the last evaluation {res['evals'][-1]['success_rate'] * 100:.1f}%" if res["evals"] else ""

@@ -604,6 +604,16 @@ def test_resume_takes_a_new_eval_interval_and_evaluates_a_run_never_evaluated(tm
     assert res.returncode == 0, res.stderr
     evals = json.loads((run / "results.json").read_text())["evals"]
     assert [e["env_steps"] for e in evals] == [1024, 2048, 3072], "the new interval counts from the last evaluation"
+    # Killed before its first evaluation and resumed with another interval: the new grid, from 0.
+    fresh = tmp_path / "fresh"
+    assert train_main([*TINY, f"run_dir={fresh}", "max_env_steps=1024", "eval_every_steps=100000000"]) == 0
+    state = torch.load(fresh / ckpt.LAST, weights_only=False)
+    state["trainer"]["evals"], state["trainer"]["best_success"] = [], -1.0  # as if killed before its budget's end
+    ckpt.save_atomic(state, fresh / ckpt.LAST)
+    (fresh / ckpt.BEST).unlink()
+    assert train_main([f"resume={fresh}", "max_env_steps=3072", "eval_every_steps=1024", "progress=false"]) == 0
+    evals = json.loads((fresh / "results.json").read_text())["evals"]
+    assert [e["env_steps"] for e in evals] == [2048, 3072], "the grid of the new interval, from 0"
     # Killed before its first evaluation, resumed with its budget spent: it is evaluated, once.
     state = torch.load(run / ckpt.LAST, weights_only=False)
     state["trainer"]["evals"], state["trainer"]["best_success"] = [], -1.0
@@ -720,6 +730,14 @@ def test_a_run_directory_in_use_is_refused(tmp_path):
     assert res.returncode == 2 and "is in use by another policies.train process" in res.stderr, res.stderr
     assert not (run / "config.yaml").exists()
     assert train_main([*TINY, f"run_dir={run}", "max_env_steps=1024"]) == 0  # free again
+    # A resume takes the lock before it reads the checkpoint (one being written by the run that holds it):
+    # a damaged last.pt is not even read while the lock is held.
+    good = (run / ckpt.LAST).read_bytes()
+    (run / ckpt.LAST).write_bytes(good[:100])
+    with open(run / ".lock", "a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        res = _run_cli(f"resume={run}", "max_env_steps=2048")
+    assert res.returncode == 2 and "is in use by another policies.train process" in res.stderr, res.stderr
 
 
 def test_resuming_a_finished_run_trains_nothing(tmp_path):
@@ -882,6 +900,31 @@ def test_ppo_bootstraps_a_time_out_only_where_the_task_does_not_end_the_return()
         expected = torch.zeros(3, 4)
         expected[2] = ppo.cfg.gamma * 1000.0 if expect_bootstrap else 0.0
         torch.testing.assert_close(added, expected, msg=type(env).__name__)
+
+
+def test_ppo_steps_before_a_non_finite_state_bootstrap_from_its_start():
+    """A step into a non-finite state is masked out of the loss, and its zeroed reward and 'done' do not
+    reach the steps before it: they bootstrap from V of that step's (finite) start, as if the trace
+    were cut there, instead of reading it as an episode end paying 0."""
+    env = QuadHoverEnv(QuadTaskConfig(), 2)
+    ppo = PPO(PPOConfig(num_envs=2, horizon=3, minibatches=1, epochs=1, compile=False), env, torch.device("cpu"), 0)
+    ppo.value = lambda critic_obs: torch.full(critic_obs.shape[:1], 10.0)
+    step, k = env.step, [0]
+
+    def poisoned_step(action):
+        k[0] += 1
+        if k[0] == 2:  # env 1's second step diverges
+            action = action.clone()
+            action[1] = float("nan")
+        return step(action)
+
+    env.step = poisoned_step
+    batch = ppo.rollout()
+    valid, adv, reward = (batch[key].view(3, 2) for key in ("valid", "adv", "reward"))
+    assert valid[:, 0].all() and valid[:, 1].tolist() == [True, False, True]
+    assert adv[1, 1] == 0.0
+    g = ppo.cfg.gamma
+    torch.testing.assert_close(adv[0, 1], reward[0, 1] + g * 10.0 - 10.0)  # one-step TD from the start of step 1
 
 
 def test_ppo_refuses_more_minibatches_than_transitions_and_norms_ignore_empty_batches():
