@@ -136,7 +136,9 @@ class SteeredDiffusionPolicy(nn.Module):
                 x = nn.functional.linear(x, layer.weight.double(), layer.bias.double())
             else:
                 x = layer(x)
-        return (self.noise_bound * torch.tanh(x[..., : self.latent.act_dim])).float()
+        # float32 (the shared rounding of w), then the caller's type: a float64 copy (the export's exact
+        # reference) runs its base in float64, which a U-Net's convolutions require.
+        return (self.noise_bound * torch.tanh(x[..., : self.latent.act_dim])).float().to(obs.dtype)
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         return self.base(obs, self.noise(obs))

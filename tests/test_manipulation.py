@@ -677,6 +677,22 @@ def test_unet_base_trains_and_exports(demos, tmp_path):
     with torch.no_grad():
         ref = policy(torch.as_tensor(obs), torch.as_tensor(w)).numpy()
     assert np.abs(onnx(obs, w) - ref).max() < 3e-4 and np.abs(ref).max() > 0.1
+    # Steered by a DSRL actor (random here): the export's float64 reference runs the U-Net in float64 too
+    # (a float32 noise into it raised "Input type (float) and bias type (double) should be the same").
+    from export.onnx_policy import export_onnx
+    from policies.dsrl import SteeredDiffusionPolicy
+
+    latent = dict(obs_dim=policy.spec["obs_dim"], act_dim=policy.latent_dim, hidden=[32, 32], activation="relu",
+                  init_action=0.0)
+    steered = SteeredDiffusionPolicy(policy.spec, latent, noise_bound=1.5)
+    steered.base.load_state_dict(policy.state_dict())
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for p in steered.latent.net.parameters():
+            p.normal_(0.0, 0.1)
+    export_onnx(steered.eval(), tmp_path / "steered.onnx", {"task": "arm_push"}, ARM)
+    res = parity(steered, OnnxPolicy(tmp_path / "steered.onnx", ARM), obs[:500])
+    assert res["ok"] and res["torch_error"] > 1e-6, res
     assert onnx.metadata["exec_horizon"] == "4" and onnx.metadata["policy_class"] == "DiffusionPolicy"
     r = cli("policies.train", "task=arm_push", "algo=diffusion_bc", f"dataset={demos}", "algo.denoiser=unet",
             "algo.unet_levels=4", f"run_dir={tmp_path / 'bad'}", *FAST)
