@@ -47,26 +47,39 @@ class GlueAdapter:
         self.mcu, self.latest, self.pil = mcu, latest, pil
         self.now_ms = 0
         self.engaged = False  # the glue was last told to fly (not stopped)
+        self.failed: str | None = None  # why the MCU no longer answers (dead, hung, garbled): never asked again
+
+    def _exchange(self, *args, **kwargs):
+        """One glue step on the MCU; the first failure (an exception, a timeout) is kept and every later
+        call refused at once, so that a hung MCU costs one timeout, not one per control period."""
+        if self.failed is not None:
+            raise RuntimeError(f"the MCU failed earlier: {self.failed}")
+        try:
+            return self.mcu.glue_step(*args, **kwargs)
+        except Exception as e:
+            self.failed = f"{type(e).__name__}: {e}"[:200]
+            raise
 
     def __call__(self, obs: np.ndarray) -> np.ndarray:
         pil, st = self.pil, self.latest()
         self.now_ms += self.PERIOD_MS
-        out = self.mcu.glue_step(st.pos, st.quat, st.vel, np.degrees(st.omega), st.pos - obs[0:3],
-                                 st.vel - obs[12:15], self.now_ms, self.now_ms)
-        self.engaged = True
+        self.engaged = True  # before the exchange: one that times out may still have reached the MCU
+        out = self._exchange(st.pos, st.quat, st.vel, np.degrees(st.omega), st.pos - obs[0:3], st.vel - obs[12:15],
+                             self.now_ms, self.now_ms)
         if pil.GLUE_MODES[out.mode] != "policy":
             raise RuntimeError(f"the onboard controller on the MCU is in mode {pil.GLUE_MODES[out.mode]} "
                                f"(fault: {pil.GLUE_FAULTS[out.fault]}, policy_step returned {out.rc})")
         return pil.force_to_action(out.force, self.mcu.boot.thrust_max)
 
     def stop(self) -> None:
-        """The stop setpoint (motors off; clears a latched fault), once after the glue was flying."""
-        if self.engaged:
+        """The stop setpoint (motors off; clears a latched fault), once after the glue was flying; nothing
+        to a failed MCU."""
+        if self.engaged and self.failed is None:
+            self.engaged = False  # before the exchange: a failing one is not retried every period
             self.now_ms += self.PERIOD_MS
             zeros = np.zeros(3)
-            self.mcu.glue_step(zeros, (1.0, 0.0, 0.0, 0.0), zeros, zeros, zeros, zeros, self.now_ms, self.now_ms,
-                               setpoint_kind=self.pil.SETPOINT_STOP)
-            self.engaged = False
+            self._exchange(zeros, (1.0, 0.0, 0.0, 0.0), zeros, zeros, zeros, zeros, self.now_ms, self.now_ms,
+                           setpoint_kind=self.pil.SETPOINT_STOP)
 
 
 class FirmwareBridge(ControllerNode):

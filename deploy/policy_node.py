@@ -152,6 +152,7 @@ class ControllerNode(Node):
         self._ticks = 0
         self.watchdog_ticks = 0  # ticks forced by the steady clock because /clock stopped
         self._last = ("", "")
+        self._actuate_error = ""  # the last actuation failure logged (each kind once in a row)
         self._clock_seen_wall: float | None = None  # when /clock last drove a tick (sim time)
         steady = Clock(clock_type=ClockType.STEADY_TIME)
         self.use_sim_time = bool(self.get_parameter("use_sim_time").value)
@@ -266,7 +267,13 @@ class ControllerNode(Node):
         received = self._state_received_at
         cmd = self.controller.tick(now)
         self.cmd_pub.publish(rotor_command_msg(self._to_rpm(cmd.action)))
-        self.actuate(cmd, now)
+        try:
+            self.actuate(cmd, now)
+        except Exception as e:  # hardware output failing (a dead MCU, a radio error) must not stop the ticks
+            kind = f"{type(e).__name__}: {e}"[:200]
+            if kind != self._actuate_error:
+                self.get_logger().error(f"actuation failed: {kind}")
+            self._actuate_error = kind
         if received is not None:
             if cmd.mode is Mode.ARMED:
                 self.latency.add(time.perf_counter() - received)

@@ -232,8 +232,12 @@ class McuPolicy:
         self.stats = PilStats()
         self._seq = 0
         self._stderr = tempfile.TemporaryFile()  # semihosting console; a file never blocks QEMU
-        self.proc = subprocess.Popen(qemu_command(self.elf), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=self._stderr)
+        # QEMU outlives closed pipes: killed with its parent however that dies (kill -9, a crash), through
+        # util-linux's setpriv (PR_SET_PDEATHSIG before exec; a preexec_fn is unsafe in a threaded ROS node).
+        setpriv = shutil.which("setpriv")
+        die_with_parent = [setpriv, "--pdeathsig", "KILL", "--"] if setpriv else []
+        self.proc = subprocess.Popen([*die_with_parent, *qemu_command(self.elf)], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=self._stderr)
         self._finalizer = weakref.finalize(self, _stop, self.proc)
         self._reader = FrameReader(self.proc.stdout.fileno())
         try:

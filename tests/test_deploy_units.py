@@ -1254,6 +1254,47 @@ def test_the_bridge_streams_the_safety_layers_setpoint_to_the_onboard_policy():
     assert np.allclose(sent[0], start) and 0.0 < sent[1][2] < 1.0 and np.allclose(sent[-1], TARGET)
 
 
+def test_a_failed_mcu_is_asked_once_and_the_ticks_go_on():
+    """firmware_bridge: the first failed exchange with the emulated MCU (dead or hung QEMU) is kept, and
+    every later policy call and stop is refused without asking it again (a hung one cost its 1 s timeout
+    in every control period, and a stop that kept failing raised at every tick). An actuation that raises
+    does not stop the node's ticks: the command and the status still go out."""
+    from deploy.firmware_bridge import GlueAdapter
+    from deploy.policy_node import ControllerNode, Percentiles
+
+    class DeadMcu:
+        calls = 0
+
+        def glue_step(self, *args, **kwargs):
+            DeadMcu.calls += 1
+            raise TimeoutError("no answer from the MCU within 1.0 s")
+
+    glue = GlueAdapter(DeadMcu(), lambda: hover_state())
+    obs = observation(hover_state(), TARGET, np.zeros(4, np.float32))
+    with pytest.raises(TimeoutError):
+        glue(obs)
+    assert glue.engaged and DeadMcu.calls == 1
+    for _ in range(3):
+        with pytest.raises(RuntimeError, match="the MCU failed earlier: TimeoutError"):
+            glue(obs)
+        glue.stop()
+    assert DeadMcu.calls == 1
+    c, _ = armed_controller()
+    node = object.__new__(ControllerNode)
+    published, statuses, errors = [], [], []
+    node.controller, node._to_rpm, node._now = c, lambda a: a, lambda: 0.0
+    node.cmd_pub = type("Pub", (), {"publish": lambda self, m: published.append(m)})()
+    node._state_received_at, node._ticks, node._last, node._actuate_error = None, 0, ("", ""), ""
+    node.latency = Percentiles()
+    node._publish_status = lambda cmd: statuses.append(cmd.mode)
+    node.get_logger = lambda: type("Log", (), {"error": lambda self, m: errors.append(m)})()
+    node.actuate = lambda cmd, now: glue.stop() or glue(obs)
+    for _ in range(3):
+        node._tick()
+    assert len(published) == 3 and node._ticks == 3 and statuses
+    assert len(errors) == 1 and "the MCU failed earlier" in errors[0], errors
+
+
 def test_descent_setpoint_follows_the_simulated_failsafe():
     assert descent_setpoint(1.0, 0.0, 0.9, 0.0) == 1.0
     assert descent_setpoint(1.0, 1.0, 0.9, 0.0) == pytest.approx(1.0 - 0.05 * GRAVITY)

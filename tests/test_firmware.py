@@ -182,6 +182,38 @@ def test_missing_export_is_a_clear_error(tmp_path):
 
 
 # ---------------------------------------------------------------------- emulated MCU
+def _running(pid: int) -> bool:
+    """Whether process ``pid`` exists and is not a zombie (an orphan killed in a container whose init
+    does not reap it stays one)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
+@requires("qemu-system-arm", "arm-none-eabi-gcc", "setpriv")
+def test_qemu_dies_with_the_process_that_started_it(export_dir, build_dir):
+    """QEMU outlives its closed pipes: a firmware_bridge killed with SIGKILL (or crashing) left it running."""
+    import subprocess
+    import sys
+    import time
+
+    code = ("import time; from firmware import pil; "
+            f"m = pil.McuPolicy({str(export_dir)!r}, {str(build_dir / 'pil')!r}, compare_onnx=False); "
+            "print(m.proc.pid, flush=True); time.sleep(60)")
+    child = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, stdout=subprocess.PIPE, text=True)
+    try:
+        qemu = int(child.stdout.readline())
+        assert _running(qemu)
+    finally:
+        child.kill()
+        child.wait()
+    deadline = time.monotonic() + 5.0
+    while _running(qemu) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _running(qemu), f"QEMU (pid {qemu}) outlived its parent"
+
+
 def test_mcu_boots_and_passes_the_self_test(mcu):
     assert mcu.boot.self_test_rc == 0
     assert "self-test passed" in mcu.console()
