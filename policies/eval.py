@@ -16,13 +16,13 @@ actor starts, instead of the base policy's own w ~ N(0, I) (``normal``, the defa
 to files ending in ``_w0``. Another number of ``episodes`` than the default 100 adds ``_episodes<N>``
 and an evaluation ``seed`` other than the default 12345 adds ``_seed<N>`` to the file names, so
 evaluations of other episodes sit beside the default one; every result records its seed.
-``effects=`` (PyBullet's optional aerodynamics instead of the run's) writes ``eval_pybullet_effects*``,
-which lists them.
+``effects=`` (PyBullet's optional aerodynamics instead of the run's) writes ``eval_pybullet_effects-<names>*``
+(e.g. ``_effects-ground_effect+drag``), which lists them.
 
 ``task.<field>=value`` evaluates under another setting of the run's task config (e.g.
-``task.randomization.max_latency_steps=2``); the results then go to ``eval_<...>_overrides.json``
-(and .png, .gif; ``..._overrides_w0.json`` with ``base_noise=zero``), which lists the overrides under
-``task_overrides``. Quadrotor tasks: the hover
+``task.randomization.max_latency_steps=2``); the results then go to ``eval_<...>_overrides-<digest>.json``
+(8 hex digits of the sorted overrides, so that other overrides write other files; and .png, .gif;
+``..._w0.json`` with ``base_noise=zero``), which lists the overrides under ``task_overrides``. Quadrotor tasks: the hover
 criterion's conditions (initial states, randomization, noise) are the task's defaults whatever the
 run trained with; these overrides change them too, so the result is a judge by the criterion's
 bounds under those conditions, no longer the criterion (its termination distance and episode
@@ -31,6 +31,7 @@ length stay fixed and cannot be overridden). The task itself (``task.name``) is 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import sys
@@ -122,10 +123,11 @@ def evaluated_as(opts: dict) -> tuple[str, dict]:
     defaults, so that other seeds or settings sit beside the default evaluation instead of over it) and
     the fields the result records (the evaluation seed always: the initial states and randomization drawn)."""
     suffix, fields = "", {"seed": opts["seed"]}
-    if opts["task_overrides"]:
-        suffix, fields["task_overrides"] = suffix + "_overrides", opts["task_overrides"]
+    if opts["task_overrides"]:  # which ones, by a digest: two evaluations under other overrides keep both files
+        digest = hashlib.sha1(" ".join(sorted(opts["task_overrides"])).encode()).hexdigest()[:8]
+        suffix, fields["task_overrides"] = suffix + f"_overrides-{digest}", opts["task_overrides"]
     if opts["effects"] is not None:
-        suffix, fields["pybullet_effects"] = suffix + "_effects", opts["effects"]
+        suffix, fields["pybullet_effects"] = suffix + "_effects-" + ("+".join(opts["effects"]) or "none"), opts["effects"]
     if opts["base_noise"] == "zero":
         suffix, fields["base_noise"] = suffix + "_w0", "zero"
     if opts["episodes"] != DEFAULTS["episodes"]:  # e.g. a few episodes for a video
@@ -235,7 +237,8 @@ def main(argv: list[str] | None = None) -> int:
                                on_episode_end=end_cb)
         print(res.summary())
         name = ("eval_mujoco_perception" if task_cfg.obs_source == "perception" else "eval_mujoco") + suffix
-        (run_dir / f"{name}.json").write_text(json.dumps({**res.as_dict(), **recorded}, indent=2))
+        record = {**res.as_dict(), **recorded, "obs_source": task_cfg.obs_source}
+        (run_dir / f"{name}.json").write_text(json.dumps(record, indent=2))
         if frames:
             save_gif(frames, run_dir / f"{name}.gif", spec.contract.policy_period_s)
         return 0

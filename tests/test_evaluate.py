@@ -77,7 +77,7 @@ def test_eval_results_of_other_episodes_or_effects_go_beside_the_default(tmp_pat
     main([*common, "effects=drag"])
     assert json.loads((run / "eval_pybullet_episodes4_seed3.json").read_text())["seed"] == 3
     assert (run / "eval_pybullet_episodes4_seed3_error.png").is_file()
-    assert json.loads((run / "eval_pybullet_effects_episodes4.json").read_text())["pybullet_effects"] == ["drag"]
+    assert json.loads((run / "eval_pybullet_effects-drag_episodes4.json").read_text())["pybullet_effects"] == ["drag"]
     assert (run / "eval_pybullet_episodes4.json").read_text() == default
     main([str(run), "backend=pybullet", "plot=false"])  # the default evaluation: 100 episodes
     full = (run / "eval_pybullet.json").read_text()
@@ -107,7 +107,9 @@ def test_eval_judges_under_the_conditions_its_task_overrides_give(tmp_path):
     r = subprocess.run([sys.executable, "-m", "policies.eval", str(run), "episodes=20", "plot=false", *quiet],
                        cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0 and "not the hover criterion's conditions" in r.stderr, r.stdout + r.stderr
-    result = json.loads((run / "eval_torch_overrides_episodes20.json").read_text())
+    written = list(run.glob("eval_torch_overrides-*_episodes20.json"))
+    assert len(written) == 1, written
+    result = json.loads(written[0].read_text())
     assert result["task_overrides"] == quiet
     assert result["mean_final_error_m"] == pytest.approx(judged.mean_final_error, rel=1e-3)
     assert not (run / "eval_torch_episodes20.json").exists(), "the criterion's own result file is left alone"

@@ -765,7 +765,9 @@ def test_eval_runs_a_state_policy_from_the_perceived_cube(base_run, run_dir):
     meaning (a quadrotor run) and for an unknown source, in one line."""
     r = cli("policies.eval", str(base_run), "episodes=2", "obs_source=perception")
     assert r.returncode == 0 and "success" in r.stdout, r.stdout + r.stderr
-    assert (base_run / "eval_mujoco_perception_episodes2.json").is_file()
+    import json
+
+    assert json.loads((base_run / "eval_mujoco_perception_episodes2.json").read_text())["obs_source"] == "perception"
     r = cli("policies.eval", str(base_run), "episodes=2", "obs_source=camera")
     assert r.returncode == 2 and "obs_source='camera': expected state or perception" in r.stderr
     assert "Traceback" not in r.stderr
@@ -828,8 +830,12 @@ def test_eval_under_task_overrides(base_run):
     assert cfg.noise.object_seen_by_camera is False and cfg.randomization.max_latency_steps == 0  # a copy
     r = cli("policies.eval", str(base_run), "episodes=2", "task.noise.object_seen_by_camera=true")
     assert r.returncode == 0 and "success" in r.stdout, r.stdout + r.stderr
-    result = json.loads((base_run / "eval_mujoco_overrides_episodes2.json").read_text())
-    assert result["task_overrides"] == ["task.noise.object_seen_by_camera=true"]
+    r = cli("policies.eval", str(base_run), "episodes=2", "task.randomization.max_latency_steps=1")
+    assert r.returncode == 0, r.stdout + r.stderr
+    written = {tuple(json.loads(f.read_text())["task_overrides"])
+               for f in base_run.glob("eval_mujoco_overrides-*_episodes2.json")}
+    assert written == {("task.noise.object_seen_by_camera=true",), ("task.randomization.max_latency_steps=1",)}, \
+        "evaluations under other overrides write files of their own"
     for bad, says in (("task.noise.nope=1", ("override 'task.noise.nope=1'", "Key 'nope' not in 'NoiseConfig'")),
                       ("task.randomization.max_latency_steps=two",
                        ("override 'task.randomization.max_latency_steps=two'", "could not be converted to Integer")),
