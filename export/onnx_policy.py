@@ -98,6 +98,18 @@ class OnnxPolicy:
         self.obs_size = contract.obs_size
         if out[0].shape[-1] != contract.action_size:
             raise ContractError(f"{path}: expected output [N, {contract.action_size}], got {out[0].shape}")
+        # A chunked policy's metadata says how many actions a query executes (a deployment reads it) and
+        # how many it predicts (the noise holds them all): the graph must agree with both.
+        chunk = self.metadata.get("exec_horizon")
+        if len(out[0].shape) != (3 if chunk else 2) or (chunk and out[0].shape[1] != int(chunk)):
+            raise ContractError(f"{path}: output {out[0].shape} does not fit its metadata (exec_horizon {chunk}: "
+                                f"expected [N, {chunk}, {contract.action_size}])" if chunk else
+                                f"{path}: output {out[0].shape}, expected [N, {contract.action_size}] (no exec_horizon "
+                                "in its metadata)")
+        pred = self.metadata.get("pred_horizon")
+        if self.noise_size and pred and self.noise_size != int(pred) * contract.action_size:
+            raise ContractError(f"{path}: noise input of {self.noise_size} floats, its metadata's pred_horizon {pred} "
+                                f"x {contract.action_size} actions says {int(pred) * contract.action_size}")
         self.contract = json.loads(self.metadata["contract"])
 
     def __call__(self, obs: np.ndarray, noise: np.ndarray | None = None) -> np.ndarray:

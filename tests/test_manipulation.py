@@ -634,6 +634,15 @@ def test_unsteered_base_exports_with_a_noise_input(base_run, tmp_path):
     assert np.abs(onnx(obs, w) - ref).max() < 1e-4
     with pytest.raises(ContractError, match="pass noise"):
         onnx(obs)
+    # A model whose graph disagrees with its chunk metadata (a deployment executes exec_horizon actions per
+    # query, and draws pred_horizon x A noise) is refused on load.
+    for key, value, says in (("exec_horizon", "8", "does not fit its metadata"),
+                             ("pred_horizon", "8", "its metadata's pred_horizon 8")):
+        model = onnx_lib.load(str(base_run / "export/policy.onnx"))
+        next(p for p in model.metadata_props if p.key == key).value = value
+        onnx_lib.save(model, str(tmp_path / f"{key}.onnx"))
+        with pytest.raises(ContractError, match=says):
+            OnnxPolicy(tmp_path / f"{key}.onnx", ARM)
 
 
 def test_parity_observations_are_the_same_at_every_export(base_run):
@@ -729,6 +738,30 @@ def test_policy_runs_from_the_perceived_cube():
     assert truncated.tolist() == [False, True, False, False] and calls == [1, 0, 1, 2, 3], calls
     final = info["final_obs"]
     assert (final["policy"][1, CUBE_POS] - final["critic"][1, CUBE_POS]).norm() < 0.01
+    # What a robot has: the sensor's noisy depth and the camera pose it believes (calibrated), never the true
+    # pose or the exact render. With an error of 3 cm put into the believed pose, the estimate moves with it.
+    seen = []
+    camera_info, depth_image = env.camera_info, env.depth_image
+    env.camera_info = lambda i, calibrated=True: seen.append(("pose", calibrated)) or camera_info(i, calibrated)
+    env.depth_image = lambda i: seen.append(("depth", "sensor")) or depth_image(i)
+    before = env.perception.estimate(0)
+    assert set(seen) == {("pose", True), ("depth", "sensor")}, seen
+
+    def shifted(i, calibrated=True):
+        K, T = camera_info(i, calibrated)
+        T = T.copy()
+        T[0, 3] += 0.03  # the believed camera 3 cm further along world x
+        return K, T
+
+    env.camera_info = shifted
+    env.depth_image = lambda i: depth_image(i)
+    env.sensor_gen.manual_seed(5)
+    a = env.perception.estimate(0)
+    env.camera_info = camera_info
+    env.sensor_gen.manual_seed(5)
+    b = env.perception.estimate(0)
+    assert before.ok and a.ok and b.ok
+    assert np.allclose(a.position - b.position, [0.03, 0.0, 0.0], atol=1e-5), (a.position, b.position)
     env.perception.estimate = estimate
     # A checkpoint carries the estimates held where none can be made (a lifted or hidden cube).
     env.perception.last[1] += 0.05
