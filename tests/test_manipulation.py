@@ -704,7 +704,8 @@ def test_unet_base_trains_and_exports(demos, tmp_path):
     with torch.no_grad():
         for p in steered.latent.net.parameters():
             p.normal_(0.0, 0.1)
-    export_onnx(steered.eval(), tmp_path / "steered.onnx", {"task": "arm_push"}, ARM)
+    export_onnx(steered.eval(), tmp_path / "steered.onnx", {"task": "arm_push", "exec_horizon": policy.exec_horizon,
+                                                            "pred_horizon": policy.pred_horizon}, ARM)
     res = parity(steered, OnnxPolicy(tmp_path / "steered.onnx", ARM), obs[:500])
     assert res["ok"] and res["torch_error"] > 1e-6, res
     assert onnx.metadata["exec_horizon"] == "4" and onnx.metadata["policy_class"] == "DiffusionPolicy"
