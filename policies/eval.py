@@ -7,7 +7,9 @@ a plot of position error over time (PNG) and optionally a GIF of a few episodes 
 offscreen with MuJoCo, all into the run directory. Manipulation tasks (MuJoCo only): the task
 success rate over ``episodes`` episodes and, where the task names milestones (arm_pick_place: grasped,
 lifted, over the goal), its failed episodes counted by the furthest one reached, written to
-eval_mujoco.json, and optionally a GIF of the
+eval_mujoco.json, a plot of the distance the task's success bounds (the TCP's to the goal for arm_reach,
+the cube's, horizontally, for arm_push and arm_pick_place) over time against the success radius
+(eval_mujoco_distance.png), and optionally a GIF of the
 first episodes seen by the front camera; ``obs_source=perception`` runs the policy from the depth
 camera's cube estimate instead of the simulator's (whatever it was trained on), written to
 eval_mujoco_perception.json (and .gif). ``base_noise=zero`` runs a diffusion base (an algo=diffusion_bc
@@ -48,7 +50,7 @@ from sim.registry import get_task
 from . import checkpoint as ckpt
 from .config import UserError, check_device, help_requested, to_objects
 from .evaluate import (CRITERION_FIXED, EPISODE_SECONDS, LAST_SECONDS, MEAN_ERROR_LAST_2S, SUCCESS_RATE_REQUIRED,
-                       EvalResult, criterion_config, evaluate_hover, evaluate_success)
+                       EvalResult, SuccessResult, criterion_config, evaluate_hover, evaluate_success)
 
 OPTIONS = {"backend": str, "episodes": int, "video": bool, "plot": bool, "seed": int, "device": str, "effects": str,
            "obs_source": str, "base_noise": str}
@@ -157,6 +159,32 @@ def plot_errors(res: EvalResult, path: Path) -> None:
     plt.close(fig)
 
 
+def plot_goal_distance(res: SuccessResult, path: Path, period: float) -> None:
+    """A manipulation evaluation's goal distance (the task's, ArmEnv.goal_distance) over each episode,
+    ``period`` s per control step, against its success radius."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    d = res.goal_distance[: int(np.isfinite(res.goal_distance).any(1).sum())] * 100  # cm, up to the last step run
+    t = np.arange(1, d.shape[0] + 1) * period  # after each step
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for ok, color in ((True, "tab:green"), (False, "tab:red")):
+        if (res.success == ok).any():
+            ax.plot(t, d[:, res.success == ok], color=color, alpha=0.15, lw=0.8)
+            ax.plot([], [], color=color, label="succeeded" if ok else "failed")  # one legend entry per outcome
+    running = np.isfinite(d).sum(1) >= max(1, d.shape[1] // 2)  # the median while half the episodes run
+    ax.plot(t[running], np.nanmedian(d[running], axis=1), color="k", lw=2, label="median (half or more running)")
+    ax.axhline(res.success_radius * 100, color="tab:blue", ls="--", label="success radius")
+    ax.set(xlabel="time [s]", ylabel="distance to goal [cm]", yscale="log",
+           title=f"{res.backend}: success {res.success_rate * 100:.0f}% of {res.episodes}")
+    ax.legend(loc="lower left")  # where the episodes start, far from the goal
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 VIDEO_EPISODES = 3  # shown side by side
 ARM_VIDEO_PX = 160  # square frames of the arm's front camera
 
@@ -239,6 +267,9 @@ def main(argv: list[str] | None = None) -> int:
         name = ("eval_mujoco_perception" if task_cfg.obs_source == "perception" else "eval_mujoco") + suffix
         record = {**res.as_dict(), **recorded, "obs_source": task_cfg.obs_source}
         (run_dir / f"{name}.json").write_text(json.dumps(record, indent=2))
+        if o["plot"]:
+            plot_goal_distance(res, run_dir / f"{name}_distance.png", spec.contract.policy_period_s)
+            print(f"plot: {run_dir / (name + '_distance.png')}")
         if frames:
             save_gif(frames, run_dir / f"{name}.gif", spec.contract.policy_period_s)
         return 0

@@ -192,6 +192,10 @@ class SuccessResult:
     backend: str
     milestones: tuple[str, ...] = ()  # the task's stages toward success (ArmEnv.MILESTONES)
     furthest: np.ndarray | None = None  # [episodes] index in milestones of the furthest reached, -1 none
+    # [T, episodes] m after each control step, NaN once the episode has ended: the distance the task's
+    # success bounds by ``success_radius`` (m; ArmEnv.goal_distance), for plots
+    goal_distance: np.ndarray | None = None
+    success_radius: float = math.nan
 
     @property
     def tiebreak(self) -> float:
@@ -226,26 +230,29 @@ class SuccessResult:
 @torch.no_grad()
 def success_episodes(env, obs: dict[str, torch.Tensor],
                      act: Callable[[dict[str, torch.Tensor], torch.Tensor], torch.Tensor],
-                     frames_cb: Callable | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                     frames_cb: Callable | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, np.ndarray]:
     """Run the first episode of each of a reset manipulation env's N envs (``obs``: its observation
     dict) to its end or the step limit. ``act(obs, finished)`` gives an action [N, A] or a chunk
     [N, H, A], whose H actions run before it is asked again (all envs together); ``finished`` [N]
     marks the envs whose first episode has ended. ``frames_cb(env, t, finished)``, if given, runs
     after every step (an env that has just finished already holds its next episode's first state).
     Returns success [N] (the task's success held at some step of the episode), the step [N] of
-    the first success (0 if none) and the furthest of the task's milestones each episode reached [N]
-    (index in ``env.MILESTONES``, -1 none; all -1 where the task names none)."""
+    the first success (0 if none), the furthest of the task's milestones each episode reached [N]
+    (index in ``env.MILESTONES``, -1 none; all -1 where the task names none) and the task's goal
+    distance after each step [T, N] (m, ``info["goal_distance"]``; NaN once the episode has ended)."""
     n = env.num_envs
     finished = torch.zeros(n, dtype=torch.bool)
     success = torch.zeros(n, dtype=torch.bool)
     steps = torch.zeros(n)
     furthest = torch.full((n,), -1, dtype=torch.int64)
+    distance = np.full((env.max_steps, n), np.nan, dtype=np.float32)
     queue: list[torch.Tensor] = []
     for t in range(env.max_steps):
         if not queue:
             out = act(obs, finished)
             queue = list(out.unbind(1)) if out.dim() == 3 else [out]
         obs, _, term, trunc, info = env.step(queue.pop(0))
+        distance[t, ~finished.numpy()] = info["goal_distance"].cpu().numpy()[~finished.numpy()]
         first = info["success"].cpu() & ~finished & ~success
         steps[first] = t + 1
         success |= first
@@ -259,7 +266,7 @@ def success_episodes(env, obs: dict[str, torch.Tensor],
             frames_cb(env, t, finished)
         if finished.all():
             break
-    return success, steps, furthest
+    return success, steps, furthest, distance
 
 
 def evaluate_success(policy: Policy, task_cfg, episodes: int = 100, backend: str = "mujoco", seed: int = 12345,
@@ -276,14 +283,14 @@ def evaluate_success(policy: Policy, task_cfg, episodes: int = 100, backend: str
         obs, _ = env.reset(seed=seed)
         with torch.random.fork_rng():  # a stochastic policy (w ~ N(0, I)) draws reproducibly, training RNG untouched
             torch.manual_seed(seed)
-            success, steps, furthest = success_episodes(env, obs, lambda o, _: policy(o["policy"]), frames_cb)
+            success, steps, furthest, distance = success_episodes(env, obs, lambda o, _: policy(o["policy"]), frames_cb)
     finally:
         env.close()
     ok_steps = steps[success]
     return SuccessResult(success_rate=int(success.sum()) / episodes, episodes=episodes,
                          mean_success_steps=ok_steps.mean().item() if len(ok_steps) else math.nan,
                          success=success.numpy(), backend=backend, milestones=tuple(env.MILESTONES),
-                         furthest=furthest.numpy())
+                         furthest=furthest.numpy(), goal_distance=distance, success_radius=task_cfg.success_radius)
 
 
 def evaluate(policy: Policy, task_cfg, episodes: int = 100, backend: str | None = None, seed: int = 12345,

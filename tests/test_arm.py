@@ -272,7 +272,7 @@ def test_pick_place_milestones_say_how_far_an_episode_got():
     env = make("arm_pick_place", 6, seed=1)
     assert env.MILESTONES == ("grasped", "lifted", "over the goal")
     obs, _ = env.reset(seed=1)
-    succeeded, _, furthest = success_episodes(env, obs, lambda o, finished: env.expert_action())
+    succeeded, _, furthest, _ = success_episodes(env, obs, lambda o, finished: env.expert_action())
     assert succeeded.sum() >= 5 and (furthest[succeeded] == 2).all()
     for _ in range(60):  # second episodes under way: some grasp again
         if (env.furthest >= 0).any():
@@ -292,7 +292,7 @@ def test_pick_place_milestones_say_how_far_an_episode_got():
         a[torch.from_numpy(stopped)] = torch.tensor([0.0, 0.0, 0.0, 0.0, 1.0])
         return a
 
-    succeeded, _, furthest = success_episodes(env, obs, stop_at_lift)
+    succeeded, _, furthest, _ = success_episodes(env, obs, stop_at_lift)
     assert stopped.all() and not succeeded.any() and (furthest == 0).all()
 
     cfg = dataclasses.replace(get_task("arm_pick_place").default_config(), episode_steps=20)

@@ -288,6 +288,33 @@ def test_arm_video_ends_each_episode_on_its_last_state():
     assert not np.array_equal(frames[-1], frames[-2]), "the last step's motion is in the video"
 
 
+def test_a_manipulation_evaluation_records_the_goal_distance_of_each_step():
+    """evaluate_success keeps the task's goal distance after every step of each episode (the plot
+    policies.eval draws): the value of the step's own state, the last one before the reset. The hand
+    moves up to 2 cm every step, so a value one step stale or taken after the reset would differ."""
+    from policies.evaluate import evaluate_success
+    from sim.registry import get_task
+
+    cfg = get_task("arm_reach").default_config()
+
+    def bob(obs: torch.Tensor) -> torch.Tensor:  # TCP z (obs 16) about 0.25 m
+        a = torch.zeros(len(obs), 5)
+        a[:, 2] = torch.where(obs[:, 16] < 0.25, 1.0, -1.0)
+        return a
+
+    at_end = {}
+
+    def end(env, idx):  # before the reset
+        at_end.update(zip(idx.tolist(), env.goal_distance()[idx].tolist()))
+
+    res = evaluate_success(bob, cfg, episodes=3, on_episode_end=end)
+    d = res.goal_distance
+    assert d.shape == (cfg.episode_steps, 3) and np.isfinite(d).all() and res.success_radius == cfg.success_radius
+    assert sorted(at_end) == [0, 1, 2]
+    np.testing.assert_allclose(d[-1], [at_end[i] for i in range(3)], rtol=1e-6)
+    assert (np.abs(d[-1] - d[-2]) > 1e-4).all(), "the step before holds another distance: staleness would show"
+
+
 def test_an_evaluation_closes_its_simulator():
     """Every PyBullet evaluation disconnects its physics client, also when it fails midway (each
     held a world of vehicles until the process ended; the closed-loop benchmark opened one per

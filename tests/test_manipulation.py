@@ -807,6 +807,7 @@ def test_eval_runs_a_state_policy_from_the_perceived_cube(base_run, run_dir):
     import json
 
     assert json.loads((base_run / "eval_mujoco_perception_episodes2.json").read_text())["obs_source"] == "perception"
+    assert (base_run / "eval_mujoco_perception_episodes2_distance.png").stat().st_size > 10_000, "the goal-distance plot"
     r = cli("policies.eval", str(base_run), "episodes=2", "obs_source=camera")
     assert r.returncode == 2 and "obs_source='camera': expected state or perception" in r.stderr
     assert "Traceback" not in r.stderr

@@ -448,6 +448,11 @@ class ArmEnv(gym.vector.VectorEnv):
     def success(self) -> np.ndarray:
         raise NotImplementedError
 
+    def goal_distance(self) -> np.ndarray:
+        """[N] m: the distance that the task's success bounds by ``cfg.success_radius`` (step() reports it
+        in ``info["goal_distance"]``; evaluation plots it)."""
+        raise NotImplementedError
+
     def failure(self) -> np.ndarray:
         """Episode failure (ends it, terminated = True), [N] bool. Default: the cube left the table."""
         if not self.HAS_CUBE:
@@ -659,7 +664,8 @@ class ArmEnv(gym.vector.VectorEnv):
             last = np.where(held.any(1), held.shape[1] - 1 - np.argmax(held[:, ::-1], 1), -1)
             self.furthest = np.maximum(self.furthest, last)
 
-        info: dict = {"success": torch.from_numpy(success).to(self.device)}
+        info: dict = {"success": torch.from_numpy(success).to(self.device),
+                      "goal_distance": self._tensor(self.goal_distance())}
         if done.any():
             idx = np.flatnonzero(done)
             final = self._observe(idx)

@@ -75,9 +75,13 @@ class ArmPickPlaceEnv(ArmEnv):
     def grasped(self) -> np.ndarray:
         return self.finger_touch.all(-1)
 
+    def goal_distance(self) -> np.ndarray:
+        """[N] m: the cube centre's horizontal distance to the goal."""
+        return np.linalg.norm(self.goal[:, :2] - self.cube_pos[:, :2], axis=-1)
+
     def success(self) -> np.ndarray:
         c = self.cfg
-        on_goal = np.linalg.norm(self.goal[:, :2] - self.cube_pos[:, :2], axis=-1) < c.success_radius
+        on_goal = self.goal_distance() < c.success_radius
         resting = np.abs(self.cube_pos[:, 2] - self.goal[:, 2]) < c.rest_tolerance
         still = np.linalg.norm(self.cube_vel[:, :3], axis=-1) < c.rest_speed
         released = ~self.finger_touch.any(-1)
@@ -88,7 +92,7 @@ class ArmPickPlaceEnv(ArmEnv):
         reward); that and the cube's centre within the success radius of the goal, horizontally."""
         grasped = self.grasped()
         lifted = grasped & (self.cube_pos[:, 2] > self.params.cube.half + 0.01)
-        over = lifted & (np.linalg.norm(self.goal[:, :2] - self.cube_pos[:, :2], axis=-1) < self.cfg.success_radius)
+        over = lifted & (self.goal_distance() < self.cfg.success_radius)
         return np.stack((grasped, lifted, over), axis=1)
 
     def reward_terms(self, success: np.ndarray) -> dict[str, np.ndarray]:

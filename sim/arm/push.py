@@ -108,6 +108,7 @@ class ArmPushEnv(ArmEnv):
 
     # ------------------------------------------------------------------ success, reward
     def goal_distance(self) -> np.ndarray:
+        """[N] m: the cube centre's horizontal distance to the goal."""
         return np.linalg.norm(self.goal[:, :2] - self.cube_pos[:, :2], axis=-1)
 
     def success(self) -> np.ndarray:

@@ -52,16 +52,17 @@ class ArmReachEnv(ArmEnv):
             self.set_goal(i, goals[j])
 
     # ------------------------------------------------------------------ success, reward
-    def distance(self) -> np.ndarray:
+    def goal_distance(self) -> np.ndarray:
+        """[N] m: the TCP's distance to the goal."""
         return np.linalg.norm(self.goal - self.ee_pos, axis=-1)
 
     def success(self) -> np.ndarray:
-        return self.distance() < self.cfg.success_radius
+        return self.goal_distance() < self.cfg.success_radius
 
     def reward_terms(self, success: np.ndarray) -> dict[str, np.ndarray]:
         w = self.cfg.reward
         return {
-            "distance": w.distance * (1.0 - np.tanh(self.distance() / w.distance_scale)),
+            "distance": w.distance * (1.0 - np.tanh(self.goal_distance() / w.distance_scale)),
             "success": w.success * success,
         }
 
