@@ -188,6 +188,11 @@ def compose_config(overrides: list[str]) -> DictConfig:
     for key, value in counts.items():
         if value < 1:
             raise UserError(f"{key}={value}: expected at least 1")
+    if "buffer_size" in cfg.algo and cfg.algo.buffer_size < cfg.algo.num_envs:
+        # One step adds a row per environment: a ring smaller than that would overwrite rows of the same
+        # write, which an index_put with repeated indices leaves unordered (on CUDA, not the newest).
+        raise UserError(f"algo.buffer_size={cfg.algo.buffer_size}: expected at least algo.num_envs="
+                        f"{cfg.algo.num_envs} (the rows one step adds)")
     for key, (lo, hi, closed_lo) in ALGO_RANGES.items():
         if key in cfg.algo:
             v = cfg.algo[key]

@@ -459,6 +459,7 @@ def test_help_prints_the_usage_of_each_command(capsys):
     (["algo.horizon=0"], "algo.horizon=0: expected at least 1"),
     (["algo.activation=foo"], "algo.activation=foo: expected one of tanh, relu, elu"),
     (["algo=sac", "algo.buffer_size=0"], "algo.buffer_size=0: expected at least 1"),
+    (["algo=sac", "algo.buffer_size=63"], "algo.buffer_size=63: expected at least algo.num_envs=64 (the rows one step adds)"),
     (["algo=sac", "algo.batch_size=0"], "algo.batch_size=0: expected at least 1"),
     (["algo=sac", "algo.tau=1.5"], "algo.tau=1.5: expected a value in (0, 1]"),
     (["algo=sac", "algo.init_alpha=0"], "algo.init_alpha=0.0: expected a value in (0, inf]"),
