@@ -144,21 +144,43 @@ class DiffIK:
             # whole (clipping each joint's change would bend the TCP's path).
             past = (np.where(v > 0, self.hi - p, p - self.lo) <= 0.0) & (v != 0.0)
             change = np.where(past, 0.0, v_cmd - v)
-            v = v + change * np.minimum(1.0, (dv / np.maximum(np.abs(change), 1e-12)).min(-1, keepdims=True))
-            v = np.where(past, np.sign(v) * np.maximum(np.abs(v) - dv, 0.0), v)
-            # A joint this change starts moving out from its range's end (|v| <= dv) stays there; the
-            # others are no faster, together, than each can still stop within its room ahead, braking
-            # by dv per physics step: from v in [n dv, (n + 1) dv) it covers dt ((n + 1) v - dv n (n + 1) / 2).
-            room = np.where(v > 0, self.hi - p, p - self.lo)
-            v = np.where((room <= 0.0) & ~past, 0.0, v)
-            room = np.maximum(room, 0.0)
-            n = np.floor(np.sqrt(0.25 + 2.0 * room / (dv * dt)) - 0.5)
-            stop = (room / dt + dv * n * (n + 1) / 2) / (n + 1)
-            scale = np.where(past | (v == 0.0), 1.0, stop / np.maximum(np.abs(v), 1e-12))
-            v = v * np.minimum(1.0, scale.min(-1, keepdims=True))
+            toward = v + change * np.minimum(1.0, (dv / np.maximum(np.abs(change), 1e-12)).min(-1, keepdims=True))
+            # Where that change would leave the joints too fast to stop before a range's end, they
+            # brake together along their present velocities instead (_group_stop), by at most each
+            # one's qdd_max: the change and the braking in one physics step took up to 2x that.
+            toward, s_toward = self._group_stop(p, toward, past)
+            if (s_toward >= 1.0).all():  # nearly always: far from every range's end
+                v = toward
+            else:
+                held, s_held = self._group_stop(p, v, past)
+                v = np.where(s_toward >= 1.0, toward, np.where(past, held, held * np.minimum(s_held, 1.0)))
             p = p + v * dt
             pos[k], vel[k] = p, v
         return pos.transpose(1, 0, 2), vel.transpose(1, 0, 2)
+
+    def _group_stop(self, p: np.ndarray, v: np.ndarray, past: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The velocities v [N,7] (rad/s) at positions p [N,7] with the joints in ``past`` (carried past
+        their range's end, moving out) braked alone by qdd_max dt and a joint about to move out from its
+        range's end stopped there; and the largest scale s [N,1] of the others' velocities with which
+        they can still stop, braking together, before any of them reaches its range's end (s >= 1:
+        no braking needed). Braking together scales every velocity by s, which falls by at most
+        delta = min_j dv_j / |v_j| per physics step (the joint with the least acceleration to spare
+        sets it), within a room of R = min_j room_j / |v_j| (in s: the shortest time to a range's end
+        at the present speeds); from s in [n delta, (n + 1) delta) the group covers
+        dt ((n + 1) s - delta n (n + 1) / 2) of R. (Each joint braking alone at its own qdd_max took the
+        others' speed down in one physics step, at up to 30x their acceleration limits.)"""
+        dt, dv = self.dt, self.qdd_max * self.dt
+        v = np.where(past, np.sign(v) * np.maximum(np.abs(v) - dv, 0.0), v)
+        room = np.where(v > 0, self.hi - p, p - self.lo)
+        v = np.where((room <= 0.0) & ~past, 0.0, v)
+        moving = ~past & (v != 0.0)
+        some = moving.any(-1, keepdims=True)  # rows where none of them moves need no braking
+        speed = np.maximum(np.abs(v), 1e-12)
+        delta = np.where(some, np.where(moving, dv / speed, np.inf).min(-1, keepdims=True), 1.0)
+        rooms = np.where(some, np.where(moving, np.maximum(room, 0.0) / speed, np.inf).min(-1, keepdims=True), 0.0)
+        n = np.floor(np.sqrt(0.25 + 2.0 * rooms / (delta * dt)) - 0.5)
+        stop = (rooms / dt + delta * n * (n + 1) / 2) / (n + 1)
+        return v, np.where(some, stop, np.inf)
 
     def servo_references(self, q: np.ndarray, qd: np.ndarray, q_target: np.ndarray) -> np.ndarray:
         """The position servos' references [N, steps, 7] (rad) for reference_trajectory, its velocity
