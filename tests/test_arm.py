@@ -642,3 +642,23 @@ def test_dense_reward_and_nonfinite_reset():
     assert reward[1].item() == pytest.approx(-worst * (env.max_steps - 1))
     assert info["nonfinite"].tolist() == [False, True, False] and not info["success"][1]
     assert all(torch.isfinite(v).all() for v in info["final_obs"].values()) and env.t[1] == 0
+
+
+def test_reach_goals_are_not_reached_before_the_first_action():
+    """arm_reach draws its goals at least 2 success radii from where the TCP starts (the goal box holds
+    that point): from a box of +-3 cm around it, no goal is closer, and none is reached at the first
+    step of a policy that holds still; a box within those radii is refused in one line."""
+    cfg = get_task("arm_reach").default_config()
+    start = np.array([0.45, 0.0, 0.25])  # the TCP at the home pose (world, m)
+    cfg.goal_x, cfg.goal_y, cfg.goal_z = (0.42, 0.48), (-0.03, 0.03), (0.22, 0.28)
+    env = get_task("arm_reach").env_cls(cfg, 64, seed=0)
+    env.reset(seed=0)
+    np.testing.assert_allclose(env.ee_pos, np.tile(start, (64, 1)), atol=1e-3)
+    for _ in range(3):
+        assert (np.linalg.norm(env.goal - start, axis=-1) >= 2 * cfg.success_radius).all()
+        _, _, _, _, info = env.step(torch.zeros(64, ACT_DIM))
+        assert not info["success"].any()
+        env.reset()
+    cfg.goal_x, cfg.goal_y, cfg.goal_z = (0.44, 0.46), (-0.01, 0.01), (0.24, 0.26)
+    with pytest.raises(ValueError, match="every goal lies within 2 success radii of where the TCP starts"):
+        get_task("arm_reach").env_cls(cfg, 4, seed=0)

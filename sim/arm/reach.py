@@ -4,7 +4,7 @@ Config, goal sampling, success, reward and the scripted expert are below; the sh
 (simulation, observation layout, action, autoreset, camera) is in base.py. There is no cube:
 the cube slots of the observation (18:25) are zeros, the layout is that of every arm task.
 
-Success: the TCP within ``success_radius`` (2 cm) of the goal.
+Success: the TCP within ``success_radius`` (2 cm) of the goal (drawn at least twice that from where the TCP starts).
 Termination: success (if terminate_on_success); time limit (truncation) after episode_steps.
 """
 
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import mujoco
 import numpy as np
 
 from .base import ACT_DIM, GRIP, MOVE, TURN, ArmEnv, ArmTaskConfig
@@ -46,8 +47,25 @@ class ArmReachEnv(ArmEnv):
 
     # ------------------------------------------------------------------ episode
     def sample_episode(self, idx: np.ndarray) -> None:
-        c, k = self.cfg, len(idx)
-        goals = np.stack((self._uniform(k, c.goal_x), self._uniform(k, c.goal_y), self._uniform(k, c.goal_z)), -1)
+        """Goals uniform in the goal box, redrawn within 2 success radii of where the TCP starts (the
+        box holds that point: ~6e-4 of the goals would be reached before the first action)."""
+        c = self.cfg
+
+        def draw(k: int) -> np.ndarray:
+            return np.stack((self._uniform(k, c.goal_x), self._uniform(k, c.goal_y), self._uniform(k, c.goal_z)), -1)
+
+        m, d = self.models[idx[0]], self.datas[idx[0]]
+        mujoco.mj_kinematics(m, d)  # its joints are at home (reset before this call): the TCP's start
+        start = d.site_xpos[self.ee_id].copy()
+        goals = draw(len(idx))
+        for _ in range(1000):
+            near = np.linalg.norm(goals - start, axis=-1) < 2 * c.success_radius
+            if not near.any():
+                break
+            goals[near] = draw(int(near.sum()))
+        else:
+            raise ValueError(f"goal_x={list(c.goal_x)}, goal_y={list(c.goal_y)}, goal_z={list(c.goal_z)}: (nearly) "
+                             f"every goal lies within 2 success radii of where the TCP starts, {start.round(3).tolist()}")
         for j, i in enumerate(idx):
             self.set_goal(i, goals[j])
 
