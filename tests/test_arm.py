@@ -224,10 +224,12 @@ def test_yaw_conventions_and_the_grasp_yaw_within_the_limit():
     tipped = types.SimpleNamespace(cube_quat=np.array([[half, 0.0, half, 0.0]]))  # 90 deg about y: x points down
     assert np.allclose(type(env).cube_yaw.fget(tipped), [0.0], atol=1e-9)
     lim = env.ik.cfg.yaw_limit
-    fake = types.SimpleNamespace(ee_yaw=np.array([1.2, 0.0, -1.2, 0.2]), cube_yaw=np.array([0.33, 0.7, -0.33, -0.5]),
-                                 ik=env.ik)
+    # The first four: the nearest square yaw lies beyond the limit (1.90 for the first), or is the cube's own;
+    # the last two: the nearest lies within it, a quarter turn from the cube's yaw.
+    fake = types.SimpleNamespace(ee_yaw=np.array([1.2, 0.0, -1.2, 0.2, 1.2, -1.0]),
+                                 cube_yaw=np.array([0.33, 0.7, -0.33, -0.5, -0.33, 0.6]), ik=env.ik)
     g = type(env).grasp_yaw(fake)
-    assert np.allclose(g, [0.33, 0.7, -0.33, -0.5]) and (np.abs(g) <= lim).all()
+    assert np.allclose(g, [0.33, 0.7, -0.33, -0.5, np.pi / 2 - 0.33, 0.6 - np.pi / 2]) and (np.abs(g) <= lim).all()
     square = (g - fake.cube_yaw + np.pi / 4) % (np.pi / 2) - np.pi / 4
     assert np.allclose(square, 0.0)
 

@@ -177,6 +177,19 @@ def test_armed_runs_the_policy_and_clips():
     assert cmd.mode is Mode.ARMED and cmd.action.tolist() == [0.5, -1.0, 0.1, 0.5]
 
 
+def test_failsafe_descent_gives_its_share_of_hover_thrust():
+    """The failsafe's rotor command lifts descent_thrust_ratio of the weight (thrust = kf rpm^2 on each of
+    the four rotors, rpm = (a + 1) / 2 rpm_max by the contract), so the vehicle sinks at (1 - ratio) g."""
+    from sim.crazyflie.params import GRAVITY, NOMINAL
+
+    for ratio in (0.9, 0.8):
+        c = SafeController(FakePolicy(), SafetyConfig(descent_thrust_ratio=ratio))
+        rpm = (c.descent_action + 1.0) / 2.0 * NOMINAL.rpm_max
+        thrust = 4 * NOMINAL.kf * rpm**2
+        assert thrust / (NOMINAL.mass * GRAVITY) == pytest.approx(ratio, rel=1e-9)
+        assert c.descent_accel == pytest.approx((1.0 - ratio) * GRAVITY, rel=1e-12)
+
+
 @pytest.mark.parametrize("fault", ["stale", "nan", "out_of_range", "geofence", "policy_exception", "policy_nan"])
 def test_fault_switches_to_failsafe_in_the_same_tick_and_recovers(fault):
     c, policy = armed_controller()

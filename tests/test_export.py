@@ -127,6 +127,37 @@ def test_onnx_metadata_carries_contract_and_provenance(run_dir, exported):
     assert OnnxPolicy(exported["onnx"]).contract["version"] == CONTRACT.version
 
 
+def test_source_revision_names_the_commit_and_uncommitted_changes(tmp_path):
+    """source_revision (the provenance written into every export and run): the checkout's commit, with
+    "+uncommitted" while a tracked file differs from it (an ignored path excepted), "unknown" outside git.
+    Run on a copy of the module in a scratch repository, whose state the test sets."""
+    import importlib.util
+
+    (tmp_path / "export").mkdir()
+    shutil.copy(Path(__file__).resolve().parents[1] / "export" / "onnx_policy.py", tmp_path / "export")
+    (tmp_path / "notes.txt").write_text("a\n")
+    git = ["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false"]
+
+    def source_revision(**kw) -> str:
+        spec = importlib.util.spec_from_file_location("scratch_onnx_policy", tmp_path / "export" / "onnx_policy.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module.source_revision(**kw)
+
+    assert source_revision() == "unknown"
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "add", "-A"], check=True)
+    subprocess.run([*git, "commit", "-qm", "x"], check=True)
+    head = subprocess.run([*git, "rev-parse", "HEAD"], check=True, capture_output=True, text=True).stdout.strip()
+    assert len(head) == 40 and source_revision() == head
+    assert head.startswith(source_revision(short=True)) and len(source_revision(short=True)) < 40
+    (tmp_path / "untracked.txt").write_text("not part of the checkout")
+    assert source_revision() == head
+    (tmp_path / "notes.txt").write_text("b\n")
+    assert source_revision() == head + "+uncommitted"
+    assert source_revision(ignore=("notes.txt",)) == head
+
+
 def _resave(src: Path, dst: Path, edit) -> Path:
     model = onnx.load(str(src))
     edit(model)

@@ -369,7 +369,9 @@ def test_rendered_perception_update(push_env):
     obs, _ = env.reset(seed=123)
     perception = Perception(env)
     policy = obs["policy"].clone()
+    policy[:, env.OBJECT_POS] = -7.0  # not a position: what update writes shows
     perception.update(policy)
     assert perception.estimates[0].ok, perception.estimates[0].reason
+    assert torch.equal(policy[0, env.OBJECT_POS], torch.as_tensor(perception.estimates[0].position, dtype=policy.dtype))
     truth = torch.as_tensor(env.datas[0].xpos[env.cube_body], dtype=policy.dtype)
     assert torch.linalg.norm(policy[0, env.OBJECT_POS] - truth) < 0.01

@@ -324,6 +324,8 @@ def test_kill9_and_resume(tmp_path, tiny):
     end = saved["env_steps"] + 1024
     res = _run_cli(f"resume={run}", f"max_env_steps={end}")
     assert res.returncode in (0, 1) and "Traceback" not in res.stderr, res.stderr  # 1: budget ended below the success bar
+    # from the checkpoint (a restart from step 0 would end at the same weights: training is deterministic)
+    assert f"resuming {run} at {saved['env_steps']:,} steps" in res.stdout, res.stdout
     after = torch.load(last, weights_only=False)["trainer"]
     assert after["iteration"] > saved["iteration"] and after["env_steps"] == end
     # Nothing before the kill was lost: the killed and resumed run ends where one run straight to
