@@ -774,6 +774,30 @@ def test_policy_runs_from_the_perceived_cube():
     assert other.perception.failures == env.perception.failures
 
 
+def test_the_depth_image_and_the_perception_see_the_same_frame(monkeypatch):
+    """A depth camera in the observation and obs_source=perception: each env's depth frame is rendered
+    once per observation, and the image the policy gets is the frame, with its sensor noise, that the
+    cube estimate came from (two renders gave two independent noise draws, at twice the cost)."""
+    import sim.arm.perception as perception
+
+    spec = get_task("arm_push")
+    cfg = spec.default_config()
+    cfg.obs_source, cfg.camera = "perception", "depth"
+    env = spec.env_cls(cfg, 2, seed=3)
+    env.reset(seed=3)
+    seen, renders = [], []
+    estimate = perception.estimate_cube_position
+    monkeypatch.setattr(perception, "estimate_cube_position",
+                        lambda depth, *a, **k: seen.append(depth) or estimate(depth, *a, **k))
+    render = env.render
+    env.render = lambda i, rgb=True, depth=True, size=None: renders.append((i, depth)) or render(i, rgb, depth, size)
+    obs, *_ = env.step(env.expert_action())
+    assert renders == [(0, True), (1, True)] and len(seen) == 2
+    for i in range(2):
+        assert np.array_equal(obs["image"][i, 0].numpy(), seen[i])
+    assert not np.array_equal(seen[0], env.render(0, rgb=False)["depth"]), "the sensor's frame, noise and all"
+
+
 def test_perception_carries_a_grasped_cube_and_ignores_the_goal_marker():
     """arm_pick_place with obs_source=perception along the scripted expert: while the cube is lifted
     (hidden in the gripper) the observed cube moves with the hand, within 1.5 cm of the true one (it

@@ -301,6 +301,7 @@ class ArmEnv(gym.vector.VectorEnv):
         if self.HAS_CUBE:
             self.obs_noise_std[CUBE_POS] = nz.object_pos
         self.perception = None
+        self._frames: dict[int, np.ndarray] | None = None  # depth frames of the observation being made
         if cfg.obs_source == "perception":
             from .perception import Perception  # Open3D is needed in this mode only
 
@@ -389,6 +390,15 @@ class ArmEnv(gym.vector.VectorEnv):
 
     # ================================================================ observation
     def _observe(self, rows: np.ndarray | None = None) -> dict[str, torch.Tensor]:
+        """The observation (_observe_now), each env's depth frame rendered once: the camera's image and
+        the perception's estimate see the same frame, with the same sensor noise (depth_image)."""
+        self._frames = {}
+        try:
+            return self._observe_now(rows)
+        finally:
+            self._frames = None
+
+    def _observe_now(self, rows: np.ndarray | None = None) -> dict[str, torch.Tensor]:
         """The observation of every environment; the camera and the perception (~20 ms per
         environment) only for ``rows`` (all if None): the other rows then keep the state
         observation and a blank image, as an episode's final observation needs only its own rows.
@@ -767,8 +777,14 @@ class ArmEnv(gym.vector.VectorEnv):
 
     def depth_image(self, env_index: int) -> np.ndarray:
         """What the depth camera of env ``env_index`` measures: its rendered z-depth [H, W] (m) with
-        the sensor's noise (``depth_noise``)."""
-        return self.depth_noise(self.render(env_index, rgb=False, depth=True)["depth"])
+        the sensor's noise (``depth_noise``); within one observation, one frame per env (_observe)."""
+        frames = self._frames
+        if frames is not None and env_index in frames:
+            return frames[env_index]
+        depth = self.depth_noise(self.render(env_index, rgb=False, depth=True)["depth"])
+        if frames is not None:
+            frames[env_index] = depth
+        return depth
 
     def depth_noise(self, depth: np.ndarray) -> np.ndarray:
         """``depth`` (an exact z-depth image, m) plus Gaussian noise of NoiseConfig.depth times std(z)

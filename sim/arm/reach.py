@@ -64,8 +64,9 @@ class ArmReachEnv(ArmEnv):
                 break
             goals[near] = draw(int(near.sum()))
         else:
-            raise ValueError(f"goal_x={list(c.goal_x)}, goal_y={list(c.goal_y)}, goal_z={list(c.goal_z)}: (nearly) "
-                             f"every goal lies within 2 success radii of where the TCP starts, {start.round(3).tolist()}")
+            box = f"goal_x={list(c.goal_x)}, goal_y={list(c.goal_y)}, goal_z={list(c.goal_z)}"
+            raise ValueError(f"{box}: (nearly) every goal lies within 2 success radii of where the TCP starts, "
+                             f"{start.round(3).tolist()}")
         for j, i in enumerate(idx):
             self.set_goal(i, goals[j])
 
