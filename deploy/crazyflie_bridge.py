@@ -253,7 +253,6 @@ class CrazyflieBridge(ControllerNode):
             self.cf.commander.send_stop_setpoint()
 
     def close(self) -> None:
-        super().close()
         try:
             if self.connected:
                 self.descend_before_stop()
@@ -261,6 +260,9 @@ class CrazyflieBridge(ControllerNode):
             if self.connected:
                 self.cf.commander.send_stop_setpoint()
             self.cf.close_link()
+        # The summary line last: where the launch runner died, its output pipe is gone and printing
+        # raises (BrokenPipeError), which before the descent skipped the descent and the stop setpoint.
+        super().close()
 
     def descend_before_stop(self) -> None:
         """Stopped in flight (Ctrl-C, SIGTERM): the controlled descent of a disarm, then the caller's

@@ -504,6 +504,7 @@ def run(processes: list[Process]) -> int:
                                         start_new_session=True, preexec_fn=setup)
             except OSError as e:
                 log(f"could not start {label}: {e}")
+                codes[label] = 127  # the shell's "could not run": the run fails however the others stop
                 stop["reason"] = "a process could not start"
                 break
             os.set_blocking(proc.stdout.fileno(), False)

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 from .launch import LaunchError, package_prefix
-from .ros import Node, param, run_node
+from .ros import Node, drain, param, run_node
 
 PRIMITIVES = {"bool", "byte", "char", "float32", "float64", "int8", "uint8", "int16", "uint16", "int32", "uint32",
               "int64", "uint64", "string", "wstring"}
@@ -156,6 +156,7 @@ class Recorder(Node):
         self.counts[topic] += 1
 
     def close(self) -> None:
+        drain(self, lambda: sum(self.counts.values()))  # the end of the run, still queued when Ctrl-C came
         self.writer.finish()
         self._file.close()
         print(f"recorder: {sum(self.counts.values())} messages on {len(self.counts)} topics -> {self.path}", flush=True)

@@ -11,6 +11,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from typing import Callable
 
 import numpy as np
@@ -140,6 +141,25 @@ def spin(node: Node, stop: threading.Event) -> None:
         executor.shutdown()
 
 
+def drain(node: Node, received: Callable[[], int], limit_s: float = 1.0) -> None:
+    """Take the messages still queued for ``node``'s subscriptions once its spinning has stopped (every
+    node of a launch gets Ctrl-C at once, and a node behind keeps up to its queues' depth unread):
+    spin until two waits of 20 ms in a row add nothing to ``received()`` (messages taken so far), or
+    ``limit_s``."""
+    from rclpy.executors import SingleThreadedExecutor
+
+    executor = SingleThreadedExecutor(context=node.context)
+    executor.add_node(node)
+    deadline, idle = time.monotonic() + limit_s, 0
+    try:
+        while idle < 2 and time.monotonic() < deadline and node.context.ok():
+            before = received()
+            executor.spin_once(timeout_sec=0.02)
+            idle = idle + 1 if received() == before else 0
+    finally:
+        executor.shutdown()
+
+
 def run_node(make: Callable[[], Node], user_errors: tuple[type[Exception], ...] = (),
              args: list[str] | None = None) -> int:
     """rclpy.init, build the node, spin until Ctrl-C / SIGTERM / shutdown, clean up.
@@ -152,7 +172,7 @@ def run_node(make: Callable[[], Node], user_errors: tuple[type[Exception], ...] 
     stop = stop_on_signals()  # before anything starts: a signal while the node is built stops it after
     ensure_ament_prefix()
     rclpy.init(args=sys.argv if args is None else args, signal_handler_options=SignalHandlerOptions.NO)
-    node = None
+    node, code = None, 0
     try:
         try:
             node = make()
@@ -169,8 +189,19 @@ def run_node(make: Callable[[], Node], user_errors: tuple[type[Exception], ...] 
                 if close is not None:
                     close()
             except KeyboardInterrupt:  # a second signal cut the clean-up short (close() sends what must be sent)
-                print(f"{node.get_name()}: clean-up interrupted", file=sys.stderr)
+                _say(f"{node.get_name()}: clean-up interrupted")
+            except Exception as e:  # e.g. its output gone with a dead launch runner: destroy the node all the same
+                _say(f"{node.get_name()}: clean-up failed ({type(e).__name__}: {e})")
+                code = 1
             node.destroy_node()
         if rclpy.ok():
             rclpy.shutdown()
-    return 0
+    return code
+
+
+def _say(line: str) -> None:
+    """One line to stderr, if it still goes anywhere (a launch runner that died took the pipe with it)."""
+    try:
+        print(line, file=sys.stderr, flush=True)
+    except OSError:
+        pass

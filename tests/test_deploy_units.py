@@ -843,6 +843,29 @@ def test_an_error_of_the_runner_itself_stops_every_node(tmp_path, monkeypatch, c
         _kill(pids)
 
 
+@pytest.mark.parametrize("order", ["second fails", "first fails"])
+def test_a_process_that_cannot_start_fails_the_run(order, capsys):
+    """A node whose executable cannot be run (here: missing): the run stops the ones started and exits
+    non-zero, whichever position it has (the others, stopped cleanly, made it exit with 0)."""
+    import deploy.launch as launch
+
+    ok = launch.Process("sleeper", [sys.executable, "-c", "import time; time.sleep(30)"], dict(os.environ))
+    bad = launch.Process("missing", ["/nonexistent/node"], dict(os.environ))
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    try:
+        code = launch.run([ok, bad] if order == "second fails" else [bad, ok])
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+    out = capsys.readouterr().out
+    pids = [int(x) for x in re.findall(r"process started with pid \[(\d+)\]", out)]
+    try:
+        assert code == 1 and "could not start missing" in out, out
+        assert len(pids) == (1 if order == "second fails" else 0) and all(_gone(pid, 1.0) for pid in pids)
+    finally:
+        _kill(pids)
+
+
 def test_an_exited_nodes_orphan_holding_its_output_does_not_stall_the_runner(tmp_path):
     """A node that exits while a child it started still holds its stdout: the runner relays what is
     there and goes on (it used to block until that child ended, 30 s here)."""
@@ -1198,14 +1221,34 @@ def test_blocks_pair_by_firmware_timestamp():
     assert np.allclose(back.vel, st.vel)
 
 
-def test_stopping_the_bridge_in_flight_descends_before_the_motors_stop():
+class _DeadPipe:
+    """stdout after the launch runner died: every write raises, as a closed pipe's does."""
+
+    def write(self, _text):
+        raise BrokenPipeError(32, "Broken pipe")
+
+    def flush(self):
+        raise BrokenPipeError(32, "Broken pipe")
+
+
+@pytest.mark.parametrize("output", ["open", "runner died"])
+def test_stopping_the_bridge_in_flight_descends_before_the_motors_stop(output, monkeypatch):
     """Ctrl-C with the vehicle at 1 m: close() streams setpoints that sink along the failsafe profile to
-    the floor over the fall time, and only then the stop setpoint."""
+    the floor over the fall time, and only then the stop setpoint; also where the launch runner died and
+    took the output pipe with it (the summary line raised first and skipped the descent and the stop)."""
     c, _ = armed_controller()
     b = fake_bridge(c, FakeClock())
+    closed = []
+    b.cf.close_link = lambda: closed.append(True)
     b._now = time.monotonic
     c.on_state(hover_state(t=time.monotonic()), time.monotonic())
-    b.close()
+    if output == "open":
+        b.close()
+    else:
+        monkeypatch.setattr(sys, "stdout", _DeadPipe())
+        with pytest.raises(BrokenPipeError):
+            b.close()
+    assert closed == [True]
     sent = b.cf.commander.sent
     first_stop = next(i for i, (_, z) in enumerate(sent) if z == "stop")
     heights = [z for _, z in sent[:first_stop]]
@@ -1213,6 +1256,45 @@ def test_stopping_the_bridge_in_flight_descends_before_the_motors_stop():
     assert heights[0] > 0.99 and heights[-1] == 0.0 and all(a >= b for a, b in zip(heights, heights[1:]))
     assert fall - 0.05 <= sent[first_stop][0] - sent[0][0] <= fall + 0.2
     assert all(z == "stop" for _, z in sent[first_stop:]) and c.mode is Mode.DISARMED
+
+
+CLOSER = """import sys
+sys.path.insert(0, {repo!r})
+from deploy.ros import Node, run_node
+
+
+class Closer(Node):
+    def __init__(self):
+        super().__init__("closer")
+        self.create_timer(0.05, self.stop)
+
+    def stop(self):
+        raise KeyboardInterrupt  # as a second Ctrl-C during a callback
+
+    def close(self):
+        raise BrokenPipeError(32, "Broken pipe")  # its summary line, to a dead launch runner's pipe
+
+    def destroy_node(self):
+        with open({log!r}, "a") as f:
+            f.write("destroyed\\n")
+        return super().destroy_node()
+
+
+sys.exit(run_node(Closer, (), []))
+"""
+
+
+def test_a_node_whose_clean_up_fails_is_destroyed_and_exits_non_zero(tmp_path):
+    """run_node: a close() that raises (its output pipe gone) is reported in one line and the node is
+    destroyed all the same; the exit code says the clean-up failed (the error used to escape run_node,
+    skipping destroy_node and rclpy.shutdown)."""
+    log = tmp_path / "node.log"
+    script = write(tmp_path / "closer.py", CLOSER.format(repo=str(REPO), log=str(log)))
+    env = {**os.environ, "ROS_DOMAIN_ID": "97", "ROS_AUTOMATIC_DISCOVERY_RANGE": "LOCALHOST"}
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60, env=env)
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    assert "closer: clean-up failed (BrokenPipeError: [Errno 32] Broken pipe)" in r.stderr, r.stderr
+    assert log.read_text() == "destroyed\n"
 
 
 def test_the_bridge_publishes_the_state_in_its_world_frame_parameter():
