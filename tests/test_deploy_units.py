@@ -805,6 +805,23 @@ def test_under_nohup_a_hangup_stops_nothing(tmp_path):
         _kill(pids)
 
 
+def _run_here(procs) -> int:
+    """deploy.launch.run in this process, its signal handlers restored afterwards."""
+    import deploy.launch as launch
+
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    try:
+        return launch.run(procs)
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+
+
+def _started(out: str) -> list[int]:
+    """The pids of the processes the runner's output says it started."""
+    return [int(x) for x in re.findall(r"process started with pid \[(\d+)\]", out)]
+
+
 def test_an_error_of_the_runner_itself_stops_every_node(tmp_path, monkeypatch, capsys):
     """The runner's own loop raising (here its selector, from the 5th call on): the nodes are stopped
     (SIGINT first, as on Ctrl-C) before the error propagates, none is left running."""
@@ -827,15 +844,10 @@ def test_an_error_of_the_runner_itself_stops_every_node(tmp_path, monkeypatch, c
             return super().select(timeout)
 
     monkeypatch.setattr(launch.selectors, "DefaultSelector", FailingSelector)
-    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
-    try:
-        with pytest.raises(RuntimeError, match="selector broke"):
-            launch.run(procs)
-    finally:
-        for sig, handler in handlers.items():
-            signal.signal(sig, handler)
+    with pytest.raises(RuntimeError, match="selector broke"):
+        _run_here(procs)
     out = capsys.readouterr().out
-    pids = [int(x) for x in re.findall(r"process started with pid \[(\d+)\]", out)]
+    pids = _started(out)
     try:
         assert len(pids) == 2 and "launch runner error: stopping 2 process(es)" in out, out
         assert all(_gone(pid, 1.0) for pid in pids)
@@ -851,14 +863,9 @@ def test_a_process_that_cannot_start_fails_the_run(order, capsys):
 
     ok = launch.Process("sleeper", [sys.executable, "-c", "import time; time.sleep(30)"], dict(os.environ))
     bad = launch.Process("missing", ["/nonexistent/node"], dict(os.environ))
-    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
-    try:
-        code = launch.run([ok, bad] if order == "second fails" else [bad, ok])
-    finally:
-        for sig, handler in handlers.items():
-            signal.signal(sig, handler)
+    code = _run_here([ok, bad] if order == "second fails" else [bad, ok])
     out = capsys.readouterr().out
-    pids = [int(x) for x in re.findall(r"process started with pid \[(\d+)\]", out)]
+    pids = _started(out)
     try:
         assert code == 1 and "could not start missing" in out, out
         assert len(pids) == (1 if order == "second fails" else 0) and all(_gone(pid, 1.0) for pid in pids)
