@@ -42,9 +42,12 @@ from .networks import Actor
 # stayed within 0.99-1.12 of each other.
 PARITY_FLOOR = 1e-5
 PARITY_QUANTILE = 0.999
-# The generated C (tanhf/expm1f of the host's libm, float32 as in PyTorch) against onnxruntime: the
-# bound its own self-test uses on the MCU; measured 3-5e-7.
-C_TOLERANCE = 1e-5
+# The generated C (tanhf/expm1f of the host's libm, float32 as in PyTorch) against onnxruntime: within the
+# ONNX check's tolerance (4 x PyTorch's own float32 error, at least PARITY_FLOOR): two float32
+# implementations of the network differ by its rounding, which grows with its width and weights. Measured
+# 2-5e-7 for the deployed 32 x 32 tanh actor (its self-test on the MCU keeps the floor); a fixed 1e-5
+# refused a correct ReLU actor of 512 x 512 with 3x weights (1.27e-5; PyTorch itself 9.6e-6 from float64).
+C_TOLERANCE = PARITY_FLOOR
 
 
 def parity_observations(policy, task_cfg, n: int = 10_000, seed: int = 0) -> np.ndarray:
@@ -129,22 +132,23 @@ def _export_into(out: Path, policy, task_cfg, cfg, rec: dict, contract) -> tuple
     onnx = OnnxPolicy(out / "policy.onnx", contract)
     res = parity(policy, onnx, obs)
     if "c" in names:
-        res.update(c_parity(out, obs, onnx(obs)))
+        res.update(c_parity(out, obs, onnx(obs), max(C_TOLERANCE, res["tolerance"])))
         res["ok"] = res["ok"] and res["c_ok"] is not False
     return res, names
 
 
-def c_parity(c_dir: Path, obs: np.ndarray, onnx_actions: np.ndarray) -> dict:
+def c_parity(c_dir: Path, obs: np.ndarray, onnx_actions: np.ndarray, tolerance: float) -> dict:
     """The generated C, built for this host, against onnxruntime on ``obs`` (finite observations):
-    every step returns 0, the embedded self-test passes, and no action is farther than C_TOLERANCE
+    every step returns 0, the embedded self-test passes, and no action is farther than ``tolerance``
     (``c_ok`` None where no C compiler is installed)."""
     ran = run_on_host(c_dir, obs)
     if ran is None:
         return {"c_ok": None}
     self_test, out = ran
     diff = float(np.abs(out["action"] - onnx_actions).max())
-    return {"c_ok": self_test == 0 and bool((out["rc"] == 0).all()) and diff <= C_TOLERANCE,
-            "c_max_abs_diff": diff, "c_self_test": self_test, "c_errors": int((out["rc"] != 0).sum())}
+    return {"c_ok": self_test == 0 and bool((out["rc"] == 0).all()) and diff <= tolerance,
+            "c_max_abs_diff": diff, "c_tolerance": tolerance, "c_self_test": self_test,
+            "c_errors": int((out["rc"] != 0).sum())}
 
 
 def parity(policy, onnx: Callable[..., np.ndarray], obs: np.ndarray) -> dict:
@@ -200,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     elif "c" in res:
         print(f"parity C (built for this host) vs onnxruntime: max |diff| = {res['c_max_abs_diff']:.2e}, "
               f"{res['c_errors']} error codes, self-test {res['c_self_test']} "
-              f"({'ok' if res['c_ok'] else 'FAILED'}: within {C_TOLERANCE:g}, no error code, self-test 0)")
+              f"({'ok' if res['c_ok'] else 'FAILED'}: within {res['c_tolerance']:.2g}, no error code, self-test 0)")
     if not res["ok"]:
         print(f"error: the export failed its check; its files are in {res['onnx'].parent} (export/ is unchanged)",
               file=sys.stderr)
