@@ -135,4 +135,10 @@ def _rows(x, size: int, what: str) -> np.ndarray:
     a = np.asarray(x, dtype=np.float32)
     if a.ndim not in (1, 2) or a.shape[-1] != size:
         raise ContractError(f"expected {what}s of {size} floats ([{size}] or [N, {size}]), got shape {list(a.shape)}")
-    return a.reshape(-1, size)
+    a = a.reshape(-1, size)
+    if not np.isfinite(a).all():
+        # Refused as the generated C refuses it (POLICY_ERR_INPUT): the graph's normaliser would clamp an
+        # infinity to 10 std and answer with a plausible action, a NaN would give NaN actions.
+        rows = np.flatnonzero(~np.isfinite(a).all(1))
+        raise ValueError(f"non-finite {what} in row(s) {rows[:5].tolist()}{' ...' if len(rows) > 5 else ''}")
+    return a

@@ -115,6 +115,19 @@ def test_onnx_matches_pytorch_on_random_and_on_distribution_observations(run_dir
     assert ref.std(0).min() > 0.1 and np.abs(ref).max() > 0.9
 
 
+def test_onnx_policy_refuses_a_non_finite_observation(exported):
+    """OnnxPolicy refuses an observation holding an infinity or a NaN, as the generated C does (its
+    error code and the safe action): the graph clamps an infinity to 10 std of its normaliser and
+    answered with a plausible action."""
+    policy = OnnxPolicy(exported["onnx"])
+    obs = exported["obs"][:4].copy()
+    assert np.isfinite(policy(obs)).all()
+    for bad in (np.inf, -np.inf, np.nan):
+        obs[2, 0] = bad
+        with pytest.raises(ValueError, match=r"non-finite observation in row\(s\) \[2\]"):
+            policy(obs)
+
+
 def test_onnx_metadata_carries_contract_and_provenance(run_dir, exported):
     meta = {p.key: p.value for p in onnx.load(str(exported["onnx"])).metadata_props}
     cfg = OmegaConf.load(run_dir / "config.yaml")
