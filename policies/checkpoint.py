@@ -121,6 +121,8 @@ def policy_from_record(rec: dict, where: Path, device="cpu") -> torch.nn.Module:
 
 def load_record(run_dir: str | Path, device="cpu") -> dict:
     """The record of a run's best policy (class, constructor arguments, weights, config, eval)."""
+    if not Path(run_dir).is_dir():
+        raise CheckpointError(f"{run_dir}: no such run directory")
     path = Path(run_dir) / BEST
     rec = load(path, device)
     if not isinstance(rec, dict) or not isinstance(rec.get("config"), dict):

@@ -51,8 +51,18 @@ def parse(argv: list[str]) -> tuple[dict, list[str]]:
         raise UserError("which task? e.g. python -m policies.collect task=arm_push episodes=100 out=data/arm_push")
     if not opts["out"]:  # where algo=diffusion_bc looks by default
         opts["out"] = "data/" + next(a for a in rest if a.startswith("task=")).split("=", 1)[1]
-    if opts["episodes"] < 1 or opts["num_envs"] < 1:
-        raise UserError("episodes and num_envs must be positive")
+    for k in ("episodes", "num_envs"):
+        if opts[k] < 1:
+            raise UserError(f"{k}={opts[k]}: expected at least 1")
+    if not opts["noise"] >= 0:
+        raise UserError(f"noise={opts['noise']}: expected >= 0 (the std of the expert's action noise)")
+    out = Path(opts["out"])  # checked before collecting: a dataset (or a run) is never written over
+    if out.exists() and not out.is_dir():
+        raise UserError(f"cannot write a dataset at '{out}': it is a file")
+    if out.is_dir() and any(out.iterdir()):
+        held = sorted(p.name for p in out.iterdir())
+        raise UserError(f"out={out} is not empty ({', '.join(held[:3])}{', ...' if len(held) > 3 else ''}): datasets "
+                        "are never written over; give another out= or delete it")
     return opts, rest
 
 

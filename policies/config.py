@@ -143,7 +143,7 @@ def expand_shorthands(overrides: list[str]) -> list[str]:
 
 def compose_config(overrides: list[str]) -> DictConfig:
     """Compose the run config from YAML + command-line overrides, validated against the schemas."""
-    overrides = expand_shorthands(overrides)
+    given, overrides = overrides, expand_shorthands(overrides)
     for o in overrides:
         key, _, value = o.partition("=")
         if key.startswith(("+", "~")):  # Hydra's key addition and deletion: a typo would be kept and never read
@@ -166,7 +166,12 @@ def compose_config(overrides: list[str]) -> DictConfig:
         with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
             cfg = compose("config", overrides=overrides)
     except (HydraException, OmegaConfBaseException) as e:
-        raise UserError(f"bad override: {_first_lines(e)}") from None
+        text = _first_lines(e)
+        algo = next((o.split("=", 1)[1] for o in reversed(overrides) if o.split("=", 1)[0] == "algo"), "ppo")
+        for short, owner in (("base", "dsrl"), ("dataset", "diffusion_bc")):  # typed as base= / dataset=
+            if f"Key '{short}' not in" in text and any(o.startswith(f"{short}=") for o in given):
+                raise UserError(f"{short}=: algo={algo} takes no {short} (it is algo={owner}'s)") from None
+        raise UserError(f"bad override: {text}") from None
     for k, v in get_task(cfg.task.name).run_defaults.items():
         if cfg[k] is None:
             cfg[k] = v

@@ -128,8 +128,9 @@ def load(path: str | Path, task: str | None = None, obs_dim: int | None = None,
     for another task (or, for ``critic_dim``, another critic layout: with or without latency)."""
     path = Path(path)
     if not (path / "meta.json").is_file() or not (path / "data.npz").is_file():
-        raise DatasetError(f"no dataset at '{path}': expected meta.json and data.npz there "
-                           f"(make one with python -m policies.collect task=<task> out={path})")
+        empty = not path.is_dir() or not any(path.iterdir())  # collect writes only into a new or empty directory
+        raise DatasetError(f"no dataset at '{path}': expected meta.json and data.npz there (make one with python -m "
+                           f"policies.collect task=<task> out={path if empty else '<a new directory>'})")
     try:
         meta = json.loads((path / "meta.json").read_text())
     except (ValueError, UnicodeDecodeError):

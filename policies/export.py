@@ -183,7 +183,8 @@ def main(argv: list[str] | None = None) -> int:
     if help_requested(argv, __doc__):
         return 0
     if len(argv) != 1:
-        print("usage: python -m policies.export <run_dir>", file=sys.stderr)
+        extra = f"unexpected argument '{argv[1]}'; " if len(argv) > 1 else ""
+        print(f"error: {extra}usage: python -m policies.export <run_dir>", file=sys.stderr)
         return 2
     try:
         res = export_run(Path(argv[0]))

@@ -73,6 +73,10 @@ def prepare(argv: list[str]) -> tuple[DictConfig, Path, dict | None]:
         run_dir = Path(cfg.run_dir or f"runs/{cfg.task.name}/{cfg.algo.name}_seed{cfg.seed}_{datetime.now():%Y%m%d-%H%M%S}")
         if (run_dir / ckpt.LAST).exists():
             raise UserError(f"{run_dir} already holds a run; continue it with resume={run_dir} or pick another run_dir")
+        held = sorted(p.name for p in run_dir.iterdir() if p.name != LOCK) if run_dir.is_dir() else []
+        if held:  # a run killed before its first checkpoint, a dataset, ... (a lock alone: checked when taken)
+            raise UserError(f"run_dir={run_dir} is not empty ({', '.join(held[:3])}{', ...' if len(held) > 3 else ''}): "
+                            "a run writes into a directory of its own; pick another run_dir")
         cfg.run_dir = str(run_dir)
         return cfg, run_dir, None
 
@@ -102,6 +106,10 @@ def prepare(argv: list[str]) -> tuple[DictConfig, Path, dict | None]:
     # a key given on the command line, or inside one given whole (task.reward={...}, task=...)
     bad = [k for k in diff_keys(new, old) if any(k == e or k.startswith(e + ".") for e in explicit)
            or k.split(".")[0] in explicit]
+    for group in ("task", "algo"):  # another task or algorithm changes most of its fields: name the choice
+        if group in explicit and new[group]["name"] != saved[group].name:
+            raise UserError(f"resume={resume}: cannot change {group} ({saved[group].name} -> {new[group]['name']}) "
+                            "of an existing run; start a new run")
     if bad:
         raise UserError(f"resume={resume}: cannot change {', '.join(bad)} of an existing run "
                         f"(only {', '.join(sorted(RESUMABLE_OVERRIDES - {'resume'}))} may change)")
@@ -337,12 +345,15 @@ def run(cfg: DictConfig, run_dir: Path, resume_state: dict | None, t_start: floa
         return results
 
 
+LOCK = ".lock"  # in the run directory, held while a policies.train runs there
+
+
 def lock_run_dir(run_dir: Path):
     """An exclusive lock on ``run_dir`` (the open file, a context manager: closing it releases the lock,
     as does the end of the process): a second policies.train there, started before the first one's checkpoint or
     resuming a run still going, stops with one line instead of training over it (and deleting its
     replay segments)."""
-    f = open(run_dir / ".lock", "a")
+    f = open(run_dir / LOCK, "a")
     try:
         fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:

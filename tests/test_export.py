@@ -435,6 +435,13 @@ def test_the_c_check_allows_the_float32_rounding_of_a_wide_network(tmp_path):
             assert res["tolerance"] == 1e-5 and c["c_max_abs_diff"] < 1e-6, (res, c)
 
 
+def test_export_names_a_missing_run_and_an_extra_argument(run_dir, tmp_path, capsys):
+    assert main([str(tmp_path / "nope")]) == 2
+    assert capsys.readouterr().err.strip() == f"error: {tmp_path / 'nope'}: no such run directory"
+    assert main([str(run_dir), "foo=1"]) == 2
+    assert capsys.readouterr().err.strip() == "error: unexpected argument 'foo=1'; usage: python -m policies.export <run_dir>"
+
+
 def test_a_failed_check_leaves_the_last_good_export_in_place(run_dir, tmp_path, monkeypatch, capsys):
     import policies.export as pe
 

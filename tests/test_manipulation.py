@@ -142,6 +142,16 @@ def test_damaged_datasets_are_one_error_line(demos, tmp_path):
     (tmp_path / "a_file").write_text("")
     r = cli("policies.collect", "task=arm_reach", "episodes=1", f"out={tmp_path / 'a_file'}", "progress=false")
     assert r.returncode == 2 and "cannot write a dataset" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    # An existing dataset (or any directory with files) is never collected over; bad values are named, up front.
+    before = {f.name: f.read_bytes() for f in demos.iterdir()}
+    for args, message in (([f"out={demos}"], f"out={demos} is not empty (data.npz, meta.json): datasets are never "
+                           "written over; give another out= or delete it"),
+                          (["noise=-1", f"out={tmp_path / 'new'}"], "noise=-1.0: expected >= 0"),
+                          (["episodes=0", f"out={tmp_path / 'new'}"], "episodes=0: expected at least 1"),
+                          (["num_envs=0", f"out={tmp_path / 'new'}"], "num_envs=0: expected at least 1")):
+        r = cli("policies.collect", "task=arm_push", "episodes=1", *args, "progress=false")
+        assert r.returncode == 2 and message in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert {f.name: f.read_bytes() for f in demos.iterdir()} == before and not (tmp_path / "new").exists()
 
 
 def test_dataset_arrays_that_disagree_with_their_episode_ends_are_refused(demos, tmp_path):
@@ -211,6 +221,7 @@ def test_bc_keeps_to_its_budget_and_refuses_a_changed_dataset_on_resume(demos, t
     assert r.returncode in (0, 1) and "Traceback" not in r.stderr, r.stderr
     state = torch.load(run / ckpt.LAST, weights_only=False)["algo"]
     assert state["updates"] == 150 and state["sched"]["_last_lr"][0] < 1e-9
+    shutil.rmtree(data)  # collected again (collect never writes over a dataset)
     r = cli("policies.collect", "task=arm_push", "episodes=3", "noise=0.2", "num_envs=3", f"out={data}", "progress=false")
     assert r.returncode == 0, r.stderr
     r = cli("policies.train", f"resume={run}", "progress=false")  # its checkpoint loads before "nothing to train"
@@ -491,6 +502,11 @@ def test_noise_prior_keeps_the_steering_near_the_base_noise(base_run, prior):
 def test_dsrl_refuses_a_bad_base(tmp_path, run_dir, base_run):
     r = cli("policies.train", "task=arm_push", "algo=dsrl", f"base={tmp_path / 'nowhere'}",
             f"run_dir={tmp_path / 'a'}", *FAST)
+    assert r.returncode == 2 and f"{tmp_path / 'nowhere'}: no such run directory" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
+    (tmp_path / "empty").mkdir()
+    r = cli("policies.train", "task=arm_push", "algo=dsrl", f"base={tmp_path / 'empty'}",
+            f"run_dir={tmp_path / 'a'}", *FAST)
     assert r.returncode == 2 and "no checkpoint at" in r.stderr and "Traceback" not in r.stderr
     r = cli("policies.train", "task=arm_push", "algo=dsrl", f"algo.base={run_dir}", f"run_dir={tmp_path / 'b'}", *FAST)
     assert r.returncode == 2 and "holds a 'Actor' policy; DSRL steers a diffusion policy" in r.stderr
@@ -559,7 +575,7 @@ def test_dsrl_benchmarks_refuse_a_run_of_another_kind(tmp_path, run_dir, base_ru
     """The steering benchmarks name the run they need in one line: a base for steerability, a DSRL
     run for the critic (a PPO run, a base or nothing at all given instead)."""
     for module, run, expected in (("benchmarks.steerability", run_dir, "holds a 'Actor' policy"),
-                                  ("benchmarks.steerability", tmp_path / "nowhere", "no checkpoint at"),
+                                  ("benchmarks.steerability", tmp_path / "nowhere", "no such run directory"),
                                   ("benchmarks.dsrl_critic", base_run, "is an algo=diffusion_bc run"),
                                   ("benchmarks.dsrl_critic", tmp_path, "expected an algo=dsrl run directory")):
         r = cli(module, str(run), "--no-write")

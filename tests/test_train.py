@@ -443,6 +443,8 @@ def test_help_prints_the_usage_of_each_command(capsys):
     (["task=arm_push", "confirm_backends=[torch]"], "expected one or more of mujoco (the simulators arm_push runs in)"),
     (["task=arm_push", "task.episode_steps=long"], "task.episode_steps=long"),  # the composed task's schema
     (["confirm_episodes=0"], "confirm_episodes=0: expected at least 1"),
+    (["algo=sac", "base=/tmp/x"], "base=: algo=sac takes no base (it is algo=dsrl's)"),  # not "algo.base" (not typed)
+    (["dataset=/tmp/x"], "dataset=: algo=ppo takes no dataset (it is algo=diffusion_bc's)"),
     (["eval_episodes=0"], "eval_episodes=0: expected at least 1"),
     (["threads=0"], "threads=0: expected at least 1"),
     (["algo.num_envs=0"], "algo.num_envs=0: expected at least 1"),  # would spin until max_seconds
@@ -562,6 +564,10 @@ def test_resume_errors_overwrite_nothing(tmp_path):
 
     res = _run_cli(f"resume={run}", "seed=7")
     assert res.returncode == 2 and "cannot change seed" in res.stderr and "Traceback" not in res.stderr
+    for choice, change in (("algo=sac", "algo (ppo -> sac)"), ("task=quad_track", "task (quad_hover -> quad_track)")):
+        res = _run_cli(f"resume={run}", choice)  # named as chosen, not as the dozens of fields it changes
+        assert res.returncode == 2 and res.stderr.strip() == (
+            f"error: resume={run}: cannot change {change} of an existing run; start a new run"), res.stderr
     res = _run_cli(f"resume={run}", "task.reward={position:2.0}")  # a dict given whole changes its keys
     assert res.returncode == 2 and "cannot change task.reward.position" in res.stderr, res.stderr
     res = _run_cli(f"resume={run}", f"run_dir={tmp_path / 'elsewhere'}")
@@ -569,6 +575,15 @@ def test_resume_errors_overwrite_nothing(tmp_path):
 
     res = _run_cli(*TINY, f"run_dir={run}")
     assert res.returncode == 2 and "already holds a run" in res.stderr
+    # A run killed before its first checkpoint, or any other directory with files in it, is not trained over.
+    killed = tmp_path / "killed"
+    (killed / "tb").mkdir(parents=True)
+    (killed / "config.yaml").write_text("task: {name: quad_track}\n")
+    res = _run_cli(*TINY, f"run_dir={killed}")
+    assert res.returncode == 2 and res.stderr.strip() == (
+        f"error: run_dir={killed} is not empty (config.yaml, tb): a run writes into a directory of its own; "
+        "pick another run_dir"), res.stderr
+    assert sorted(p.name for p in killed.iterdir()) == ["config.yaml", "tb"] and not any((killed / "tb").iterdir())
 
     state = torch.load(run / "checkpoints/last.pt", weights_only=False)
     assert state["contract"] == get_task("quad_hover").contract.version
