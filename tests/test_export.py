@@ -412,8 +412,11 @@ def test_the_c_check_allows_the_float32_rounding_of_a_wide_network(tmp_path):
     from export.onnx_policy import export_onnx
     from policies.export import c_parity, parity
 
-    pretrained, _ = ckpt.load_policy(REPO / "policies" / "pretrained" / "quad_hover")
-    obs = np.load(REPO / "policies" / "pretrained" / "quad_hover" / "export" / "parity_obs.npy").astype(np.float32)
+    from policies.config import to_objects
+    from policies.export import parity_observations
+
+    pretrained, rec = ckpt.load_policy(REPO / "policies" / "pretrained" / "quad_hover")
+    obs = parity_observations(pretrained, to_objects(OmegaConf.create(rec["config"]))[0])  # its export's 20k
     torch.manual_seed(0)
     wide = Actor(22, 4, [512, 512], "relu", 0.33)
     wide.obs_norm.load_state_dict(pretrained.obs_norm.state_dict())
