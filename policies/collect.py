@@ -24,7 +24,7 @@ from export.onnx_policy import source_revision
 from sim.registry import get_task
 
 from . import dataset as ds
-from .config import UserError, compose_config, help_requested, to_objects
+from .config import UserError, compose_config, held_files, help_requested, to_objects
 
 OPTIONS = {"episodes": int, "noise": float, "seed": int, "out": str, "num_envs": int, "successful_only": bool,
            "progress": bool}
@@ -59,10 +59,9 @@ def parse(argv: list[str]) -> tuple[dict, list[str]]:
     out = Path(opts["out"])  # checked before collecting: a dataset (or a run) is never written over
     if out.exists() and not out.is_dir():
         raise UserError(f"cannot write a dataset at '{out}': it is a file")
-    if out.is_dir() and any(out.iterdir()):
-        held = sorted(p.name for p in out.iterdir())
-        raise UserError(f"out={out} is not empty ({', '.join(held[:3])}{', ...' if len(held) > 3 else ''}): datasets "
-                        "are never written over; give another out= or delete it")
+    if held := held_files(out):
+        raise UserError(f"out={out} is not empty ({held}): datasets are never written over; give another out= or "
+                        "delete it")
     return opts, rest
 
 

@@ -110,6 +110,13 @@ ALGO_RANGES = {"gamma": (0.0, 1.0, True), "gae_lambda": (0.0, 1.0, True), "tau":
                "alpha_lr": (0.0, math.inf, True)}
 
 
+def held_files(path: Path, ignore: tuple[str, ...] = ()) -> str:
+    """The names in directory ``path`` (but ``ignore``), the first three and "..." for more; "" where it
+    is empty or absent: for the errors of commands that write only into a new or empty directory."""
+    names = sorted(p.name for p in path.iterdir() if p.name not in ignore) if path.is_dir() else []
+    return ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
+
+
 def help_requested(argv: list[str], usage: str) -> bool:
     """``-h`` / ``--help`` anywhere on a command line: print ``usage`` and say so (the caller exits 0)."""
     if any(a in ("-h", "--help") for a in argv):

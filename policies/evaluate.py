@@ -252,7 +252,8 @@ def success_episodes(env, obs: dict[str, torch.Tensor],
             out = act(obs, finished)
             queue = list(out.unbind(1)) if out.dim() == 3 else [out]
         obs, _, term, trunc, info = env.step(queue.pop(0))
-        distance[t, ~finished.numpy()] = info["goal_distance"].cpu().numpy()[~finished.numpy()]
+        running = ~finished.numpy()
+        distance[t, running] = info["goal_distance"].cpu().numpy()[running]
         first = info["success"].cpu() & ~finished & ~success
         steps[first] = t + 1
         success |= first

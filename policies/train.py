@@ -28,7 +28,7 @@ from sim.registry import get_task
 
 from . import checkpoint as ckpt
 from .config import (RESUMABLE_OVERRIDES, UserError, check_device, compose_config, config_hash, diff_keys,
-                     expand_shorthands, help_requested, to_objects, train_usage)
+                     expand_shorthands, held_files, help_requested, to_objects, train_usage)
 from .evaluate import evaluate, evaluate_backends
 
 _IMPORTED = time.time()
@@ -73,10 +73,10 @@ def prepare(argv: list[str]) -> tuple[DictConfig, Path, dict | None]:
         run_dir = Path(cfg.run_dir or f"runs/{cfg.task.name}/{cfg.algo.name}_seed{cfg.seed}_{datetime.now():%Y%m%d-%H%M%S}")
         if (run_dir / ckpt.LAST).exists():
             raise UserError(f"{run_dir} already holds a run; continue it with resume={run_dir} or pick another run_dir")
-        held = sorted(p.name for p in run_dir.iterdir() if p.name != LOCK) if run_dir.is_dir() else []
-        if held:  # a run killed before its first checkpoint, a dataset, ... (a lock alone: checked when taken)
-            raise UserError(f"run_dir={run_dir} is not empty ({', '.join(held[:3])}{', ...' if len(held) > 3 else ''}): "
-                            "a run writes into a directory of its own; pick another run_dir")
+        # a run killed before its first checkpoint, a dataset, ... (a lock alone is checked when it is taken)
+        if held := held_files(run_dir, ignore=(LOCK,)):
+            raise UserError(f"run_dir={run_dir} is not empty ({held}): a run writes into a directory of its own; "
+                            "pick another run_dir")
         cfg.run_dir = str(run_dir)
         return cfg, run_dir, None
 

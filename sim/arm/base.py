@@ -460,8 +460,9 @@ class ArmEnv(gym.vector.VectorEnv):
 
     def goal_distance(self) -> np.ndarray:
         """[N] m: the distance that the task's success bounds by ``cfg.success_radius`` (step() reports it
-        in ``info["goal_distance"]``; evaluation plots it)."""
-        raise NotImplementedError
+        in ``info["goal_distance"]``; evaluation plots it). Default (the cube tasks): the cube centre's
+        horizontal distance to the goal."""
+        return np.linalg.norm(self.goal[:, :2] - self.cube_pos[:, :2], axis=-1)
 
     def failure(self) -> np.ndarray:
         """Episode failure (ends it, terminated = True), [N] bool. Default: the cube left the table."""

@@ -75,10 +75,6 @@ class ArmPickPlaceEnv(ArmEnv):
     def grasped(self) -> np.ndarray:
         return self.finger_touch.all(-1)
 
-    def goal_distance(self) -> np.ndarray:
-        """[N] m: the cube centre's horizontal distance to the goal."""
-        return np.linalg.norm(self.goal[:, :2] - self.cube_pos[:, :2], axis=-1)
-
     def success(self) -> np.ndarray:
         c = self.cfg
         on_goal = self.goal_distance() < c.success_radius

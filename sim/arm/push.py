@@ -107,10 +107,6 @@ class ArmPushEnv(ArmEnv):
                                             sin * line[:, 0] + cos * line[:, 1]), -1)
 
     # ------------------------------------------------------------------ success, reward
-    def goal_distance(self) -> np.ndarray:
-        """[N] m: the cube centre's horizontal distance to the goal."""
-        return np.linalg.norm(self.goal[:, :2] - self.cube_pos[:, :2], axis=-1)
-
     def success(self) -> np.ndarray:
         on_table = np.abs(self.cube_pos[:, 2] - self.goal[:, 2]) < self.cfg.rest_tolerance
         return (self.goal_distance() < self.cfg.success_radius) & on_table
