@@ -335,19 +335,21 @@ class McuPolicy:
         return actions, rcs, ticks
 
     def glue_step(self, pos, quat, vel, gyro_dps, setpoint_pos, setpoint_vel, now_ms: int, setpoint_ms: int,
-                  setpoint_kind: int = SETPOINT_POSITION, policy_tick: bool = True,
+                  setpoint_kind: int = SETPOINT_POSITION, step: int | None = None,
                   in_flight: bool = True) -> GlueOutput:
         """One stabilizer step of the onboard controller on the MCU, with the inputs controller_oot.c
         gives it on the vehicle: estimated position (m), attitude quaternion (w, x, y, z, body to
         world), velocity (m/s, world), gyro (deg/s, body FLU), the setpoint's position and velocity,
-        the time and the setpoint's time stamp (ms, uint32 clock), its kind, and the flags."""
+        the time and the setpoint's time stamp (ms, uint32 clock), its kind, the stabilizer step (1 kHz
+        main loop; by default ``now_ms``, as if the stabilizer started with the clock) and whether it
+        flies. The glue runs the policy on the step it engages and every 10 steps after."""
         floats = np.concatenate([np.asarray(x, np.float32).reshape(-1) for x in
                                  (pos, quat, vel, gyro_dps, setpoint_pos, setpoint_vel)])
         if floats.shape != (19,):
             raise PilError(f"glue inputs: expected 3 + 4 + 3 + 3 + 3 + 3 floats, got {floats.size}")
-        flags = int(bool(policy_tick)) | int(bool(in_flight)) << 1
-        payload = floats.tobytes() + struct.pack("<IIBB", now_ms & 0xFFFFFFFF, setpoint_ms & 0xFFFFFFFF, flags,
-                                                 setpoint_kind)
+        step = now_ms if step is None else step
+        payload = floats.tobytes() + struct.pack("<IIIBB", now_ms & 0xFFFFFFFF, setpoint_ms & 0xFFFFFFFF,
+                                                 step & 0xFFFFFFFF, int(bool(in_flight)), setpoint_kind)
         seq = self._seq
         self._seq = (self._seq + 1) & 0xFF
         self.send_bytes(encode_frame(FRAME_SENSORS, seq, payload))

@@ -295,8 +295,9 @@ def test_the_onboard_glue_on_the_mcu_flies_the_policy_from_firmware_units(mcu, e
     """cf_policy_glue on the MCU, given what controller_oot.c gives it on the vehicle (quaternion w, x,
     y, z; gyro in deg/s; the setpoint), computes the action onnxruntime computes from the contract
     observation (previous action: the hover action when it engages, then its own last action) and the
-    motor forces of the thrust mapping, clamped at the stock THRUST_MAX; a stale setpoint latches the
-    dead-man fault, a fresh stop clears it, a non-finite gyro is a policy error."""
+    motor forces of the thrust mapping, clamped at the stock THRUST_MAX, and holds the action between
+    policy periods; a stale setpoint latches the dead-man fault, a fresh stop clears it, a non-finite
+    gyro is a policy error."""
     from deploy.state import make_state, observation
     from export.onnx_policy import OnnxPolicy
 
@@ -326,6 +327,12 @@ def test_the_onboard_glue_on_the_mcu_flies_the_policy_from_firmware_units(mcu, e
         saturated += int((~below).sum())
         prev = out.action
     assert saturated > 0  # some actions above ~0.74 were clamped, as on the vehicle
+    # A stabilizer step within the policy period (5 ms on) holds the action, whatever the state; the
+    # step travels in the frame (by default the ms clock: a 1 kHz stabilizer).
+    held = mcu.glue_step(st.pos + 0.5, st.quat, st.vel, zeros, sp, zeros, now + 5, now + 5)
+    assert pil.GLUE_MODES[held.mode] == "policy" and np.array_equal(held.action, prev)
+    moved = mcu.glue_step(st.pos + 0.5, st.quat, st.vel, zeros, sp, zeros, now + 5, now + 5, step=now + 10)
+    assert not np.array_equal(moved.action, prev)
     # Setpoints stop for longer than the dead-man time: in flight, the stock controller's turn, motors
     # not the policy's; a stop setpoint with a fresh stamp clears the fault.
     out = mcu.glue_step(st.pos, st.quat, st.vel, zeros, sp, zeros, now + 400, now)

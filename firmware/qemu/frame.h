@@ -34,8 +34,8 @@
 #define FRAME_QUIT 'Q'   /* host -> MCU: no payload; the image exits through semihosting */
 /* The onboard controller's glue (crazyflie/src/cf_policy_glue.c) between them, in firmware units:
  * host -> MCU: float32 pos[3] (m), quat[4] (w, x, y, z), vel[3] (m/s), gyro[3] (deg/s), setpoint
- * pos[3], setpoint vel[3]; uint32 now_ms, setpoint_ms; uint8 flags (bit 0 policy tick, bit 1 in
- * flight), uint8 setpoint kind (cfp_setpoint_kind_t): 86 bytes. */
+ * pos[3], setpoint vel[3]; uint32 now_ms, setpoint_ms, stabilizer step (1 kHz: the host sends
+ * now_ms); uint8 flags (bit 0 in flight), uint8 setpoint kind (cfp_setpoint_kind_t): 90 bytes. */
 #define FRAME_SENSORS 'S'
 /* MCU -> host: int32 policy rc, uint8 mode (cfp_mode_t), uint8 fault (cfp_fault_t), 2 zero bytes,
  * float32 action[4], float32 normalized motor force[4], uint32 SysTick ticks of cfp_update: 44 bytes. */

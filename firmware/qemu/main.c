@@ -19,7 +19,10 @@
  * ~0.74, firmware/README.md). */
 #define CF2_THRUST_MAX 0.1125f
 
-#define SENSORS_PAYLOAD 86u
+/* The stabilizer's rate on the vehicle (RATE_MAIN_LOOP): a FRAME_SENSORS step counts periods of it. */
+#define PIL_MAIN_LOOP_HZ 1000u
+
+#define SENSORS_PAYLOAD 90u
 #define MOTORS_PAYLOAD 44u
 
 static cfp_t glue;
@@ -77,15 +80,15 @@ static void answer_obs(const frame_t *f)
 static void answer_sensors(const frame_t *f)
 {
   float v[19];
-  uint32_t ms[2];
+  uint32_t ms[3]; /* now_ms, setpoint_ms, stabilizer step */
   memcpy(v, f->payload, sizeof v);
   memcpy(ms, &f->payload[sizeof v], sizeof ms);
   const uint8_t flags = f->payload[sizeof v + sizeof ms];
   const uint8_t kind = f->payload[sizeof v + sizeof ms + 1];
   cfp_input_t in = {
     .now_ms = ms[0],
-    .policy_tick = (flags & 1u) != 0u,
-    .in_flight = (flags & 2u) != 0u,
+    .step = ms[2],
+    .in_flight = (flags & 1u) != 0u,
     .setpoint_kind = kind <= (uint8_t)CFP_SETPOINT_OTHER ? (cfp_setpoint_kind_t)kind : CFP_SETPOINT_OTHER,
     .setpoint_ms = ms[1],
   };
@@ -115,7 +118,7 @@ int main(void)
   uart_init();
   ticks_init();
   policy_reset();
-  const cfp_config_t cfg = cfp_vehicle_config(CF2_THRUST_MAX);
+  const cfp_config_t cfg = cfp_vehicle_config(CF2_THRUST_MAX, PIL_MAIN_LOOP_HZ);
   cfp_init(&glue, &cfg);
   boot_report();
 

@@ -53,6 +53,7 @@ static const cfp_config_t config = {
   .thrust_max = 0.1125f,
   .hover_action = 0.334f,
   .deadman_ms = 300u,
+  .steps_per_period = 10u, /* a 1 kHz stabilizer, a 10 ms policy period */
 };
 
 static void reset_fake(int rc)
@@ -62,13 +63,14 @@ static void reset_fake(int rc)
   fake_resets = 0;
 }
 
-/* Hovering 1 m up, level, a fresh position setpoint at the current time. */
+/* Hovering 1 m up, level, a fresh position setpoint at the current time; the stabilizer's step is
+ * the ms clock (1 kHz). */
 static cfp_input_t hover_input(uint32_t now_ms)
 {
   cfp_input_t in;
   memset(&in, 0, sizeof in);
   in.now_ms = now_ms;
-  in.policy_tick = true;
+  in.step = now_ms;
   in.in_flight = true;
   in.pos[2] = 1.0f;
   in.quat[0] = 1.0f;
@@ -188,9 +190,8 @@ static void test_engage_and_hold(void)
   cfp_init(&c, &config);
   CHECK(c.mode == CFP_IDLE);
 
-  /* Engaging runs the policy at once, even off a policy tick, with the hover action as previous action. */
-  cfp_input_t in = hover_input(1000);
-  in.policy_tick = false;
+  /* Engaging runs the policy at once, on any step, with the hover action as previous action. */
+  cfp_input_t in = hover_input(1003);
   CHECK(cfp_update(&c, &in) == CFP_POLICY);
   CHECK(fake_resets == 1);
   CHECK(fake_calls == 1);
@@ -200,10 +201,10 @@ static void test_engage_and_hold(void)
   }
   const float held = c.motor_force[0];
 
-  /* Between policy ticks (500 Hz loop, 100 Hz policy) the action is held. */
-  for (int step = 1; step < 5; ++step) {
-    in = hover_input(1000u + 2u * (uint32_t)step);
-    in.policy_tick = false;
+  /* The action is held for a whole period counted from the engaging step, also across the step a
+   * free-running 100 Hz tick would fire on (1010): the first action lasts 10 ms, as in training. */
+  for (uint32_t step = 1004; step < 1013; ++step) {
+    in = hover_input(step);
     CHECK(cfp_update(&c, &in) == CFP_POLICY);
   }
   CHECK(fake_calls == 1);
@@ -212,7 +213,7 @@ static void test_engage_and_hold(void)
   /* On the next tick the previous action fed back is the one being applied. */
   float applied[CFP_ACT_DIM];
   memcpy(applied, c.action, sizeof applied);
-  in = hover_input(1010);
+  in = hover_input(1013);
   CHECK(cfp_update(&c, &in) == CFP_POLICY);
   CHECK(fake_calls == 2);
   CHECK(fake_resets == 1);
@@ -381,12 +382,20 @@ static void test_other_setpoints(void)
   CHECK(cfp_update(&c, &in) == CFP_FALLBACK);
   CHECK(!c.fallback_takeover);
 
-  /* Position setpoints again: the policy re-engages from a reset state. */
-  in = hover_input(1020);
-  in.policy_tick = false;
+  /* Position setpoints again: the policy re-engages from a reset state, at once, and its periods
+   * count from the new engaging step. */
+  const int calls = fake_calls;
+  in = hover_input(1027);
   CHECK(cfp_update(&c, &in) == CFP_POLICY);
   CHECK(fake_resets == 2);
+  CHECK(fake_calls == calls + 1);
   CHECK(fake_last_obs[CFP_OBS_PREV] == config.hover_action);
+  in = hover_input(1030);
+  CHECK(cfp_update(&c, &in) == CFP_POLICY);
+  CHECK(fake_calls == calls + 1);
+  in = hover_input(1037);
+  CHECK(cfp_update(&c, &in) == CFP_POLICY);
+  CHECK(fake_calls == calls + 2);
 
   /* A stop setpoint cuts the motors at once, also in flight (as the stock controllers do). */
   in.setpoint_kind = CFP_SETPOINT_STOP;

@@ -19,7 +19,9 @@
 #error "policy.h is not of contract crazyflie-rpm-v1 (or predates contract macros): re-export it"
 #endif
 
-static inline cfp_config_t cfp_vehicle_config(float thrust_max)
+/* main_loop_hz: the rate cfp_update() is called at and its input's step counts (the firmware's
+ * RATE_MAIN_LOOP); the policy runs every POLICY_PERIOD_MS of those steps' time. */
+static inline cfp_config_t cfp_vehicle_config(float thrust_max, uint32_t main_loop_hz)
 {
   const cfp_config_t cfg = {
     .policy_step = policy_step,
@@ -29,6 +31,7 @@ static inline cfp_config_t cfp_vehicle_config(float thrust_max)
     .thrust_max = thrust_max,
     .hover_action = CF_HOVER_ACTION,
     .deadman_ms = CFP_DEADMAN_MS,
+    .steps_per_period = main_loop_hz * POLICY_PERIOD_MS / 1000u,
   };
   return cfg;
 }

@@ -6,10 +6,14 @@
 void cfp_init(cfp_t *c, const cfp_config_t *cfg)
 {
   c->cfg = *cfg;
+  if (c->cfg.steps_per_period == 0u) {
+    c->cfg.steps_per_period = 1u; /* a zero period would divide by zero: run on every step */
+  }
   c->mode = CFP_IDLE;
   c->fault = CFP_FAULT_NONE;
   c->policy_rc = 0;
   c->policy_steps = 0;
+  c->engage_step = 0;
   c->fallback_takeover = false;
   for (int i = 0; i < CFP_OBS_DIM; ++i) {
     c->obs[i] = 0.0f;
@@ -115,15 +119,21 @@ cfp_mode_t cfp_update(cfp_t *c, const cfp_input_t *in)
     } else if (in->setpoint_kind != CFP_SETPOINT_POSITION) {
       c->mode = CFP_FALLBACK;
     } else {
+      /* The policy runs on the step it engages and then every steps_per_period steps from there, so
+       * its first action is held for a whole period, as in training (a global 100 Hz tick would cut
+       * it to 1..10 ms). The phase jumps once when the step counter wraps (2^32 steps, 49.7 days at
+       * 1 kHz). */
       const bool engaging = previous != CFP_POLICY;
       if (engaging) {
+        c->engage_step = in->step;
         c->cfg.policy_reset();
         for (int i = 0; i < CFP_ACT_DIM; ++i) {
           c->action[i] = c->cfg.hover_action;
         }
       }
       c->mode = CFP_POLICY;
-      if ((engaging || in->policy_tick) && !run_policy(c, in)) {
+      const bool period_start = (uint32_t)(in->step - c->engage_step) % c->cfg.steps_per_period == 0u;
+      if (period_start && !run_policy(c, in)) {
         c->mode = in->in_flight ? CFP_FALLBACK : CFP_IDLE;
       }
     }

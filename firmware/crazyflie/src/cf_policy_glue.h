@@ -5,7 +5,7 @@
  * stabilizer step. The glue decides who drives the motors:
  *
  *   CFP_IDLE      motors off (normalized force 0)
- *   CFP_POLICY    the exported network, evaluated on policy ticks (100 Hz), action held in between
+ *   CFP_POLICY    the exported network, evaluated once per policy period (10 ms), action held in between
  *   CFP_FALLBACK  the stock PID controller (the adapter calls it with the firmware's setpoint)
  *
  * Rules, checked in this order on every call:
@@ -23,7 +23,8 @@
  *   5. Fresh setpoint that is not an absolute x/y/z position (attitude, velocity, ...): FALLBACK,
  *      the policy only knows how to reach a position.
  *   6. Fresh position setpoint: POLICY. On engaging, policy_reset() is called, the previous-action
- *      observation starts at the hover action (as in training) and the policy runs at once.
+ *      observation starts at the hover action (as in training) and the policy runs at once, then
+ *      every steps_per_period stabilizer steps counted from that step.
  *
  * On the step FALLBACK begins (from POLICY or from IDLE), fallback_takeover is set: the stock PID has
  * been running open-loop (output discarded), beside the policy its integrators hold the integral of
@@ -62,6 +63,7 @@ typedef struct {
   float thrust_max;    /* per-motor thrust at normalized force 1, N (firmware THRUST_MAX) */
   float hover_action;  /* previous-action observation when the policy engages */
   uint32_t deadman_ms; /* setpoint age at which a flying policy lets go, ms */
+  uint32_t steps_per_period; /* stabilizer steps per policy period (10 at the 1 kHz main loop) */
 } cfp_config_t;
 
 typedef enum {
@@ -72,7 +74,7 @@ typedef enum {
 
 typedef struct {
   uint32_t now_ms;     /* current time, ms (same clock as setpoint_ms, may wrap) */
-  bool policy_tick;    /* true once per policy period (10 ms) */
+  uint32_t step;       /* stabilizer step (counts main-loop periods, may wrap) */
   bool in_flight;      /* the firmware thinks it is flying (supervisorIsFlying) */
   float pos[3];        /* estimated position, world ENU, m */
   float quat[4];       /* estimated attitude w, x, y, z, body->world */
@@ -98,6 +100,7 @@ typedef struct {
   cfp_fault_t fault;     /* latched fault, CFP_FAULT_NONE when the policy may engage */
   int policy_rc;         /* last policy_step return code */
   uint32_t policy_steps; /* policy evaluations since init */
+  uint32_t engage_step;  /* stabilizer step the policy last engaged on: its periods count from there */
   float obs[CFP_OBS_DIM];       /* last observation given to the policy */
   float action[CFP_ACT_DIM];    /* last action, held between policy ticks */
   float motor_force[CFP_ACT_DIM]; /* normalized force 0..1 per motor, valid in IDLE and POLICY */

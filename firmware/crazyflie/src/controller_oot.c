@@ -55,6 +55,10 @@ _Static_assert(POLICY_PERIOD_MS == 10, "policy.h: period is not the 10 ms (RATE_
  * newlib tanhf differ from it by float rounding only (~1e-7). */
 #define SELF_TEST_TOL 1e-5f
 
+#if (RATE_MAIN_LOOP * POLICY_PERIOD_MS) % 1000 != 0
+#error "the policy period is not a whole number of stabilizer steps"
+#endif
+
 static cfp_t glue;
 static control_t pid_control;
 static uint8_t log_mode;
@@ -62,7 +66,7 @@ static uint8_t log_fault;
 
 void controllerOutOfTreeInit(void)
 {
-  const cfp_config_t cfg = cfp_vehicle_config(THRUST_MAX);
+  const cfp_config_t cfg = cfp_vehicle_config(THRUST_MAX, RATE_MAIN_LOOP);
   cfp_init(&glue, &cfg);
   controllerPidInit();
 }
@@ -95,7 +99,7 @@ void controllerOutOfTree(control_t *control, const setpoint_t *setpoint, const s
   const bool world_vel = !setpoint->velocity_body;
   const cfp_input_t in = {
     .now_ms = T2M(xTaskGetTickCount()),
-    .policy_tick = RATE_DO_EXECUTE(RATE_100_HZ, stabilizerStep),
+    .step = stabilizerStep,
     .in_flight = supervisorIsFlying(),
     .pos = {state->position.x, state->position.y, state->position.z},
     .quat = {q->w, q->x, q->y, q->z},
