@@ -8,6 +8,7 @@ the ROS 2 launch documentation, and fails with a clear message on anything else:
   <arg name default description/>   launch argument; a value given on the command line or by an
                                     including file wins over the default; no value and no default
                                     is an error, and so is a command-line argument no file declares
+      <choice value/>               the values it may take (any, if none is listed): another is an error
   <let name value/>                 set a launch configuration
   <set_env name value/>             environment variable for the processes started after it
   <node pkg exec name namespace args output>   one process: <prefix>/lib/<pkg>/<exec>, the prefix
@@ -303,12 +304,20 @@ def _children(parent: ET.Element, scope: Scope, out: list[Process]) -> None:
             continue
         if el.tag == "arg":
             a = _attrs(el, ALLOWED["arg"], scope, {"name"})
+            choices = []
+            for child in el:
+                if child.tag != "choice":
+                    raise LaunchError(f"{_where(child, scope)} inside <arg>: only <choice value/> is supported")
+                choices.append(_attrs(child, {"value"}, scope, {"value"})["value"])
             scope.declared.add(a["name"])
             if a["name"] not in scope.configs:
                 if "default" not in a:
                     raise LaunchError(f"{scope.file}: launch argument '{a['name']}' is required: "
                                       f"pass {a['name']}:=<value>")
                 scope.configs[a["name"]] = a["default"]
+            if choices and scope.configs[a["name"]] not in choices:
+                raise LaunchError(f"{scope.file}: launch argument {a['name']}:={scope.configs[a['name']]} is not "
+                                  f"one of its choices ({', '.join(choices)})")
         elif el.tag == "let":
             a = _attrs(el, ALLOWED["let"], scope, {"name", "value"})
             scope.configs[a["name"]] = a["value"]

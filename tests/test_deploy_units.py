@@ -633,6 +633,9 @@ def test_hover_launch_plans_the_documented_processes(ament_prefix):
     assert ["-r", "__ns:=/cf7"] == argv[argv.index("__ns:=/cf7") - 1: argv.index("__ns:=/cf7") + 1]
     assert "policy:=/p.onnx" in argv and "use_sim_time:=true" in argv
     assert ["--params-file", str(REPO / "launch/hover.yaml")] == argv[argv.index("--params-file"):][:2]
+    for arg, value, valid in (("backend", "sitl", "sim, hil, real"), ("physics", "bullet", "torch, mujoco, pybullet")):
+        with pytest.raises(LaunchError, match=f"{arg}:={value} is not one of its choices \\({valid}\\)"):
+            names(**{arg: value})
 
 
 def test_launch_semantics_scoping_conditions_and_errors(ament_prefix, tmp_path):
@@ -658,6 +661,9 @@ def test_launch_semantics_scoping_conditions_and_errors(ament_prefix, tmp_path):
         '<launch><node pkg="robolearn" exec="nope"/></launch>': "no executable 'nope'",
         '<launch><node pkg="nopkg" exec="x"/></launch>': "not in the ament index",
         '<launch><group if="maybe"/></launch>': "not a boolean",
+        '<launch><arg name="x" default="c"><choice value="a"/><choice value="b"/></arg></launch>':
+            "x:=c is not one of its choices (a, b)",
+        '<launch><arg name="x" default="a"><value>a</value></arg></launch>': "only <choice value/>",
         '<launch><let name="x" value="1"/><node pkg="robolearn" exec="sim_bridge" name="$(var inner)"/></launch>':
             "no launch configuration 'inner'",
     }
