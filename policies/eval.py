@@ -1,5 +1,5 @@
 """Evaluate a trained run: ``python -m policies.eval <run_dir> [backend=torch|mujoco|pybullet]
-[episodes=100] [video=true] [plot=true] [seed=12345] [effects=ground_effect,drag]
+[episodes=100] [video=true] [plot=true] [seed=12345] [device=cpu] [effects=ground_effect,drag]
 [obs_source=state|perception] [base_noise=normal|zero] [task.<field>=value ...]``.
 
 Quadrotor tasks: prints the hover criterion's success rate and errors, writes eval_<backend>.json,
@@ -63,7 +63,8 @@ DEFAULTS = {"backend": None, "episodes": 100, "video": False, "plot": True, "see
 def parse(argv: list[str]) -> tuple[Path, dict]:
     if not argv or "=" in argv[0]:
         raise UserError("usage: python -m policies.eval <run_dir> [backend=torch|mujoco|pybullet] [episodes=N] "
-                        "[video=true] [plot=true] [seed=N] [base_noise=normal|zero] [task.<field>=value ...]")
+                        "[video=true] [plot=true] [seed=N] [device=cpu|cuda] [effects=ground_effect,drag,...] "
+                        "[obs_source=state|perception] [base_noise=normal|zero] [task.<field>=value ...]")
     opts = dict(DEFAULTS, task_overrides=[])
     for a in argv[1:]:
         k, _, v = a.partition("=")
@@ -139,6 +140,14 @@ def evaluated_as(opts: dict) -> tuple[str, dict]:
     return suffix, fields
 
 
+def running_median(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per time step of ``values`` [T, episodes] (NaN once an episode has ended): where half or more
+    of the episodes still run, and their median there. Later, the median of the few left would
+    describe survivors only (and of none, be undefined)."""
+    running = np.isfinite(values).sum(1) >= max(1, values.shape[1] // 2)
+    return running, np.nanmedian(values[running], axis=1)
+
+
 def plot_errors(res: EvalResult, path: Path) -> None:
     import matplotlib
 
@@ -148,7 +157,8 @@ def plot_errors(res: EvalResult, path: Path) -> None:
     t = np.arange(1, res.position_error.shape[0] + 1) * POLICY_PERIOD  # after each step
     fig, ax = plt.subplots(figsize=(7, 4))
     ax.plot(t, res.position_error * 100, color="tab:blue", alpha=0.15, lw=0.8)
-    ax.plot(t, np.nanmedian(res.position_error, axis=1) * 100, color="k", lw=2, label="median")
+    running, median = running_median(res.position_error)
+    ax.plot(t[running], median * 100, color="k", lw=2, label="median (half or more running)")
     ax.axhline(MEAN_ERROR_LAST_2S * 100, color="tab:red", ls="--", label="5 cm (last-2 s mean bound)")
     ax.axvspan(EPISODE_SECONDS - LAST_SECONDS, EPISODE_SECONDS, color="tab:green", alpha=0.08, label="criterion window")
     ax.set(xlabel="time [s]", ylabel="position error [cm]", yscale="log",
@@ -174,8 +184,8 @@ def plot_goal_distance(res: SuccessResult, path: Path, period: float) -> None:
         if (res.success == ok).any():
             ax.plot(t, d[:, res.success == ok], color=color, alpha=0.15, lw=0.8)
             ax.plot([], [], color=color, label="succeeded" if ok else "failed")  # one legend entry per outcome
-    running = np.isfinite(d).sum(1) >= max(1, d.shape[1] // 2)  # the median while half the episodes run
-    ax.plot(t[running], np.nanmedian(d[running], axis=1), color="k", lw=2, label="median (half or more running)")
+    running, median = running_median(d)
+    ax.plot(t[running], median, color="k", lw=2, label="median (half or more running)")
     ax.axhline(res.success_radius * 100, color="tab:blue", ls="--", label="success radius")
     ax.set(xlabel="time [s]", ylabel="distance to goal [cm]", yscale="log",
            title=f"{res.backend}: success {res.success_rate * 100:.0f}% of {res.episodes}")

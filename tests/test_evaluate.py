@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -36,14 +37,24 @@ def test_common_offset_is_where_the_policy_holds_the_vehicle():
     assert "common offset (x, y, z)" in held.summary() and "common_offset_x_m" in held.as_dict()
 
 
-def test_an_evaluation_where_every_episode_fails_is_valid_json():
+def test_an_evaluation_where_every_episode_fails_is_valid_json_and_plots_quietly(tmp_path):
     """Full thrust leaves the 1 m ball in every episode: the means over the episodes that stayed are
-    over none, and the result's dict (results.json, eval_*.json) holds null there, not NaN."""
+    over none, and the result's dict (results.json, eval_*.json) holds null there, not NaN. Its plot
+    draws the median only while half the episodes or more run, and warns of no empty median."""
+    from policies.eval import plot_errors, running_median
+
     task_cfg, _ = to_objects(OmegaConf.create(ckpt.load_record(PRETRAINED)["config"]))
     res = evaluate_hover(lambda obs: torch.ones(obs.shape[0], 4), task_cfg, episodes=8)
     assert res.failures == 8 and np.isnan(res.mean_final_error)
     d = json.loads(json.dumps(res.as_dict(), allow_nan=False))
     assert d["mean_final_error_m"] is None and d["common_offset_x_m"] is None and d["success_rate"] == 0.0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        plot_errors(res, tmp_path / "error.png")
+        running, median = running_median(np.array([[1, 2, 3, 4], [1, 2, np.nan, np.nan], [1] + [np.nan] * 3,
+                                                   [np.nan] * 4]))
+    assert (tmp_path / "error.png").is_file()
+    assert running.tolist() == [True, True, False, False] and median.tolist() == [2.5, 1.5]
 
 
 def test_the_criterion_ignores_a_run_trained_on_easier_conditions():

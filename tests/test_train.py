@@ -437,6 +437,18 @@ def test_help_prints_the_usage_of_each_command(capsys):
             assert says in capsys.readouterr().out
 
 
+def test_the_usage_of_policies_eval_names_every_option_it_takes(capsys):
+    from policies import eval as evaluate_cmd
+    from policies.config import UserError
+
+    with pytest.raises(UserError) as e:
+        evaluate_cmd.parse([])
+    evaluate_cmd.main(["--help"])
+    helptext = capsys.readouterr().out
+    for key in evaluate_cmd.OPTIONS:
+        assert f" [{key}=" in str(e.value) and f"[{key}=" in helptext, key
+
+
 @pytest.mark.parametrize("args, expected", [
     (["confirm_backends=[torch,gazebo]"], "confirm_backends=['torch', 'gazebo']: expected one or more of torch"),
     (["confirm_backends=[]"], "confirm_backends=[]: expected one or more of"),
