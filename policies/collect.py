@@ -1,7 +1,7 @@
 """Collect scripted-expert demonstrations into a dataset (format: policies/dataset.py).
 
     python -m policies.collect task=arm_push episodes=100 noise=0.3 [out=data/arm_push] [seed=0]
-        [num_envs=16] [successful_only=false] [task.<field>=value ...]
+        [num_envs=16] [successful_only=false] [progress=true] [task.<field>=value ...]
     python -m policies.collect task=arm_push episodes=60 noise=0.2 task.expert_worse_share=0.5   # two operators
 
 The expert is the task's own (``expert_action`` in its task file), acting on the true simulator

@@ -133,6 +133,8 @@ def train_usage() -> str:
   algo=<name>        {', '.join(sorted(ALGOS))} (default ppo)
   seed=0 device=cpu|cuda threads=<n> progress=true|false
   max_env_steps=<n> max_seconds=<s> eval_every_steps=<n> eval_episodes=<n> stop_at_success=<rate>
+  confirm_backends=[<simulator>,...] (default: the task's) confirm_episodes=<n>
+  eval_at_start=false checkpoint_every_seconds=<s>
   run_dir=<dir>      (default runs/<task>/<algo>_seed<seed>_<time>, linked from runs/latest)
   resume=<run_dir>   continue a killed run from its last checkpoint
   base=<run_dir>     the diffusion base that algo=dsrl steers; dataset=<dir> the demonstrations of diffusion_bc

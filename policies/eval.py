@@ -1,5 +1,5 @@
 """Evaluate a trained run: ``python -m policies.eval <run_dir> [backend=torch|mujoco|pybullet]
-[episodes=100] [video=true] [plot=true] [seed=12345] [device=cpu] [effects=ground_effect,drag]
+[episodes=100] [video=true] [plot=false] [seed=12345] [device=cpu] [effects=ground_effect,drag]
 [obs_source=state|perception] [base_noise=normal|zero] [task.<field>=value ...]``.
 
 Quadrotor tasks: prints the hover criterion's success rate and errors, writes eval_<backend>.json,
@@ -63,7 +63,7 @@ DEFAULTS = {"backend": None, "episodes": 100, "video": False, "plot": True, "see
 def parse(argv: list[str]) -> tuple[Path, dict]:
     if not argv or "=" in argv[0]:
         raise UserError("usage: python -m policies.eval <run_dir> [backend=torch|mujoco|pybullet] [episodes=N] "
-                        "[video=true] [plot=true] [seed=N] [device=cpu|cuda] [effects=ground_effect,drag,...] "
+                        "[video=true] [plot=false] [seed=N] [device=cpu|cuda] [effects=ground_effect,drag,...] "
                         "[obs_source=state|perception] [base_noise=normal|zero] [task.<field>=value ...]")
     opts = dict(DEFAULTS, task_overrides=[])
     for a in argv[1:]:
