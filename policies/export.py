@@ -119,6 +119,8 @@ def _export_into(out: Path, policy, task_cfg, cfg, rec: dict, contract) -> tuple
                     ddim_steps=base.spec["ddim_steps"])
     if hasattr(policy, "noise_bound"):
         meta["noise_bound"] = policy.noise_bound
+    if hasattr(task_cfg, "obs_source"):  # where the cube pose the policy learned from came from: a deployment
+        meta["obs_source"] = task_cfg.obs_source  # feeds it the same (the simulator's pose, or the camera's estimate)
     export_onnx(policy, out / "policy.onnx", meta, contract)
     names = {"onnx": "policy.onnx"}
     if isinstance(policy, Actor) and contract == CRAZYFLIE_CONTRACT:  # C is for the Crazyflie's MCU

@@ -643,6 +643,7 @@ def test_unsteered_base_exports_with_a_noise_input(base_run, tmp_path):
     assert rec["gradient_steps"] == 200 and meta["gradient_steps"] == "200"
     assert "env_steps" not in rec and "env_steps" not in meta
     assert meta["exec_horizon"] == str(policy.exec_horizon) and "noise_bound" not in meta
+    assert meta["obs_source"] == "state"  # the cube pose it learned from: the simulator's, not the camera's estimate
     obs = np.zeros((5, POLICY_DIM), np.float32)
     w = np.random.default_rng(0).standard_normal((5, policy.latent_dim)).astype(np.float32)
     with torch.no_grad():
