@@ -14,13 +14,17 @@ this bridge streams setpoints, chosen by the same safety layer (deploy/safety.py
   FAILSAFE   position setpoint descending from the failsafe height along
              z(t) = z0 + min(vz0, 0) t - (1 - r) g t^2 / 2 (r = descent_thrust_ratio; vz0 the last valid
              vertical velocity): a sinking vehicle's setpoint sinks on as the simulated failsafe does, a
-             climbing one's starts down at once, so it reaches the floor no later than the safety
-             layer's descent timer (the simulated fall time plus the spin-down) sends the stop,
-             at the last valid x, y; when the radio link itself is lost nothing reaches the vehicle
-             and the firmware's own dead-man (300 ms, then the stock controller, then the
-             supervisor's 2 s stop) takes over
+             climbing one's starts down at once, so it reaches the floor before the safety layer's
+             descent timer sends the stop: without states that timer runs the fall time, the
+             spin-down and the onboard descent's lag behind its setpoint (ONBOARD_DESCENT_LAG_S),
+             with them the descent ends on the first state on the floor; at the last valid x, y.
+             When the radio link itself is lost nothing reaches the vehicle and the firmware's own
+             dead-man (300 ms, then the stock controller, then the supervisor's 2 s stop) takes over.
+             When the onboard estimate itself is rejected (non-finite or implausible) the onboard
+             policy would fly any setpoint on it: the rotors are cut instead (DISARMED)
   DISARMED / ESTOP  stop setpoint (motors off)
-  shutdown   (Ctrl-C, SIGTERM) in flight: the descent of a disarm first, on its timer, then the stop setpoint
+  shutdown   (Ctrl-C, SIGTERM) in flight: the descent of a disarm first, the newest states still fed to
+             the safety layer (the executor has stopped), then the stop setpoint
 
 State: the onboard estimate is streamed in two log blocks every 10 ms (one radio packet holds at
 most 26 bytes of log data):
@@ -54,8 +58,8 @@ from sim.crazyflie.params import GRAVITY
 
 from .policy_node import ControllerNode, load_onnx_policy
 from .ros import CONTROL_PUB_QOS, ODOM, param, run_node
-from .safety import Command, Mode
-from .state import State, fill_odometry, unit_quat
+from .safety import SPIN_DOWN_S, Command, Mode
+from .state import InvalidState, State, fill_odometry, make_state, unit_quat
 
 LOG_PERIOD_MS = 10
 LOG_BLOCKS: dict[str, list[tuple[str, str]]] = {
@@ -66,8 +70,16 @@ LOG_BLOCKS: dict[str, list[tuple[str, str]]] = {
 LOG_TYPE_BYTES = {"float": 4, "FP16": 2}
 MAX_LOG_BLOCK_BYTES = 26  # CRTP log data packet: 30 bytes minus block id and 3-byte timestamp
 PAIR_TOLERANCE_MS = 5
+# How long the onboard policy's descent lags the sinking setpoint it follows (s): its position setpoint
+# has no velocity reference, so the policy brakes the sink. Measured (an ad-hoc script outside the
+# repository: the shipped hover policy in the torch simulator, nominal vehicle, flying descent_setpoint
+# from rest at 1.0 / 1.5 / 2.5 m): below landed_height (5 cm) 0.74 / 0.83 / 0.96 s after the setpoint
+# reached the floor, 0.44-0.66 s after the open-loop timer (fall + spin-down) would have cut the rotors,
+# at 0.2-0.4 m up and sinking at 0.5-0.9 m/s. With this margin the timer, which alone ends a descent when
+# no state arrives, cuts them on the floor.
+ONBOARD_DESCENT_LAG_S = 1.0
 # A descent at shutdown ends by this time (s), inside the launch runner's 5 s from SIGINT to SIGTERM:
-# from the geofence's 2.5 m ceiling at rest it takes 2.6 s.
+# from the geofence's 2.5 m ceiling at rest its timer runs 2.26 s of fall, 0.3 s of spin-down and the lag.
 LANDING_LIMIT_S = 4.5
 
 
@@ -159,6 +171,8 @@ def descent_setpoint(z0: float, seconds: float, ratio: float, ground: float, vz0
 
 
 class CrazyflieBridge(ControllerNode):
+    DESCENT_SETTLE_S = SPIN_DOWN_S + ONBOARD_DESCENT_LAG_S  # the descent is flown onboard (above)
+
     def __init__(self):
         super().__init__("crazyflie_bridge", load_onnx_policy)
         import cflib.crtp
@@ -178,6 +192,10 @@ class CrazyflieBridge(ControllerNode):
         self._lock = threading.Lock()
         # (start time s, last valid position m, its vertical velocity m/s) of a failsafe descent
         self._failsafe_from: tuple[float, np.ndarray, float] | None = None
+        # Why the onboard estimate's newest sample is unusable (non-finite or implausible), else None: the
+        # onboard policy flies on that estimate, so no setpoint can bring the vehicle down then.
+        self._estimate_problem: str | None = None
+        self._last_odom = None  # the newest odom published (shutdown feeds it to the safety layer itself)
         self.connected = False
         self._link = "not connected yet"  # why commands cannot reach the vehicle
         self._steady = time.monotonic  # the clock log arrivals are timed on (FirmwareClock)
@@ -229,15 +247,30 @@ class CrazyflieBridge(ControllerNode):
             if self._assembler.dropped > dropped:
                 self.rejected["out_of_order"] = self.rejected.get("out_of_order", 0) + 1
         if state is not None:  # checked where every odom is, on the executor (ControllerNode._on_odom)
+            try:
+                make_state(state.pos, state.quat, state.vel, state.omega, state.stamp)
+                self._estimate_problem = None
+            except InvalidState as e:
+                self._estimate_problem = str(e)
             age = self._steady() - state.stamp  # its stamp onto this node's clock, which that check compares it with
             state = dataclasses.replace(state, stamp=self.get_clock().now().nanoseconds * 1e-9 - age)
-            self._odom_pub.publish(fill_odometry(self._odom_msg(), state, self.world_frame, self.robot))
+            msg = fill_odometry(self._odom_msg(), state, self.world_frame, self.robot)
+            self._last_odom = msg
+            self._odom_pub.publish(msg)
 
     # ------------------------------------------------------------------ actuation
     def actuate(self, cmd: Command, now: float) -> None:
         if not self.connected:
             return
         latest = self.controller.latest
+        problem = self._estimate_problem
+        if cmd.mode is Mode.FAILSAFE and problem is not None:
+            # The onboard policy (and the stock PID it falls back to) would fly a descent setpoint on the
+            # estimate just rejected: far from where the vehicle is, it may fly off hard. Cut instead.
+            self.controller.cut(f"onboard state estimate rejected ({problem}): no setpoint can land on it")
+            self._failsafe_from = None
+            self.cf.commander.send_stop_setpoint()
+            return
         if cmd.mode is Mode.FAILSAFE and latest is not None:
             if self._failsafe_from is None:
                 self._failsafe_from = (now, latest.pos.copy(), float(latest.vel[2]))
@@ -266,15 +299,21 @@ class CrazyflieBridge(ControllerNode):
 
     def descend_before_stop(self) -> None:
         """Stopped in flight (Ctrl-C, SIGTERM): the controlled descent of a disarm, then the caller's
-        stop setpoint, which alone would cut the motors at height. No state arrives any more (the
-        executor has stopped), so the descent runs on its timer, bounded below the launch runner's
-        SIGINT-to-SIGTERM time."""
+        stop setpoint, which alone would cut the motors at height. The executor has stopped, so this
+        loop hands the safety layer the newest state itself (as the odom subscription would): the
+        descent ends when a state shows the vehicle on the floor, or on its timer if none arrives,
+        bounded below the launch runner's SIGINT-to-SIGTERM time."""
         c = self.controller
         if c.mode not in (Mode.ARMED, Mode.FAILSAFE):
             return
         c.disarm(self._now())
         deadline = time.monotonic() + LANDING_LIMIT_S
+        fed = self._last_odom
         while c.mode is Mode.FAILSAFE and time.monotonic() < deadline:
+            msg = self._last_odom
+            if msg is not fed:
+                fed = msg
+                self._on_odom(msg)
             now = self._now()
             self.actuate(c.tick(now), now)
             time.sleep(self.period)

@@ -12,8 +12,10 @@ Publishes    rotor_cmd (std_msgs/Float32MultiArray: 4 rotor speed setpoints in r
              mode change and at 10 Hz)
 Services     arm (std_srvs/SetBool), emergency_stop (std_srvs/Trigger)
 Rules        deploy/safety.py. Every received state is checked (finite, plausible, header stamp
-             within stale_timeout of this node's clock, pose in the world frame, twist in the body frame
-             named by the robot parameter) before it can reach the policy.
+             not ahead of this node's clock by more than stale_timeout, pose in the world frame, twist in
+             the body frame named by the robot parameter) before it can reach the policy. A state
+             stamped more than stale_timeout ago arrived late: it is dropped (counted as rejected
+             "stale"), and the failsafe follows from the last valid state's age if nothing newer comes.
 
 Timing: one control tick per policy period (contract, 10 ms) on the node's clock: a steady wall
 clock, or /clock with use_sim_time:=true. The safety layer runs on that clock too: under sim time a
@@ -59,7 +61,7 @@ from .ros import (
     run_node,
     vector_param,
 )
-from .safety import Command, Mode, SafeController, SafetyConfig
+from .safety import SPIN_DOWN_S, Command, Mode, SafeController, SafetyConfig
 from .state import InvalidState, stamp_seconds, state_from_odometry
 
 Policy = Callable[[np.ndarray], np.ndarray]
@@ -93,6 +95,10 @@ def load_onnx_policy(path: str) -> tuple[Policy, dict]:
 
 class ControllerNode(Node):
     """Safety layer + policy callable on ROS: states in, rotor commands and status out."""
+
+    # s the failsafe descent's timer adds to the fall time (SafeController's settle_s): the rotors'
+    # spin-down after this node's own open-loop descent command
+    DESCENT_SETTLE_S = SPIN_DOWN_S
 
     def __init__(self, name: str, make_policy: Callable[[str], tuple[Policy, dict]], **node_options):
         """``node_options`` go to rclpy's Node (``context=`` for a node built inside a test)."""
@@ -135,7 +141,7 @@ class ControllerNode(Node):
         self.period = float(contract["policy_period_s"])
         self.rpm_max = float(contract["rpm_max"])
         self._to_rpm = lambda a: action_to_rpm(a, self.rpm_max)
-        self.controller = SafeController(self._timed(policy), cfg, NOMINAL)
+        self.controller = SafeController(self._timed(policy), cfg, NOMINAL, settle_s=self.DESCENT_SETTLE_S)
         self.stale_timeout = cfg.stale_timeout
 
         self.cmd_pub = self.create_publisher(Float32MultiArray, ROTOR_CMD, CONTROL_PUB_QOS)
@@ -190,8 +196,14 @@ class ControllerNode(Node):
                                                 f"'{self.robot}'")
             state = state_from_odometry(msg)
             age = self.get_clock().now().nanoseconds * 1e-9 - stamp_seconds(msg.header.stamp)
-            if abs(age) > self.stale_timeout:
-                raise InvalidState("stale", f"header stamp {age * 1e3:.0f} ms from this node's clock")
+            if age > self.stale_timeout:
+                # Late (a delayed delivery, a radio's retry burst): dropped and counted, not a fault of its
+                # own. A newer sample may follow within the period; if none does, the last valid state
+                # goes stale and fails safe by its own age.
+                self.rejected["stale"] = self.rejected.get("stale", 0) + 1
+                return
+            if age < -self.stale_timeout:  # stamped ahead of this node's clock: the clocks disagree
+                raise InvalidState("stale", f"header stamp {-age * 1e3:.0f} ms ahead of this node's clock")
         except InvalidState as e:
             self.rejected[e.reason] = self.rejected.get(e.reason, 0) + 1
             self.controller.on_state(None, now, str(e))

@@ -29,7 +29,8 @@ Modes and rules, checked on every tick:
             hover thrust (a fixed, attitude-neutral command: with no trustworthy state there is
             nothing to close a loop on), so the vehicle sinks at (1 - ratio) g, for the time the
             last valid height and vertical velocity take to reach the floor at that acceleration
-            (a vehicle climbing when the failsafe starts rises first), or until a valid state shows
+            (a vehicle climbing when the failsafe starts rises first) plus ``settle_s`` (the rotors'
+            spin-down; crazyflie_bridge adds the lag of the onboard descent), or until a valid state shows
             it below ``landed_height``; then the rotors are cut and the mode is DISARMED: flying
             again needs re-arming. Valid states that still show it in the air (a geofence failsafe
             keeps receiving them) extend the descent to their own fall time, up to twice the first
@@ -163,9 +164,13 @@ class SafeController:
     """Policy + safety rules. ``policy`` maps one observation (22,) float32 to an action (4,)."""
 
     def __init__(self, policy: Callable[[np.ndarray], np.ndarray], cfg: SafetyConfig,
-                 params: CrazyflieParams = NOMINAL, wall: Callable[[], float] = time.monotonic):
-        """``wall``: steady wall time (s), which only the clock-restart rate is counted on."""
-        self.policy, self.cfg, self.wall = policy, cfg, wall
+                 params: CrazyflieParams = NOMINAL, wall: Callable[[], float] = time.monotonic,
+                 settle_s: float = SPIN_DOWN_S):
+        """``wall``: steady wall time (s), which only the clock-restart rate is counted on. ``settle_s``:
+        time (s) a failsafe descent's timer adds to the fall time before the rotors are cut: the rotors'
+        spin-down for this layer's own open-loop descent command; more where the descent is flown by
+        something that lags it (crazyflie_bridge: the onboard policy following a sinking setpoint)."""
+        self.policy, self.cfg, self.wall, self.settle_s = policy, cfg, wall, settle_s
         self.target = np.asarray(cfg.target, dtype=np.float64)
         self.hover_action = params.hover_action
         self.descent_action = rpm_to_action(params.hover_rpm * math.sqrt(cfg.descent_thrust_ratio), params.rpm_max)
@@ -330,6 +335,13 @@ class SafeController:
             self._set(Mode.DISARMED, "disarm requested: rotors idle, re-arm to fly")
         return f"{self.mode.value}: {self.reason}"
 
+    def cut(self, why: str) -> None:
+        """Rotors cut at once (DISARMED, counted in ``failsafe_count``), by the caller's rule: e.g. a
+        bridge whose vehicle cannot fly the descent (its onboard state estimate is broken)."""
+        if self.mode in (Mode.ARMED, Mode.FAILSAFE):
+            self.failsafe_count += 1
+            self._set(Mode.DISARMED, f"{why}: rotors cut, re-arm to fly")
+
     def estop(self) -> str:
         self._auto_arm_pending, self._operator_stop = False, True
         self._set(Mode.ESTOP, "emergency stop: rotors cut, re-arm to fly")
@@ -437,9 +449,9 @@ class SafeController:
     def _fall_time(self) -> float:
         """Time (s) from the last valid state to the floor, sinking at the descent acceleration from
         its height h and vertical velocity v (world z, m/s; up > 0): the root of h + v t - a t^2 / 2 = 0,
-        plus the rotors' spin-down."""
+        plus ``settle_s``."""
         h, v, a = max(self.height(), 0.0), float(self._latest.vel[2]), self.descent_accel
-        return (v + math.sqrt(v * v + 2.0 * a * h)) / a + SPIN_DOWN_S
+        return (v + math.sqrt(v * v + 2.0 * a * h)) / a + self.settle_s
 
     def _update_failsafe(self, problem: str | None, now: float, fresh: bool) -> None:
         fresh_height = self.height() if fresh else None

@@ -1065,9 +1065,9 @@ def test_log_blocks_fit_one_radio_packet():
         assert sum(LOG_TYPE_BYTES[t] for _, t in variables) <= MAX_LOG_BLOCK_BYTES, block
 
 
-def log_pair(q_xyzw=(0.0, 0.0, 0.0, 1.0), gyro_dps=(90.0, -180.0, 45.0)):
-    pose = {"stateEstimate.x": 0.5, "stateEstimate.y": -0.25, "stateEstimate.z": 1.0,
-            "stateEstimate.vx": 0.1, "stateEstimate.vy": 0.2, "stateEstimate.vz": -0.3}
+def log_pair(q_xyzw=(0.0, 0.0, 0.0, 1.0), gyro_dps=(90.0, -180.0, 45.0), pos=(0.5, -0.25, 1.0), vel=(0.1, 0.2, -0.3)):
+    pose = {f"stateEstimate.{a}": v for a, v in zip("xyz", pos)}
+    pose |= {f"stateEstimate.v{a}": v for a, v in zip("xyz", vel)}
     att = {f"stateEstimate.q{a}": v for a, v in zip("xyzw", q_xyzw)}
     att |= {f"gyro.{a}": v for a, v in zip("xyz", gyro_dps)}
     return pose, att
@@ -1127,18 +1127,20 @@ def fake_bridge(controller: SafeController, clock: FakeClock, connected: bool = 
     b.cf = type("Crazyflie", (), {"commander": Commander(), "close_link": lambda self: None})()
     b.connected, b._link, b.period, b._failsafe_from = connected, "test", 0.01, None
     b.ratio, b.ground = controller.cfg.descent_thrust_ratio, controller.cfg.ground_height
+    b._estimate_problem, b._last_odom = None, None
+    controller.settle_s = CrazyflieBridge.DESCENT_SETTLE_S  # as the bridge's own controller has it
     return b
 
 
-def stream(bridge, fw_ms: int, arrival: float, **log) -> None:
-    """One firmware tick's two log blocks, received at ``arrival`` (s), then the odom they make
-    delivered to the bridge's own subscription."""
+def stream(bridge, fw_ms: int, arrival: float, subscribed: bool = True, **log) -> None:
+    """One firmware tick's two log blocks, received at ``arrival`` (s), then (``subscribed``: the
+    executor runs) the odom they make delivered to the bridge's own subscription."""
     pose, att = log_pair(**log)
     bridge.get_clock().t = arrival
     n = len(bridge.published)
     bridge._on_log(fw_ms, pose, type("Conf", (), {"name": "pose"})())
     bridge._on_log(fw_ms, att, type("Conf", (), {"name": "attitude"})())
-    for msg in bridge.published[n:]:
+    for msg in bridge.published[n:] if subscribed else ():
         bridge._on_odom(msg)
 
 
@@ -1156,6 +1158,45 @@ def test_a_bad_onboard_estimate_is_published_rejected_by_the_odom_check_and_fail
     assert len(b.published) == 3 and b.rejected == {reason: 1} and b.accepted == 2
     cmd = c.tick(100.012)
     assert cmd.mode is Mode.FAILSAFE and cmd.reason.startswith(reason), cmd.reason
+    # The onboard policy flies on that estimate: a descent setpoint would send it anywhere. While the
+    # newest sample is good, the failsafe descends as usual ...
+    b.actuate(cmd, 100.012)
+    assert b.cf.commander.sent[-1][1] != "stop" and c.mode is Mode.FAILSAFE
+    stream(b, 1020, 100.02, **bad)  # ... once the newest is bad too, the rotors are cut
+    b.actuate(c.tick(100.021), 100.021)
+    assert b.cf.commander.sent[-1][1] == "stop" and c.mode is Mode.DISARMED, b.cf.commander.sent[-3:]
+    assert c.reason.startswith(f"onboard state estimate rejected ({reason}") and c.status()["failsafe_count"] == 2
+
+
+def test_a_late_state_is_dropped_without_failing_safe_but_one_from_the_future_fails_safe():
+    """A sample stamped more than stale_timeout ago (a radio retry burst) is counted and dropped: the
+    fresh one after it keeps the policy flying; only the lack of a fresh state fails safe. A sample
+    stamped ahead of the node's clock by more than stale_timeout is a clock fault and fails safe."""
+    from nav_msgs.msg import Odometry
+
+    from deploy.state import fill_odometry
+
+    c = SafeController(FakePolicy(), SafetyConfig())
+    clock = FakeClock(10.0)
+    b = fake_bridge(c, clock)
+    b._on_odom(fill_odometry(Odometry(), hover_state(10.0), "world", "cf1"))
+    assert c.arm(10.0)[0] and c.tick(10.0).mode is Mode.ARMED
+    clock.t = 10.01
+    b._on_odom(fill_odometry(Odometry(), hover_state(9.94), "world", "cf1"))  # 70 ms old on arrival
+    b._on_odom(fill_odometry(Odometry(), hover_state(10.009), "world", "cf1"))
+    assert b.rejected == {"stale": 1} and c.tick(10.01).mode is Mode.ARMED
+    clock.t = 10.02
+    b._on_odom(fill_odometry(Odometry(), hover_state(10.08), "world", "cf1"))  # 60 ms ahead
+    cmd = c.tick(10.02)
+    assert b.rejected == {"stale": 2} and cmd.mode is Mode.FAILSAFE and "ahead of this node's clock" in cmd.reason
+    c2 = SafeController(FakePolicy(), SafetyConfig())
+    b2 = fake_bridge(c2, FakeClock(10.0))
+    b2._on_odom(fill_odometry(Odometry(), hover_state(10.0), "world", "cf1"))
+    assert c2.arm(10.0)[0]
+    b2.get_clock().t = 10.06  # late samples alone: the last valid state goes stale
+    b2._on_odom(fill_odometry(Odometry(), hover_state(10.0), "world", "cf1"))
+    cmd = c2.tick(10.06)
+    assert cmd.mode is Mode.FAILSAFE and cmd.reason.startswith("stale: last state 60 ms old"), cmd.reason
 
 
 def test_log_samples_are_stamped_when_the_firmware_took_them():
@@ -1246,9 +1287,12 @@ class _DeadPipe:
 
 @pytest.mark.parametrize("output", ["open", "runner died"])
 def test_stopping_the_bridge_in_flight_descends_before_the_motors_stop(output, monkeypatch):
-    """Ctrl-C with the vehicle at 1 m: close() streams setpoints that sink along the failsafe profile to
-    the floor over the fall time, and only then the stop setpoint; also where the launch runner died and
-    took the output pipe with it (the summary line raised first and skipped the descent and the stop)."""
+    """Ctrl-C with the vehicle at 1 m and no state arriving after it: close() streams setpoints that sink
+    along the failsafe profile to the floor over the fall time and hold it there while the onboard descent
+    catches up, and only then the stop setpoint; also where the launch runner died and took the output
+    pipe with it (the summary line raised first and skipped the descent and the stop)."""
+    from deploy.crazyflie_bridge import CrazyflieBridge
+
     c, _ = armed_controller()
     b = fake_bridge(c, FakeClock())
     closed = []
@@ -1265,10 +1309,44 @@ def test_stopping_the_bridge_in_flight_descends_before_the_motors_stop(output, m
     sent = b.cf.commander.sent
     first_stop = next(i for i, (_, z) in enumerate(sent) if z == "stop")
     heights = [z for _, z in sent[:first_stop]]
-    fall = math.sqrt(2 * 1.0 / ((1 - b.ratio) * GRAVITY)) + 0.3
+    fall = math.sqrt(2 * 1.0 / ((1 - b.ratio) * GRAVITY))
+    timer = fall + CrazyflieBridge.DESCENT_SETTLE_S
     assert heights[0] > 0.99 and heights[-1] == 0.0 and all(a >= b for a, b in zip(heights, heights[1:]))
-    assert fall - 0.05 <= sent[first_stop][0] - sent[0][0] <= fall + 0.2
+    floor_from = next(t for t, z in sent if z == 0.0) - sent[0][0]
+    assert fall - 0.05 <= floor_from <= fall + 0.1 and timer - 0.05 <= sent[first_stop][0] - sent[0][0] <= timer + 0.2
     assert all(z == "stop" for _, z in sent[first_stop:]) and c.mode is Mode.DISARMED
+
+
+def test_stopping_the_bridge_in_flight_lands_on_the_states_that_still_arrive(monkeypatch):
+    """Ctrl-C at 1 m with the onboard estimate still streaming (the executor has stopped): the descent
+    feeds the newest state to the safety layer itself, so the stop follows the first state on the floor,
+    not a timer: here a vehicle that reaches the floor 0.6 s after its setpoint (as the onboard policy
+    lags it) is on the floor when the stop is sent, and the descent ends before the no-state timer."""
+    import deploy.crazyflie_bridge as bridge_module
+
+    c = SafeController(FakePolicy(), SafetyConfig())
+    clock = FakeClock(100.0)
+    b = fake_bridge(c, clock)
+    b._now = b._steady = lambda: clock.t
+    stream(b, 1000, 100.0, pos=(0.0, 0.0, 1.0), vel=(0.0, 0.0, 0.0))
+    assert c.arm(100.0)[0] and c.tick(100.0).mode is Mode.ARMED
+    heights = []
+
+    def sleep(period):  # a period passes; the vehicle sends its estimate: 0.6 s behind the setpoint
+        clock.t += period
+        t = clock.t - 100.0
+        z = bridge_module.descent_setpoint(1.0, max(t - 0.6, 0.0), b.ratio, 0.0)
+        heights.append(z)
+        stream(b, 1000 + round(t * 1000), clock.t, subscribed=False, pos=(0.0, 0.0, z), vel=(0.0, 0.0, 0.0))
+
+    monkeypatch.setattr(bridge_module.time, "sleep", sleep)
+    b.close()
+    sent = b.cf.commander.sent
+    stop = next(i for i, (_, z) in enumerate(sent) if z == "stop")
+    fall = math.sqrt(2 * 1.0 / ((1 - b.ratio) * GRAVITY))
+    assert c.mode is Mode.DISARMED and "landed" in c.reason, c.reason
+    assert heights[stop - 1] < c.cfg.landed_height <= heights[stop - 2]  # the state before the stop: on the floor
+    assert fall + 0.6 - 0.05 <= clock.t - 100.0 < fall + b.DESCENT_SETTLE_S
 
 
 CLOSER = """import sys
@@ -1350,7 +1428,7 @@ def test_the_bridge_streams_the_safety_layers_setpoint_to_the_onboard_policy():
     # (the state stays on the floor for 5 s here: longer than the default ground_timeout)
     bridge.controller = c = SafeController(FakePolicy(), SafetyConfig(ground_timeout=10.0))
     bridge.cf = type("Crazyflie", (), {"commander": Commander()})()
-    bridge.connected, bridge._failsafe_from = True, None
+    bridge.connected, bridge._failsafe_from, bridge._estimate_problem = True, None, None
     start = [0.3, 0.0, 0.0]
     c.on_state(hover_state(pos=start), 0.0)
     assert c.arm(0.0) == (True, "armed")
@@ -1430,9 +1508,9 @@ def test_the_bridges_failsafe_setpoint_reaches_the_floor_before_the_stop(vz):
             self.sent.append("stop")
 
     bridge = object.__new__(CrazyflieBridge)  # no ROS node, no radio: the descent logic alone
-    bridge.controller = c = SafeController(FakePolicy(), SafetyConfig())
+    bridge.controller = c = SafeController(FakePolicy(), SafetyConfig(), settle_s=CrazyflieBridge.DESCENT_SETTLE_S)
     bridge.cf = type("Crazyflie", (), {"commander": Commander()})()
-    bridge.connected, bridge._failsafe_from = True, None
+    bridge.connected, bridge._failsafe_from, bridge._estimate_problem = True, None, None
     bridge.ratio, bridge.ground = c.cfg.descent_thrust_ratio, 0.0
     c.on_state(make_state([0.0, 0.0, 1.0], [1, 0, 0, 0], [0.0, 0.0, vz], [0, 0, 0], 0.0), 0.0)
     assert c.arm(0.0)[0]
