@@ -221,6 +221,16 @@ static void test_engage_and_hold(void)
     CHECK(fake_last_obs[CFP_OBS_PREV + i] == applied[i]);
   }
   CHECK(c.motor_force[0] != held);
+
+  /* Periods count exactly across the stabilizer step counter's wrap (2^32 steps). */
+  cfp_init(&c, &config);
+  const int before = fake_calls;
+  for (uint32_t k = 0; k <= 20u; ++k) {
+    in = hover_input(1100u + k);
+    in.step = 0xFFFFFFFCu + k;
+    CHECK(cfp_update(&c, &in) == CFP_POLICY);
+    CHECK(fake_calls == before + 1 + (int)(k / 10u));
+  }
 }
 
 static void test_deadman(void)
@@ -291,6 +301,11 @@ static void test_deadman(void)
     CHECK(cfp_update(&c, &in) == CFP_IDLE);
     CHECK(c.fault == CFP_FAULT_DEADMAN);
   }
+  /* The firmware initialising its controller again (stabilizer.controller written) keeps the fault. */
+  cfp_reinit(&c, &config);
+  CHECK(c.fault == CFP_FAULT_DEADMAN && c.mode == CFP_IDLE);
+  in = hover_input(10600);
+  CHECK(cfp_update(&c, &in) == CFP_FALLBACK);
   in = hover_input(10600);
   in.in_flight = false;
   /* Only a stop setpoint re-arms the policy. */

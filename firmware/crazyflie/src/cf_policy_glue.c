@@ -24,6 +24,13 @@ void cfp_init(cfp_t *c, const cfp_config_t *cfg)
   }
 }
 
+void cfp_reinit(cfp_t *c, const cfp_config_t *cfg)
+{
+  const cfp_fault_t fault = c->fault;
+  cfp_init(c, cfg);
+  c->fault = fault;
+}
+
 float cfp_deg_to_rad(float deg)
 {
   return deg * DEG_TO_RAD;
@@ -121,8 +128,8 @@ cfp_mode_t cfp_update(cfp_t *c, const cfp_input_t *in)
     } else {
       /* The policy runs on the step it engages and then every steps_per_period steps from there, so
        * its first action is held for a whole period, as in training (a global 100 Hz tick would cut
-       * it to 1..10 ms). The phase jumps once when the step counter wraps (2^32 steps, 49.7 days at
-       * 1 kHz). */
+       * it to 1..10 ms). The unsigned difference counts the steps exactly across the counter's wrap;
+       * only a single engagement longer than 2^32 steps (49.7 days at 1 kHz) would shift the phase. */
       const bool engaging = previous != CFP_POLICY;
       if (engaging) {
         c->engage_step = in->step;

@@ -109,6 +109,12 @@ typedef struct {
 
 void cfp_init(cfp_t *c, const cfp_config_t *cfg);
 
+/* cfp_init for a glue initialised before, keeping a latched fault: the firmware initialises its
+ * controller again when stabilizer.controller is written (with CONFIG_CONTROLLER_OOT some versions
+ * re-initialise this one whatever was written), and that must not re-arm the policy without the
+ * operator's stop. */
+void cfp_reinit(cfp_t *c, const cfp_config_t *cfg);
+
 /* One stabilizer step: decide the mode and, in POLICY mode, update motor_force. */
 cfp_mode_t cfp_update(cfp_t *c, const cfp_input_t *in);
 

@@ -45,11 +45,11 @@
 
 /* The exported policy must fit this glue: with a header of other sizes the build would still
  * compile (array parameters decay to pointers) and policy_step would read past the observation or
- * leave inputs out. The glue runs it at RATE_100_HZ. */
+ * leave inputs out. The glue runs it once per POLICY_PERIOD_MS, counted from the step it engages on. */
 _Static_assert(POLICY_OBS_DIM == CFP_OBS_DIM, "policy.h: observation size is not the glue's CFP_OBS_DIM");
 _Static_assert(POLICY_ACT_DIM == CFP_ACT_DIM && CFP_ACT_DIM == STABILIZER_NR_OF_MOTORS,
                "policy.h: action size is not the glue's CFP_ACT_DIM (one per motor)");
-_Static_assert(POLICY_PERIOD_MS == 10, "policy.h: period is not the 10 ms (RATE_100_HZ) the adapter runs it at");
+_Static_assert(POLICY_PERIOD_MS == 10, "policy.h: period is not the contract's 10 ms");
 
 /* policy_self_test tolerance: the stored reference is PyTorch's output; the MCU's float32 and
  * newlib tanhf differ from it by float rounding only (~1e-7). */
@@ -66,8 +66,14 @@ static uint8_t log_fault;
 
 void controllerOutOfTreeInit(void)
 {
+  static bool initialised;
   const cfp_config_t cfg = cfp_vehicle_config(THRUST_MAX, RATE_MAIN_LOOP);
-  cfp_init(&glue, &cfg);
+  if (initialised) {
+    cfp_reinit(&glue, &cfg); /* a controller switch at runtime: a latched fault stays */
+  } else {
+    cfp_init(&glue, &cfg);
+    initialised = true;
+  }
   controllerPidInit();
 }
 
