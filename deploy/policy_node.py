@@ -86,10 +86,16 @@ class Percentiles:
 
 
 def load_onnx_policy(path: str) -> tuple[Policy, dict]:
-    """OnnxPolicy (contract checked on load) as a single-observation callable, and its contract."""
-    from export.onnx_policy import OnnxPolicy
+    """OnnxPolicy (contract checked on load) as a single-observation callable, and its contract. A
+    model of chunks of actions or that takes the diffusion noise as an input is refused here: these
+    nodes apply one action per period from one observation (it would arm, then fail safe at once)."""
+    from export.onnx_policy import ContractError, OnnxPolicy
 
     onnx = OnnxPolicy(path)
+    if onnx.noise_size or "exec_horizon" in onnx.metadata:
+        raise ContractError(f"{path} is a diffusion policy (chunks of {onnx.metadata.get('exec_horizon', '?')} "
+                            f"actions{', the noise as an input' if onnx.noise_size else ''}): the deploy nodes "
+                            "fly one action per period; export a policy of one action (ppo, sac)")
     return (lambda obs: onnx(obs)[0]), onnx.contract
 
 

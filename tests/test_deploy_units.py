@@ -358,6 +358,23 @@ def test_the_policy_flies_to_a_setpoint_moving_from_where_it_took_over_to_the_ta
     assert np.allclose(c.setpoint(3.03 + 0.5), [0.0, 0.0, 0.75])
 
 
+def test_the_deploy_nodes_refuse_a_policy_of_action_chunks(tmp_path):
+    """A model of the Crazyflie contract that outputs chunks (exec_horizon) loads as an OnnxPolicy but
+    could never fly a node (one action per period): refused when the node loads it, naming why."""
+    from deploy.policy_node import load_onnx_policy
+    from export.onnx_policy import ContractError, OnnxPolicy, export_onnx
+
+    class Chunks(torch.nn.Module):
+        def forward(self, obs):
+            return torch.tanh(obs[:, :8]).reshape(-1, 2, 4)
+
+    path = tmp_path / "chunks.onnx"
+    export_onnx(Chunks(), path, {"exec_horizon": "2"})
+    assert OnnxPolicy(path)(np.zeros(22, np.float32)).shape == (1, 2, 4)
+    with pytest.raises(ContractError, match="diffusion policy \\(chunks of 2 actions\\)"):
+        load_onnx_policy(str(path))
+
+
 @pytest.mark.parametrize("vehicle", ["nominal", "heavy, weak, slow motors"])
 def test_the_shipped_policy_takes_off_from_the_floor(vehicle):
     """A real Crazyflie is armed on the floor, rotors stopped, 1 m below its target. The shipped hover
