@@ -294,7 +294,7 @@ def test_closed_loop_through_the_mcu_matches_onnxruntime(mcu):
 def test_the_onboard_glue_on_the_mcu_flies_the_policy_from_firmware_units(mcu, export_dir):
     """cf_policy_glue on the MCU, given what controller_oot.c gives it on the vehicle (quaternion w, x,
     y, z; gyro in deg/s; the setpoint), computes the action onnxruntime computes from the contract
-    observation (previous action: the hover action when it engages, then its own last action) and the
+    observation (previous action: the hover action when it engages, then the last action as applied) and the
     motor forces of the thrust mapping, clamped at the stock THRUST_MAX, and holds the action between
     policy periods; a stale setpoint latches the dead-man fault, a fresh stop clears it, a non-finite
     gyro is a policy error."""
@@ -318,12 +318,15 @@ def test_the_onboard_glue_on_the_mcu_flies_the_policy_from_firmware_units(mcu, e
         out = mcu.glue_step(st.pos, st.quat, st.vel, np.degrees(st.omega), sp, zeros, now, now)
         assert pil.GLUE_MODES[out.mode] == "policy" and out.fault == 0 and out.rc == 0
         expected = onnx(observation(st, sp, prev)[None])[0]
-        assert np.abs(out.action - expected).max() <= ACTION_TOL, (out.action, expected)
         rpm = (expected.astype(np.float64) + 1) / 2 * NOMINAL.rpm_max
         force = np.minimum(NOMINAL.kf * rpm**2 / mcu.boot.thrust_max, 1.0)
         assert np.abs(out.force - force).max() <= 1e-5, (out.force, force)
         below = force < 1.0
-        assert np.allclose(pil.force_to_action(out.force, mcu.boot.thrust_max)[below], expected[below], atol=1e-5)
+        # the action applied (fed back as the next previous action): the policy's, or at the force limit
+        # the action of that force
+        applied = np.where(below, expected, pil.force_to_action(1.0, mcu.boot.thrust_max))
+        assert np.abs(out.action - applied).max() <= ACTION_TOL, (out.action, expected)
+        assert np.allclose(pil.force_to_action(out.force, mcu.boot.thrust_max), applied, atol=1e-5)
         saturated += int((~below).sum())
         prev = out.action
     assert saturated > 0  # some actions above ~0.74 were clamped, as on the vehicle

@@ -28,6 +28,7 @@ static int fake_rc;          /* what the fake policy returns */
 static int fake_calls;       /* policy_step calls */
 static int fake_resets;      /* policy_reset calls */
 static float fake_last_obs[CFP_OBS_DIM];
+static float fake_action0;   /* if nonzero, motor 1's action instead */
 
 static int fake_step(const float obs[CFP_OBS_DIM], float action[CFP_ACT_DIM])
 {
@@ -36,6 +37,9 @@ static int fake_step(const float obs[CFP_OBS_DIM], float action[CFP_ACT_DIM])
   for (int i = 0; i < CFP_ACT_DIM; ++i) {
     /* Distinct per motor and per call, so held actions and previous-action feedback show. */
     action[i] = fake_rc == 0 ? 0.1f * (float)(i + 1) + 0.01f * (float)fake_calls : -1.0f;
+  }
+  if (fake_action0 != 0.0f) {
+    action[0] = fake_action0;
   }
   return fake_rc;
 }
@@ -221,6 +225,20 @@ static void test_engage_and_hold(void)
     CHECK(fake_last_obs[CFP_OBS_PREV + i] == applied[i]);
   }
   CHECK(c.motor_force[0] != held);
+
+  /* An action above the firmware's force limit saturates there, and the previous action fed back is
+   * the one the motor got (the action of rpm sqrt(thrust_max / kf): 0.739 for the stock 0.1125 N). */
+  const float action_max = 2.0f * sqrtf(config.thrust_max / config.kf) / config.rpm_max - 1.0f;
+  CHECK_NEAR(c.action_max, action_max, 1e-6f);
+  CHECK_NEAR(c.action_max, 0.7389f, 1e-3f);
+  fake_action0 = 0.95f;
+  in = hover_input(1023);
+  CHECK(cfp_update(&c, &in) == CFP_POLICY);
+  CHECK(c.motor_force[0] == 1.0f && c.action[0] == c.action_max && c.action[1] < c.action_max);
+  in = hover_input(1033);
+  CHECK(cfp_update(&c, &in) == CFP_POLICY);
+  CHECK(fake_last_obs[CFP_OBS_PREV] == c.action_max);
+  fake_action0 = 0.0f;
 
   /* Periods count exactly across the stabilizer step counter's wrap (2^32 steps). */
   cfp_init(&c, &config);

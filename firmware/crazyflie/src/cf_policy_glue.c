@@ -1,6 +1,8 @@
 /* Firmware-independent half of the Crazyflie policy controller: see cf_policy_glue.h. */
 #include "cf_policy_glue.h"
 
+#include <math.h>
+
 #define DEG_TO_RAD 0.017453292519943295f
 
 void cfp_init(cfp_t *c, const cfp_config_t *cfg)
@@ -14,6 +16,9 @@ void cfp_init(cfp_t *c, const cfp_config_t *cfg)
   c->policy_rc = 0;
   c->policy_steps = 0;
   c->engage_step = 0;
+  /* rpm at which kf rpm^2 = thrust_max, as an action: (a + 1) / 2 * rpm_max = rpm */
+  const float action_max = 2.0f * sqrtf(cfg->thrust_max / cfg->kf) / cfg->rpm_max - 1.0f;
+  c->action_max = action_max < 1.0f ? action_max : 1.0f;
   c->fallback_takeover = false;
   for (int i = 0; i < CFP_OBS_DIM; ++i) {
     c->obs[i] = 0.0f;
@@ -93,7 +98,10 @@ static bool run_policy(cfp_t *c, const cfp_input_t *in)
     return false;
   }
   for (int i = 0; i < CFP_ACT_DIM; ++i) {
-    c->action[i] = action[i];
+    /* The previous action the policy observes is the one the motors got, as in training (there the
+     * clip to [-1, 1]; here also the firmware's force limit, which actions above action_max reach). */
+    const float a = action[i] > 1.0f ? 1.0f : (action[i] < -1.0f ? -1.0f : action[i]);
+    c->action[i] = a > c->action_max ? c->action_max : a;
     c->motor_force[i] = cfp_action_to_force(&c->cfg, action[i]);
   }
   return true;

@@ -102,7 +102,9 @@ typedef struct {
   uint32_t policy_steps; /* policy evaluations since init */
   uint32_t engage_step;  /* stabilizer step the policy last engaged on: its periods count from there */
   float obs[CFP_OBS_DIM];       /* last observation given to the policy */
-  float action[CFP_ACT_DIM];    /* last action, held between policy ticks */
+  float action[CFP_ACT_DIM];    /* last action as applied (saturated at action_max), held between periods */
+  float action_max;             /* the action whose rotor speed gives normalized force 1 (thrust_max): a
+                                 * larger one saturates there, and is fed back as this one */
   float motor_force[CFP_ACT_DIM]; /* normalized force 0..1 per motor, valid in IDLE and POLICY */
   bool fallback_takeover; /* true on the step FALLBACK begins: the adapter resets the stock PID then */
 } cfp_t;
