@@ -161,7 +161,7 @@ class GlueOutput:
     mode: int  # index into GLUE_MODES
     fault: int  # index into GLUE_FAULTS, latched until a fresh stop setpoint
     rc: int  # the last policy_step return code
-    action: np.ndarray  # (4,) the policy's last action, held between policy ticks
+    action: np.ndarray  # (4,) the last action as applied (saturated at the force limit), held between periods
     force: np.ndarray  # (4,) normalized motor force 0..1 (0 unless mode is policy)
     instructions: float  # of this cfp_update
 

@@ -144,7 +144,7 @@ def running_median(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Per time step of ``values`` [T, episodes] (NaN once an episode has ended): where half or more
     of the episodes still run, and their median there. Later, the median of the few left would
     describe survivors only (and of none, be undefined)."""
-    running = np.isfinite(values).sum(1) >= max(1, values.shape[1] // 2)
+    running = np.isfinite(values).sum(1) >= max(1, (values.shape[1] + 1) // 2)
     return running, np.nanmedian(values[running], axis=1)
 
 

@@ -1144,7 +1144,7 @@ def fake_bridge(controller: SafeController, clock: FakeClock, connected: bool = 
     b.cf = type("Crazyflie", (), {"commander": Commander(), "close_link": lambda self: None})()
     b.connected, b._link, b.period, b._failsafe_from = connected, "test", 0.01, None
     b.ratio, b.ground = controller.cfg.descent_thrust_ratio, controller.cfg.ground_height
-    b._estimate_problem, b._last_odom = None, None
+    b._bad_samples, b._estimate_broken, b._last_odom = 0, None, None
     controller.settle_s = CrazyflieBridge.DESCENT_SETTLE_S  # as the bridge's own controller has it
     return b
 
@@ -1175,14 +1175,22 @@ def test_a_bad_onboard_estimate_is_published_rejected_by_the_odom_check_and_fail
     assert len(b.published) == 3 and b.rejected == {reason: 1} and b.accepted == 2
     cmd = c.tick(100.012)
     assert cmd.mode is Mode.FAILSAFE and cmd.reason.startswith(reason), cmd.reason
-    # The onboard policy flies on that estimate: a descent setpoint would send it anywhere. While the
-    # newest sample is good, the failsafe descends as usual ...
+    # The onboard policy flies on that estimate: a descent setpoint would send it anywhere. One bad
+    # sample (or two) is left to the failsafe: it descends as usual, whatever came after it ...
     b.actuate(cmd, 100.012)
     assert b.cf.commander.sent[-1][1] != "stop" and c.mode is Mode.FAILSAFE
-    stream(b, 1020, 100.02, **bad)  # ... once the newest is bad too, the rotors are cut
+    stream(b, 1020, 100.02, **bad)
     b.actuate(c.tick(100.021), 100.021)
+    assert b.cf.commander.sent[-1][1] != "stop" and c.mode is Mode.FAILSAFE
+    stream(b, 1030, 100.03, **bad)  # (two in a row)
+    b.actuate(c.tick(100.031), 100.031)
+    assert b.cf.commander.sent[-1][1] != "stop" and c.mode is Mode.FAILSAFE
+    stream(b, 1035, 100.035, **bad)  # ... three in a row: the estimate is broken, the rotors are cut,
+    stream(b, 1040, 100.04)  # also where a good sample came after them
+    b.actuate(c.tick(100.041), 100.041)
     assert b.cf.commander.sent[-1][1] == "stop" and c.mode is Mode.DISARMED, b.cf.commander.sent[-3:]
-    assert c.reason.startswith(f"onboard state estimate rejected ({reason}") and c.status()["failsafe_count"] == 2
+    assert c.reason.startswith(f"onboard state estimate broken (3 samples in a row, the last: {reason}"), c.reason
+    assert c.status()["failsafe_count"] == 2  # the failsafe and the cut, each counted
 
 
 def test_a_late_state_is_dropped_without_failing_safe_but_one_from_the_future_fails_safe():
@@ -1445,7 +1453,7 @@ def test_the_bridge_streams_the_safety_layers_setpoint_to_the_onboard_policy():
     # (the state stays on the floor for 5 s here: longer than the default ground_timeout)
     bridge.controller = c = SafeController(FakePolicy(), SafetyConfig(ground_timeout=10.0))
     bridge.cf = type("Crazyflie", (), {"commander": Commander()})()
-    bridge.connected, bridge._failsafe_from, bridge._estimate_problem = True, None, None
+    bridge.connected, bridge._failsafe_from, bridge._estimate_broken = True, None, None
     start = [0.3, 0.0, 0.0]
     c.on_state(hover_state(pos=start), 0.0)
     assert c.arm(0.0) == (True, "armed")
@@ -1527,7 +1535,7 @@ def test_the_bridges_failsafe_setpoint_reaches_the_floor_before_the_stop(vz):
     bridge = object.__new__(CrazyflieBridge)  # no ROS node, no radio: the descent logic alone
     bridge.controller = c = SafeController(FakePolicy(), SafetyConfig(), settle_s=CrazyflieBridge.DESCENT_SETTLE_S)
     bridge.cf = type("Crazyflie", (), {"commander": Commander()})()
-    bridge.connected, bridge._failsafe_from, bridge._estimate_problem = True, None, None
+    bridge.connected, bridge._failsafe_from, bridge._estimate_broken = True, None, None
     bridge.ratio, bridge.ground = c.cfg.descent_thrust_ratio, 0.0
     c.on_state(make_state([0.0, 0.0, 1.0], [1, 0, 0, 0], [0.0, 0.0, vz], [0, 0, 0], 0.0), 0.0)
     assert c.arm(0.0)[0]

@@ -55,6 +55,8 @@ def test_an_evaluation_where_every_episode_fails_is_valid_json_and_plots_quietly
                                                    [np.nan] * 4]))
     assert (tmp_path / "error.png").is_file()
     assert running.tolist() == [True, True, False, False] and median.tolist() == [2.5, 1.5]
+    odd, _ = running_median(np.array([[1, 2, 3], [1, 2, np.nan], [1, np.nan, np.nan]]))
+    assert odd.tolist() == [True, True, False]  # 1 of 3 running is not half
 
 
 def test_the_criterion_ignores_a_run_trained_on_easier_conditions():
