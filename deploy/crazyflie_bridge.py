@@ -55,11 +55,9 @@ import time
 
 import numpy as np
 
-from sim.crazyflie.params import GRAVITY
-
 from .policy_node import ControllerNode, load_onnx_policy
 from .ros import CONTROL_PUB_QOS, ODOM, param, run_node
-from .safety import SPIN_DOWN_S, Command, Mode
+from .safety import Command, Mode, OnboardDescent
 from .state import InvalidState, State, fill_odometry, make_state, unit_quat
 
 LOG_PERIOD_MS = 10
@@ -71,17 +69,6 @@ LOG_BLOCKS: dict[str, list[tuple[str, str]]] = {
 LOG_TYPE_BYTES = {"float": 4, "FP16": 2}
 MAX_LOG_BLOCK_BYTES = 26  # CRTP log data packet: 30 bytes minus block id and 3-byte timestamp
 PAIR_TOLERANCE_MS = 5
-# How long the onboard policy's descent lags the sinking setpoint it follows (s): its position setpoint
-# has no velocity reference, so the policy brakes the sink. Measured (ad-hoc scripts outside the
-# repository, 2026-11-29: the shipped hover policy in the torch simulator flying descent_setpoint from
-# rest at 1.0 and 2.5 m): below landed_height (5 cm) 0.74 / 0.96 s after the setpoint reached the floor
-# for the nominal vehicle (0.2-0.4 m up, sinking at 0.5-0.9 m/s, when the open-loop timer of fall and
-# spin-down would have cut the rotors), 0.64-1.26 s for heavy (mass x1.2), slow-motor (0.15 s) and
-# light, fast (mass x0.9, kf x1.1, 0.03 s) vehicles, 0.32-0.35 s for the weakest corner (mass x1.2, kf x0.9,
-# battery 0.85, 0.12 s), which cannot brake and reaches the floor at 1.2-1.8 m/s. With this lag the timer,
-# which alone ends a descent when no state arrives, cuts the rotors 1.8 s after the setpoint reached
-# the floor, at least 0.54 s after each of these vehicles was on it.
-ONBOARD_DESCENT_LAG_S = 1.5
 # Consecutive rejected samples of the onboard estimate after which it counts as broken: a single
 # glitch is left to the failsafe and its recovery (the onboard policy flew on it for one sample anyway).
 BROKEN_ESTIMATE_SAMPLES = 3
@@ -172,14 +159,8 @@ class StateAssembler:
         return state_from_log(pose, att, stamp)
 
 
-def descent_setpoint(z0: float, seconds: float, ratio: float, ground: float, vz0: float = 0.0) -> float:
-    """Failsafe descent height (m, world) after ``seconds`` from height ``z0`` with vertical velocity
-    ``vz0`` (m/s, up > 0): the sink at (1 - ratio) g, from vz0 if sinking, from rest if climbing; floored."""
-    return max(ground, z0 + min(vz0, 0.0) * seconds - 0.5 * (1.0 - ratio) * GRAVITY * seconds ** 2)
-
-
 class CrazyflieBridge(ControllerNode):
-    DESCENT_SETTLE_S = SPIN_DOWN_S + ONBOARD_DESCENT_LAG_S  # the descent is flown onboard (above)
+    DESCENT_SETTLE_S = OnboardDescent.SETTLE_S  # the onboard policy flies the descent
 
     def __init__(self):
         super().__init__("crazyflie_bridge", load_onnx_policy)
@@ -192,14 +173,11 @@ class CrazyflieBridge(ControllerNode):
         if self.controller.cfg.max_action < 1.0:  # the onboard policy flies the motors; its glue clips to [-1, 1]
             raise ValueError(f"max_action {self.controller.cfg.max_action:g}: the real vehicle's onboard policy "
                              "does not take it (firmware/crazyflie clips actions to [-1, 1]); leave it at 1")
-        self.ratio = self.controller.cfg.descent_thrust_ratio
-        self.ground = self.controller.cfg.ground_height
+        self.descent = OnboardDescent(self.controller.cfg)
         self._odom_pub = self.create_publisher(Odometry, ODOM, CONTROL_PUB_QOS)
         self._odom_msg = Odometry
         self._assembler = StateAssembler()
         self._lock = threading.Lock()
-        # (start time s, last valid position m, its vertical velocity m/s) of a failsafe descent
-        self._failsafe_from: tuple[float, np.ndarray, float] | None = None
         # Rejected samples of the onboard estimate in a row; once there were
         # BROKEN_ESTIMATE_SAMPLES, the estimate counts as broken while the failsafe lasts: the onboard
         # policy flies on it, so no setpoint can bring the vehicle down.
@@ -274,7 +252,6 @@ class CrazyflieBridge(ControllerNode):
     def actuate(self, cmd: Command, now: float) -> None:
         if not self.connected:
             return
-        latest = self.controller.latest
         broken = self._estimate_broken
         if cmd.mode is Mode.FAILSAFE and broken is not None:
             # The onboard policy (and the stock PID it falls back to) would fly a descent setpoint on the
@@ -283,15 +260,10 @@ class CrazyflieBridge(ControllerNode):
             cmd = dataclasses.replace(cmd, mode=self.controller.mode)
         if cmd.mode is not Mode.FAILSAFE:  # recovered on valid states, or the rotors are off
             self._estimate_broken = None
-        if cmd.mode is Mode.FAILSAFE and latest is not None:
-            if self._failsafe_from is None:
-                self._failsafe_from = (now, latest.pos.copy(), float(latest.vel[2]))
-            t0, p0, vz0 = self._failsafe_from
-            z = descent_setpoint(p0[2], now - t0, self.ratio, self.ground, vz0)
-            self.cf.commander.send_position_setpoint(p0[0], p0[1], z, 0.0)
-            return
-        self._failsafe_from = None
-        if cmd.mode is Mode.ARMED:
+        descent = self.descent.setpoint(cmd, self.controller.latest, now)
+        if descent is not None:
+            self.cf.commander.send_position_setpoint(*descent, 0.0)
+        elif cmd.mode is Mode.ARMED:
             x, y, z = self.controller.setpoint(now)
             self.cf.commander.send_position_setpoint(x, y, z, 0.0)
         else:

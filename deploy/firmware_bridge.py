@@ -12,13 +12,18 @@ speeds: the MCU builds the observation, runs the policy, clamps at the stock Cra
 limit (actions above ~0.74 saturate, as on the vehicle) and keeps its own previous action. A glue
 that leaves its policy mode (a policy error on the MCU: non-finite input or output) is a policy
 error here too, so the safety layer fails safe; the glue's fault stays latched until the safety
-layer disarms, which sends it the stop setpoint the real bridge sends. The ONNX file is loaded too,
+layer disarms, which sends it the stop setpoint the real bridge sends. A failsafe is flown as on the
+real vehicle: the MCU's policy flies the descending position setpoints crazyflie_bridge sends
+(``safety.OnboardDescent``), with the same longer timer for its lag; the safety layer's open-loop
+descent command stands in only where the glue does not fly (a latched fault: the vehicle's stock PID
+fallback is not in the image). The ONNX file is loaded too,
 for the contract check, and the image is refused unless its policy.c computes the ONNX model's
 actions (``McuPolicy.check_against``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 from typing import Callable
@@ -29,7 +34,7 @@ from sim.crazyflie.contract import POLICY_PERIOD
 
 from .policy_node import ControllerNode, Policy
 from .ros import run_node
-from .safety import Command, Mode
+from .safety import Command, Mode, OnboardDescent
 from .state import State
 
 
@@ -61,10 +66,25 @@ class GlueAdapter:
             raise
 
     def __call__(self, obs: np.ndarray) -> np.ndarray:
+        st = self.latest()
+        return self._fly(st.pos - obs[0:3], st.vel - obs[12:15])
+
+    def fly_to(self, setpoint: np.ndarray) -> np.ndarray | None:
+        """The MCU's action for a position setpoint (world, m; velocity reference 0) from the latest state,
+        as crazyflie_bridge sends the vehicle in a failsafe; None where its glue does not fly it (a latched
+        fault: on the vehicle the stock PID would take over, which the image does not run; a failed MCU)."""
+        try:
+            return self._fly(np.asarray(setpoint, np.float64), np.zeros(3))
+        except Exception:
+            return None
+
+    def _fly(self, setpoint_pos: np.ndarray, setpoint_vel: np.ndarray) -> np.ndarray:
+        """One policy period of the glue, flying to the setpoint from the latest state: the action of the
+        motor forces it returns; RuntimeError if it is not in policy mode."""
         pil, st = self.pil, self.latest()
         self.now_ms += self.PERIOD_MS
         self.engaged = True  # before the exchange: one that times out may still have reached the MCU
-        out = self._exchange(st.pos, st.quat, st.vel, np.degrees(st.omega), st.pos - obs[0:3], st.vel - obs[12:15],
+        out = self._exchange(st.pos, st.quat, st.vel, np.degrees(st.omega), setpoint_pos, setpoint_vel,
                              self.now_ms, self.now_ms)
         if pil.GLUE_MODES[out.mode] != "policy":
             raise RuntimeError(f"the onboard controller on the MCU is in mode {pil.GLUE_MODES[out.mode]} "
@@ -83,9 +103,12 @@ class GlueAdapter:
 
 
 class FirmwareBridge(ControllerNode):
+    DESCENT_SETTLE_S = OnboardDescent.SETTLE_S  # the MCU flies the failsafe descent, as the vehicle does
+
     def __init__(self):
         self.mcu = self.glue = None
         super().__init__("firmware_bridge", self._load)
+        self.descent = OnboardDescent(self.controller.cfg)
 
     def _load(self, path: str) -> tuple[Policy, dict]:
         from export.onnx_policy import OnnxPolicy
@@ -100,6 +123,13 @@ class FirmwareBridge(ControllerNode):
                                f"instructions per policy step, actions within {diff:.1e} of {onnx.path.name}")
         self.glue = GlueAdapter(self.mcu, lambda: self.controller.latest)
         return self.glue, onnx.contract
+
+    def vehicle_command(self, cmd: Command, now: float) -> Command:
+        """In a failsafe, the MCU's policy flies the descending setpoints crazyflie_bridge sends the real
+        vehicle, not the safety layer's open-loop rotor command, which stands only where the MCU cannot."""
+        setpoint = self.descent.setpoint(cmd, self.controller.latest, now)
+        action = None if setpoint is None else self.glue.fly_to(setpoint)
+        return cmd if action is None else dataclasses.replace(cmd, action=action)
 
     def actuate(self, cmd: Command, now: float) -> None:
         if cmd.mode in (Mode.DISARMED, Mode.ESTOP):  # as crazyflie_bridge sends the vehicle

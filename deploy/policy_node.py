@@ -283,7 +283,7 @@ class ControllerNode(Node):
     def _tick(self) -> None:
         now = self._now()
         received = self._state_received_at
-        cmd = self.controller.tick(now)
+        cmd = self.vehicle_command(self.controller.tick(now), now)
         self.cmd_pub.publish(rotor_command_msg(self._to_rpm(cmd.action)))
         try:
             self.actuate(cmd, now)
@@ -299,6 +299,11 @@ class ControllerNode(Node):
         self._ticks += 1
         if (cmd.mode.value, cmd.reason) != self._last or self._ticks % STATUS_EVERY == 0:
             self._publish_status(cmd)
+
+    def vehicle_command(self, cmd: Command, now: float) -> Command:
+        """The rotor command the vehicle gets for the safety layer's ``cmd``: that one here; firmware_bridge's
+        MCU flies the failsafe descent itself, as the real vehicle's onboard policy does."""
+        return cmd
 
     def actuate(self, cmd: Command, now: float) -> None:
         """Hardware output besides rotor_cmd; crazyflie_bridge sends setpoints to the vehicle here."""

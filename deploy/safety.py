@@ -464,3 +464,47 @@ class SafeController:
             self._take_over(now)
             self._set(Mode.ARMED, f"recovered: valid state again ({len(self._recovered_at)} of "
                                   f"{self.cfg.max_recoveries} within {self.cfg.recovery_window:g} s)")
+
+
+# How long the onboard policy's descent lags the sinking setpoint it follows (s): its position setpoint
+# has no velocity reference, so the policy brakes the sink. Measured (ad-hoc scripts outside the
+# repository, 2026-11-29: the shipped hover policy in the torch simulator flying descent_setpoint from
+# rest at 1.0 and 2.5 m): below landed_height (5 cm) 0.74 / 0.96 s after the setpoint reached the floor
+# for the nominal vehicle (0.2-0.4 m up, sinking at 0.5-0.9 m/s, when the open-loop timer of fall and
+# spin-down would have cut the rotors), 0.64-1.26 s for heavy (mass x1.2), slow-motor (0.15 s) and
+# light, fast (mass x0.9, kf x1.1, 0.03 s) vehicles, 0.32-0.35 s for the weakest corner (mass x1.2, kf x0.9,
+# battery 0.85, 0.12 s), which cannot brake and reaches the floor at 1.2-1.8 m/s. With this lag the timer,
+# which alone ends a descent when no state arrives, cuts the rotors 1.8 s after the setpoint reached
+# the floor, at least 0.54 s after each of these vehicles was on it.
+ONBOARD_DESCENT_LAG_S = 1.5
+
+
+def descent_setpoint(z0: float, seconds: float, ratio: float, ground: float, vz0: float = 0.0) -> float:
+    """Failsafe descent height (m, world) after ``seconds`` from height ``z0`` with vertical velocity
+    ``vz0`` (m/s, up > 0): the sink at (1 - ratio) g, from vz0 if sinking, from rest if climbing; floored."""
+    return max(ground, z0 + min(vz0, 0.0) * seconds - 0.5 * (1.0 - ratio) * GRAVITY * seconds ** 2)
+
+
+class OnboardDescent:
+    """The failsafe descent as position setpoints, for a vehicle whose onboard policy flies it instead
+    of this layer's open-loop rotor command (crazyflie_bridge: the real vehicle; firmware_bridge: the
+    emulated MCU): from the last valid x, y and height, sinking along :func:`descent_setpoint`, so that
+    it reaches the floor no later than the safety layer's timer; that timer adds the onboard descent's
+    lag (``SETTLE_S``, SafeController's ``settle_s``)."""
+
+    SETTLE_S = SPIN_DOWN_S + ONBOARD_DESCENT_LAG_S
+
+    def __init__(self, cfg: SafetyConfig):
+        self.ratio, self.ground = cfg.descent_thrust_ratio, cfg.ground_height
+        self._from: tuple[float, np.ndarray, float] | None = None  # start (s), last valid position (m), its vz (m/s)
+
+    def setpoint(self, cmd: Command, latest: State | None, now: float) -> np.ndarray | None:
+        """Where the vehicle is sent at ``now`` (world, m) while ``cmd`` is a failsafe's and a valid state
+        was ever received, else None (and the next failsafe starts anew)."""
+        if cmd.mode is not Mode.FAILSAFE or latest is None:
+            self._from = None
+            return None
+        if self._from is None:
+            self._from = (now, latest.pos.copy(), float(latest.vel[2]))
+        t0, p0, vz0 = self._from
+        return np.array([p0[0], p0[1], descent_setpoint(p0[2], now - t0, self.ratio, self.ground, vz0)])

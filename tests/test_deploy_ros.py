@@ -150,6 +150,39 @@ def test_hover_hil(prefix):
     hover("hil", prefix)
 
 
+def test_a_hil_failsafe_is_flown_by_the_mcu_to_the_floor(prefix):
+    """backend:=hil, disarmed in flight: as on the real vehicle, the MCU's policy flies the descending
+    setpoints (rotor commands that differ per rotor and period, not the safety layer's fixed descent
+    command), and the rotors are cut once a state shows the vehicle on the floor."""
+    from std_srvs.srv import SetBool
+
+    from deploy.safety import SafeController, SafetyConfig
+    from sim.crazyflie.params import action_to_rpm
+
+    open_loop = action_to_rpm(SafeController(lambda o: o, SafetyConfig()).descent_action, RPM_MAX)
+    with world(prefix) as w:
+        rec = Observed(w)
+        launch = w.start("-m", "deploy.launch", "launch/hover.launch.xml", "backend:=hil", f"policy:={HOVER_POLICY}",
+                         name="launch")
+        arm = w.observer().create_client(SetBool, "/cf1/arm")
+        w.spin_until(lambda: rec.mode() == "armed" and rec.odom and rec.odom[-1][2][2] > 0.9, 60, "a hover at 1 m")
+        w.spin_for(1.0)
+        t0 = time.monotonic()
+        future = arm.call_async(SetBool.Request(data=False))
+        w.spin_until(future.done, 5, "the disarm service")
+        w.spin_until(lambda: rec.seen_mode("disarmed", t0), 20, "the descent to end")
+        t_fs = next(t for t, s in rec.status if t >= t0 and s["mode"] == "failsafe")
+        t_cut, status = next((t, s) for t, s in rec.status if t >= t0 and s["mode"] == "disarmed")
+        w.spin_for(0.3)
+        assert RosWorld.stop(launch) == 0, w.output(launch)
+    descent = np.array([c for t, c in rec.cmd if t_fs < t < t_cut])[3:-3]  # received between the two statuses
+    assert len(descent) > 50, len(descent)
+    assert np.abs(descent - open_loop).max() > 500 and descent.std(0).min() > 100, (open_loop, descent[::20])
+    assert "landed" in status["reason"], status["reason"]
+    z_at_cut = [p[2] for t, _, p in rec.odom if t <= t_cut][-1]
+    assert z_at_cut < 0.06, f"the rotors were cut {z_at_cut:.2f} m above the floor"
+
+
 # ---------------------------------------------------------------------------------------------
 # safety with real processes
 

@@ -24,11 +24,19 @@ from deploy.crazyflie_bridge import (
     LOG_TYPE_BYTES,
     MAX_LOG_BLOCK_BYTES,
     StateAssembler,
-    descent_setpoint,
     state_from_log,
 )
 from deploy.launch import LaunchError, Scope, parse_cli, plan, substitute
-from deploy.safety import CLOCK_RESTART_WINDOW_S, CLOCK_RESTARTS_MAX, IDLE_ACTION, Mode, SafeController, SafetyConfig
+from deploy.safety import (
+    CLOCK_RESTART_WINDOW_S,
+    CLOCK_RESTARTS_MAX,
+    IDLE_ACTION,
+    Mode,
+    OnboardDescent,
+    SafeController,
+    SafetyConfig,
+    descent_setpoint,
+)
 from deploy.state import (
     InvalidState,
     State,
@@ -1142,8 +1150,7 @@ def fake_bridge(controller: SafeController, clock: FakeClock, connected: bool = 
     b.get_name = lambda: "crazyflie_bridge"
     b.latency, b.inference = Percentiles(), Percentiles()
     b.cf = type("Crazyflie", (), {"commander": Commander(), "close_link": lambda self: None})()
-    b.connected, b._link, b.period, b._failsafe_from = connected, "test", 0.01, None
-    b.ratio, b.ground = controller.cfg.descent_thrust_ratio, controller.cfg.ground_height
+    b.connected, b._link, b.period, b.descent = connected, "test", 0.01, OnboardDescent(controller.cfg)
     b._bad_samples, b._estimate_broken, b._last_odom = 0, None, None
     controller.settle_s = CrazyflieBridge.DESCENT_SETTLE_S  # as the bridge's own controller has it
     return b
@@ -1334,7 +1341,7 @@ def test_stopping_the_bridge_in_flight_descends_before_the_motors_stop(output, m
     sent = b.cf.commander.sent
     first_stop = next(i for i, (_, z) in enumerate(sent) if z == "stop")
     heights = [z for _, z in sent[:first_stop]]
-    fall = math.sqrt(2 * 1.0 / ((1 - b.ratio) * GRAVITY))
+    fall = math.sqrt(2 * 1.0 / ((1 - c.cfg.descent_thrust_ratio) * GRAVITY))
     timer = fall + CrazyflieBridge.DESCENT_SETTLE_S
     assert heights[0] > 0.99 and heights[-1] == 0.0 and all(a >= b for a, b in zip(heights, heights[1:]))
     floor_from = next(t for t, z in sent if z == 0.0) - sent[0][0]
@@ -1360,7 +1367,7 @@ def test_stopping_the_bridge_in_flight_lands_on_the_states_that_still_arrive(mon
     def sleep(period):  # a period passes; the vehicle sends its estimate: 0.6 s behind the setpoint
         clock.t += period
         t = clock.t - 100.0
-        z = bridge_module.descent_setpoint(1.0, max(t - 0.6, 0.0), b.ratio, 0.0)
+        z = descent_setpoint(1.0, max(t - 0.6, 0.0), c.cfg.descent_thrust_ratio, 0.0)
         heights.append(z)
         stream(b, 1000 + round(t * 1000), clock.t, subscribed=False, pos=(0.0, 0.0, z), vel=(0.0, 0.0, 0.0))
 
@@ -1368,7 +1375,7 @@ def test_stopping_the_bridge_in_flight_lands_on_the_states_that_still_arrive(mon
     b.close()
     sent = b.cf.commander.sent
     stop = next(i for i, (_, z) in enumerate(sent) if z == "stop")
-    fall = math.sqrt(2 * 1.0 / ((1 - b.ratio) * GRAVITY))
+    fall = math.sqrt(2 * 1.0 / ((1 - c.cfg.descent_thrust_ratio) * GRAVITY))
     assert c.mode is Mode.DISARMED and "landed" in c.reason, c.reason
     assert heights[stop - 1] < c.cfg.landed_height <= heights[stop - 2]  # the state before the stop: on the floor
     assert fall + 0.6 - 0.05 <= clock.t - 100.0 < fall + b.DESCENT_SETTLE_S
@@ -1453,7 +1460,7 @@ def test_the_bridge_streams_the_safety_layers_setpoint_to_the_onboard_policy():
     # (the state stays on the floor for 5 s here: longer than the default ground_timeout)
     bridge.controller = c = SafeController(FakePolicy(), SafetyConfig(ground_timeout=10.0))
     bridge.cf = type("Crazyflie", (), {"commander": Commander()})()
-    bridge.connected, bridge._failsafe_from, bridge._estimate_broken = True, None, None
+    bridge.connected, bridge.descent, bridge._estimate_broken = True, OnboardDescent(c.cfg), None
     start = [0.3, 0.0, 0.0]
     c.on_state(hover_state(pos=start), 0.0)
     assert c.arm(0.0) == (True, "armed")
@@ -1535,8 +1542,7 @@ def test_the_bridges_failsafe_setpoint_reaches_the_floor_before_the_stop(vz):
     bridge = object.__new__(CrazyflieBridge)  # no ROS node, no radio: the descent logic alone
     bridge.controller = c = SafeController(FakePolicy(), SafetyConfig(), settle_s=CrazyflieBridge.DESCENT_SETTLE_S)
     bridge.cf = type("Crazyflie", (), {"commander": Commander()})()
-    bridge.connected, bridge._failsafe_from, bridge._estimate_broken = True, None, None
-    bridge.ratio, bridge.ground = c.cfg.descent_thrust_ratio, 0.0
+    bridge.connected, bridge.descent, bridge._estimate_broken = True, OnboardDescent(c.cfg), None
     c.on_state(make_state([0.0, 0.0, 1.0], [1, 0, 0, 0], [0.0, 0.0, vz], [0, 0, 0], 0.0), 0.0)
     assert c.arm(0.0)[0]
     for k in range(400):  # no state after t = 0
