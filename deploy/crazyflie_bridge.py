@@ -238,6 +238,8 @@ class CrazyflieBridge(ControllerNode):
             try:
                 make_state(state.pos, state.quat, state.vel, state.omega, state.stamp)
                 self._bad_samples = 0
+                if self.controller.mode is not Mode.FAILSAFE:  # a latch from before a new flight goes
+                    self._estimate_broken = None
             except InvalidState as e:
                 self._bad_samples += 1
                 if self._bad_samples >= BROKEN_ESTIMATE_SAMPLES and self._estimate_broken is None:

@@ -52,6 +52,7 @@ class GlueAdapter:
         self.mcu, self.latest, self.pil = mcu, latest, pil
         self.now_ms = 0
         self.engaged = False  # the glue was last told to fly (not stopped)
+        self.latched = False  # the glue answered with a latched fault: it flies nothing until a stop
         self.failed: str | None = None  # why the MCU no longer answers (dead, hung, garbled): never asked again
 
     def _exchange(self, *args, **kwargs):
@@ -73,6 +74,8 @@ class GlueAdapter:
         """The MCU's action for a position setpoint (world, m; velocity reference 0) from the latest state,
         as crazyflie_bridge sends the vehicle in a failsafe; None where its glue does not fly it (a latched
         fault: on the vehicle the stock PID would take over, which the image does not run; a failed MCU)."""
+        if self.latched or self.failed is not None:
+            return None
         try:
             return self._fly(np.asarray(setpoint, np.float64), np.zeros(3))
         except Exception:
@@ -87,6 +90,7 @@ class GlueAdapter:
         out = self._exchange(st.pos, st.quat, st.vel, np.degrees(st.omega), setpoint_pos, setpoint_vel,
                              self.now_ms, self.now_ms)
         if pil.GLUE_MODES[out.mode] != "policy":
+            self.latched = True
             raise RuntimeError(f"the onboard controller on the MCU is in mode {pil.GLUE_MODES[out.mode]} "
                                f"(fault: {pil.GLUE_FAULTS[out.fault]}, policy_step returned {out.rc})")
         return pil.force_to_action(out.force, self.mcu.boot.thrust_max)
@@ -95,7 +99,7 @@ class GlueAdapter:
         """The stop setpoint (motors off; clears a latched fault), once after the glue was flying; nothing
         to a failed MCU."""
         if self.engaged and self.failed is None:
-            self.engaged = False  # before the exchange: a failing one is not retried every period
+            self.engaged = self.latched = False  # before the exchange: a failing one is not retried every period
             self.now_ms += self.PERIOD_MS
             zeros = np.zeros(3)
             self._exchange(zeros, (1.0, 0.0, 0.0, 0.0), zeros, zeros, zeros, zeros, self.now_ms, self.now_ms,
@@ -126,10 +130,17 @@ class FirmwareBridge(ControllerNode):
 
     def vehicle_command(self, cmd: Command, now: float) -> Command:
         """In a failsafe, the MCU's policy flies the descending setpoints crazyflie_bridge sends the real
-        vehicle, not the safety layer's open-loop rotor command, which stands only where the MCU cannot."""
+        vehicle, from the current state (on the vehicle its estimator runs on through a lost link), not
+        the safety layer's open-loop rotor command. That command stands where the MCU cannot fly it (no
+        current state here, the glue's latched fault, a failed MCU). Actions are clipped as the safety
+        layer clips the policy's. ``status`` keeps showing the safety layer's previous action."""
         setpoint = self.descent.setpoint(cmd, self.controller.latest, now)
-        action = None if setpoint is None else self.glue.fly_to(setpoint)
-        return cmd if action is None else dataclasses.replace(cmd, action=action)
+        if setpoint is None or not self.controller.state_fresh(now):
+            return cmd
+        action = self.glue.fly_to(setpoint)
+        if action is None or not np.isfinite(action).all():
+            return cmd
+        return dataclasses.replace(cmd, action=np.clip(action, -1.0, self.controller.cfg.max_action))
 
     def actuate(self, cmd: Command, now: float) -> None:
         if cmd.mode in (Mode.DISARMED, Mode.ESTOP):  # as crazyflie_bridge sends the vehicle

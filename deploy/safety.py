@@ -30,7 +30,7 @@ Modes and rules, checked on every tick:
             nothing to close a loop on), so the vehicle sinks at (1 - ratio) g, for the time the
             last valid height and vertical velocity take to reach the floor at that acceleration
             (a vehicle climbing when the failsafe starts rises first) plus ``settle_s`` (the rotors'
-            spin-down; crazyflie_bridge adds the lag of the onboard descent), or until a valid state shows
+            spin-down; the bridges whose onboard policy flies the descent add its lag), or until a valid state shows
             it below ``landed_height``; then the rotors are cut and the mode is DISARMED: flying
             again needs re-arming. Valid states that still show it in the air (a geofence failsafe
             keeps receiving them) extend the descent to their own fall time, up to twice the first
@@ -268,6 +268,11 @@ class SafeController:
             return self._fence_problem(p)
         return None
 
+    def state_fresh(self, now: float) -> bool:
+        """Whether the last valid state is current at ``now`` (its height and attitude can be used,
+        inside the fence or not): no sample rejected after it, and no older than ``stale_timeout``."""
+        return self._input_error is None and now - self._latest_time <= self.cfg.stale_timeout
+
     @staticmethod
     def _fence_problem(pos: np.ndarray) -> str:
         return f"geofence: position {np.round(pos, 2).tolist()} m outside the box"
@@ -362,7 +367,7 @@ class SafeController:
         if problem is not None and problem is not rejected:
             self._good_streak = 0
         # The last valid state is current (inside the fence or not): its height and attitude can be used.
-        fresh = self._input_error is None and now - self._latest_time <= self.cfg.stale_timeout
+        fresh = self.state_fresh(now)
         if self.mode is Mode.DISARMED and self._auto_arm_pending and problem is None:
             armed, why = self.arm(now)
             if not armed and "tilted" in why:  # without the angle: a status message per degree would flood /status

@@ -1198,6 +1198,11 @@ def test_a_bad_onboard_estimate_is_published_rejected_by_the_odom_check_and_fail
     assert b.cf.commander.sent[-1][1] == "stop" and c.mode is Mode.DISARMED, b.cf.commander.sent[-3:]
     assert c.reason.startswith(f"onboard state estimate broken (3 samples in a row, the last: {reason}"), c.reason
     assert c.status()["failsafe_count"] == 2  # the failsafe and the cut, each counted
+    for k in range(3):  # still broken on the ground, then good again: no latch left for the next flight
+        stream(b, 1050 + k, 100.05 + 0.001 * k, **bad)
+    assert b._estimate_broken is not None
+    stream(b, 1060, 100.06)
+    assert b._estimate_broken is None
 
 
 def test_a_late_state_is_dropped_without_failing_safe_but_one_from_the_future_fails_safe():
@@ -1435,6 +1440,7 @@ def test_the_bridge_publishes_the_state_in_its_world_frame_parameter():
     bridge._odom_pub = type("Pub", (), {"publish": lambda self, msg: published.append(msg)})()
     bridge.get_clock = lambda: type("Clock", (), {"now": lambda self: type("T", (), {"nanoseconds": 10**9})()})()
     bridge._steady = lambda: 1.0
+    bridge.controller, bridge._bad_samples, bridge._estimate_broken = SafeController(FakePolicy(), SafetyConfig()), 0, None
     pose = {f"stateEstimate.{v}": 0.1 for v in ("x", "y", "z", "vx", "vy", "vz")}
     att = {"stateEstimate.qx": 0.0, "stateEstimate.qy": 0.0, "stateEstimate.qz": 0.0, "stateEstimate.qw": 1.0,
            "gyro.x": 0.0, "gyro.y": 0.0, "gyro.z": 0.0}
@@ -1511,6 +1517,47 @@ def test_a_failed_mcu_is_asked_once_and_the_ticks_go_on():
         node._tick()
     assert len(published) == 3 and node._ticks == 3 and statuses
     assert len(errors) == 1 and "the MCU failed earlier" in errors[0], errors
+
+
+def test_the_hil_failsafe_is_the_mcus_only_from_a_current_state_and_a_flying_glue():
+    """firmware_bridge: in a failsafe the MCU flies the descent setpoint from the current state, its
+    action clipped as the policy's; the safety layer's open-loop command stands without a current state
+    (the MCU would fly a frozen one), with a latched glue (asked no more until the stop) or a non-finite
+    answer; outside a failsafe nothing changes."""
+    from deploy.firmware_bridge import FirmwareBridge, GlueAdapter
+    from firmware.pil import GLUE_MODES, GlueOutput
+
+    class Mcu:
+        boot = type("Boot", (), {"thrust_max": 0.1125})()
+
+        def __init__(self):
+            self.calls, self.mode, self.force = [], "policy", np.full(4, 0.9)
+
+        def glue_step(self, pos, quat, vel, gyro, sp_pos, sp_vel, now_ms, sp_ms, **kw):
+            self.calls.append((np.array(sp_pos), kw.get("setpoint_kind")))
+            return GlueOutput(GLUE_MODES.index(self.mode), 0, 0, np.zeros(4), self.force.copy(), 0.0)
+
+    c, _ = armed_controller(max_action=0.5)
+    b = object.__new__(FirmwareBridge)
+    b.controller, b.descent, b.glue = c, OnboardDescent(c.cfg), GlueAdapter(mcu := Mcu(), lambda: c.latest)
+    armed = c.tick(0.0)
+    assert b.vehicle_command(armed, 0.0) is armed and not mcu.calls
+    c.disarm(0.03)  # a descent, from a state still current at 0.04 s (40 ms old)
+    failsafe = c.tick(0.04)
+    flown = b.vehicle_command(failsafe, 0.04)
+    assert failsafe.mode is Mode.FAILSAFE and len(mcu.calls) == 1 and mcu.calls[0][0][2] == pytest.approx(1.0)
+    assert np.allclose(flown.action, 0.5) and not np.allclose(failsafe.action, 0.5)  # 0.9 of thrust_max, clipped
+    stale = c.tick(0.2)
+    assert b.vehicle_command(stale, 0.2) is stale and len(mcu.calls) == 1  # no current state: not asked
+    c.on_state(hover_state(0.21), 0.21)
+    mcu.force = np.full(4, np.nan)
+    fresh = c.tick(0.21)
+    assert b.vehicle_command(fresh, 0.21) is fresh and len(mcu.calls) == 2  # a non-finite answer
+    mcu.mode, mcu.force = "fallback", np.zeros(4)
+    assert b.vehicle_command(fresh, 0.21) is fresh and len(mcu.calls) == 3 and b.glue.latched
+    assert b.vehicle_command(fresh, 0.21) is fresh and len(mcu.calls) == 3  # latched: not asked again
+    b.glue.stop()
+    assert not b.glue.latched and mcu.calls[-1][1] is not None  # the stop setpoint
 
 
 def test_descent_setpoint_follows_the_simulated_failsafe():
