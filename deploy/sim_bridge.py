@@ -16,7 +16,12 @@ Subscribes  rotor_cmd (std_msgs/Float32MultiArray, 4 rotor speed setpoints, rpm,
 Lock-step   with ``lockstep``, a step is taken only once a rotor command has arrived since the
             last published state (or after ``lockstep_timeout`` wall seconds without one: the held
             command is used and the timeout counted). The controller then always acts on the state
-            it was sent, whatever its wall-clock compute time. Hardware in the loop uses it: the
+            it was sent, whatever its wall-clock compute time. A command does not name its state,
+            so states in flight when lock-step starts (the release of a held vehicle, states published
+            while it sat) or resumes (after a timeout) would pair every later step with the command
+            for the state before it: there the simulator first waits, without stepping, until the
+            controller has answered them all (no command for LOCKSTEP_QUIET_S wall seconds, at most
+            lockstep_timeout), and steps on with the answer to its newest state. Hardware in the loop uses it: the
             policy runs on an emulated MCU whose wall time (QEMU on a shared host, 5-20 ms per step
             measured) says nothing about the real MCU's (18k instructions, ~0.1 ms at 168 MHz), so
             pacing by wall clock would inject a latency the real vehicle does not have. The sim
@@ -56,6 +61,9 @@ if TYPE_CHECKING:
     from sim.crazyflie.pybullet_backend import PybulletBackend
 
 BACKENDS = ("torch", "mujoco", "pybullet")
+# Lock-step: wall seconds without a command after which the states in flight count as answered: longer
+# than a controller's answer takes (the emulated MCU's 5-20 ms per exchange on a loaded host).
+LOCKSTEP_QUIET_S = 0.05
 
 
 def keep_on_floor(backend: TorchBackend | MujocoBackend | PybulletBackend, state: torch.Tensor,
@@ -73,8 +81,9 @@ def keep_on_floor(backend: TorchBackend | MujocoBackend | PybulletBackend, state
 
 
 class SimBridge(Node):
-    def __init__(self):
-        super().__init__("sim_bridge")
+    def __init__(self, **node_options):
+        """``node_options`` go to rclpy's Node (``context=`` for a node built inside a test)."""
+        super().__init__("sim_bridge", **node_options)
         import torch
         from nav_msgs.msg import Odometry
         from rclpy.clock import Clock, ClockType
@@ -124,6 +133,8 @@ class SimBridge(Node):
         self.bad_commands = 0
         self._cmd_since_publish = False
         self._published_at = time.monotonic()
+        self._cmd_wall = -float("inf")  # steady time of the last valid command
+        self._drain_from: float | None = None  # lock-step: since when the states in flight are being answered
 
         self.clock_pub = self.create_publisher(ClockMsg, "/clock", 10)
         self.odom_pub = self.create_publisher(Odometry, ODOM, CONTROL_PUB_QOS)
@@ -144,19 +155,27 @@ class SimBridge(Node):
             return
         self._cmd_since_publish = True
         self._cmd_step = self.steps
+        self._cmd_wall = time.monotonic()
         if self._watchdog_cut:
             self._watchdog_cut = False
             self.get_logger().info(f"rotor commands again at t = {self.steps * self.period:.2f} s")
         self.rpm_cmd = self.torch.as_tensor(np.clip(data, 0.0, self.params.rpm_max), dtype=self.torch.float32)[None]
         if self.hold and not self.clamped and data.max() > 0.0:
             self.hold = False
+            self._drain_from = time.monotonic()  # the states published while it sat are still being answered
             self.get_logger().info(f"released at t = {self.steps * self.period:.2f} s")
 
     def _step(self) -> None:
         moving = not (self.hold or self.clamped)
+        if moving and self.lockstep and self._drain_from is not None:
+            now = time.monotonic()
+            if now - self._cmd_wall < LOCKSTEP_QUIET_S and now - self._drain_from < self.lockstep_timeout:
+                return  # answers to states sent earlier are still coming: no step, no new state
+            self._drain_from = None
         if moving and self.lockstep and not self._cmd_since_publish:
             if time.monotonic() - self._published_at < self.lockstep_timeout:
                 return  # wait for the controller's command for the state last sent
+            self._drain_from = time.monotonic()  # its late answers, and any before them, are drained next
             self.lockstep_timeouts += 1
             self.get_logger().warning(f"lock-step: no command {self.lockstep_timeout:g} s after the state of "
                                       f"t = {self.steps * self.period:.2f} s, stepping with the held one "

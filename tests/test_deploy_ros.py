@@ -326,6 +326,65 @@ def test_a_second_simulator_on_the_same_clock_keeps_the_rotors_idle(seeded_polic
     check_commands(rec.cmd)
 
 
+@pytest.mark.parametrize("compute_ms", [3, 12])
+def test_lockstep_flies_each_step_on_the_command_for_its_state(compute_ms):
+    """sim_bridge in lock-step (the sim and hil launch files), held until the first command: a controller
+    that answers each state after ``compute_ms`` (the emulated MCU takes 5-20 ms) has every step flown with
+    the command computed from the state it starts from. Before, the states published while the vehicle
+    sat and still in flight at its release paired every later step with the command for the state before
+    it (one period of latency at 8-15 ms; a review's in-process script, 2026-11-29). In this process,
+    nodes on their own executors, so the controller's delay is exact."""
+    import collections
+    import threading
+
+    import rclpy
+    from nav_msgs.msg import Odometry
+    from rclpy.executors import SingleThreadedExecutor
+    from std_msgs.msg import Float32MultiArray
+
+    from deploy.ros import CONTROL_PUB_QOS, CONTROL_QOS, rotor_command_msg
+    from deploy.sim_bridge import SimBridge
+    from deploy.testing import free_domain_id
+
+    ctx = rclpy.Context()
+    rclpy.init(args=["--ros-args", "-r", "__ns:=/cf1", "-p", "lockstep:=true"], context=ctx,
+               domain_id=free_domain_id())
+    stop, threads = threading.Event(), []
+    try:
+        sim, ctl = SimBridge(context=ctx), rclpy.create_node("controller", namespace="cf1", context=ctx)
+        applied = []  # (the step the simulator takes from, the state index its command was computed from)
+        step = sim.backend.step
+        sim.backend.step = lambda rpm, f, t: applied.append((sim.steps, round(float(rpm[0, 0])) - 10_000)) or step(
+            rpm, f, t)
+        pub = ctl.create_publisher(Float32MultiArray, "rotor_cmd", CONTROL_PUB_QOS)
+
+        def answer(msg):
+            k = round((msg.header.stamp.sec + 1e-9 * msg.header.stamp.nanosec) / sim.period)
+            time.sleep(compute_ms * 1e-3)
+            pub.publish(rotor_command_msg([10_000.0 + k] * 4))  # its state's index, in the command
+
+        ctl.create_subscription(Odometry, "odom", answer, CONTROL_QOS)
+
+        def spin(node):
+            ex = SingleThreadedExecutor(context=ctx)
+            ex.add_node(node)
+            while not stop.is_set():
+                ex.spin_once(timeout_sec=0.05)
+
+        threads = [threading.Thread(target=spin, args=(n,)) for n in (sim, ctl)]
+        for t in threads:
+            t.start()
+        time.sleep(3.0)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+        rclpy.shutdown(context=ctx)
+    offsets = collections.Counter(s - k for s, k in applied)
+    assert len(applied) > 100 and offsets == {0: len(applied)}, offsets
+    assert sim.lockstep_timeouts == 0
+
+
 def test_a_clock_that_goes_back_reaches_status_even_if_the_next_tick_arms_again(seeded_policy):
     """The restarted simulator's first state can bring the new clock (the controller starts up again)
     and, with auto_arm, the next tick arms on it: the start-up must still be published. Driven in
