@@ -57,7 +57,7 @@ import numpy as np
 
 from .policy_node import ControllerNode, load_onnx_policy
 from .ros import CONTROL_PUB_QOS, ODOM, param, run_node
-from .safety import Command, Mode, OnboardDescent
+from .safety import Command, Mode
 from .state import InvalidState, State, fill_odometry, make_state, unit_quat
 
 LOG_PERIOD_MS = 10
@@ -160,7 +160,7 @@ class StateAssembler:
 
 
 class CrazyflieBridge(ControllerNode):
-    DESCENT_SETTLE_S = OnboardDescent.SETTLE_S  # the onboard policy flies the descent
+    ONBOARD_DESCENT = True  # the onboard policy flies the failsafe descent
 
     def __init__(self):
         super().__init__("crazyflie_bridge", load_onnx_policy)
@@ -173,7 +173,6 @@ class CrazyflieBridge(ControllerNode):
         if self.controller.cfg.max_action < 1.0:  # the onboard policy flies the motors; its glue clips to [-1, 1]
             raise ValueError(f"max_action {self.controller.cfg.max_action:g}: the real vehicle's onboard policy "
                              "does not take it (firmware/crazyflie clips actions to [-1, 1]); leave it at 1")
-        self.descent = OnboardDescent(self.controller.cfg)
         self._odom_pub = self.create_publisher(Odometry, ODOM, CONTROL_PUB_QOS)
         self._odom_msg = Odometry
         self._assembler = StateAssembler()

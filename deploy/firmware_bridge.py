@@ -34,7 +34,7 @@ from sim.crazyflie.contract import POLICY_PERIOD
 
 from .policy_node import ControllerNode, Policy
 from .ros import run_node
-from .safety import Command, Mode, OnboardDescent
+from .safety import Command, Mode
 from .state import State
 
 
@@ -107,12 +107,11 @@ class GlueAdapter:
 
 
 class FirmwareBridge(ControllerNode):
-    DESCENT_SETTLE_S = OnboardDescent.SETTLE_S  # the MCU flies the failsafe descent, as the vehicle does
+    ONBOARD_DESCENT = True  # the MCU flies the failsafe descent, as the vehicle does
 
     def __init__(self):
         self.mcu = self.glue = None
         super().__init__("firmware_bridge", self._load)
-        self.descent = OnboardDescent(self.controller.cfg)
 
     def _load(self, path: str) -> tuple[Policy, dict]:
         from export.onnx_policy import OnnxPolicy

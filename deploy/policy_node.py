@@ -61,7 +61,7 @@ from .ros import (
     run_node,
     vector_param,
 )
-from .safety import SPIN_DOWN_S, Command, Mode, SafeController, SafetyConfig
+from .safety import SPIN_DOWN_S, Command, Mode, OnboardDescent, SafeController, SafetyConfig
 from .state import InvalidState, stamp_seconds, state_from_odometry
 
 Policy = Callable[[np.ndarray], np.ndarray]
@@ -102,9 +102,10 @@ def load_onnx_policy(path: str) -> tuple[Policy, dict]:
 class ControllerNode(Node):
     """Safety layer + policy callable on ROS: states in, rotor commands and status out."""
 
-    # s the failsafe descent's timer adds to the fall time (SafeController's settle_s): the rotors'
-    # spin-down after this node's own open-loop descent command
-    DESCENT_SETTLE_S = SPIN_DOWN_S
+    # Whether the vehicle's onboard policy flies a failsafe descent (safety.OnboardDescent: the bridges to
+    # the real vehicle and to the emulated MCU) instead of the safety layer's open-loop rotor command; its
+    # timer then allows for the onboard descent's lag.
+    ONBOARD_DESCENT = False
 
     def __init__(self, name: str, make_policy: Callable[[str], tuple[Policy, dict]], **node_options):
         """``node_options`` go to rclpy's Node (``context=`` for a node built inside a test)."""
@@ -147,7 +148,9 @@ class ControllerNode(Node):
         self.period = float(contract["policy_period_s"])
         self.rpm_max = float(contract["rpm_max"])
         self._to_rpm = lambda a: action_to_rpm(a, self.rpm_max)
-        self.controller = SafeController(self._timed(policy), cfg, NOMINAL, settle_s=self.DESCENT_SETTLE_S)
+        settle = OnboardDescent.SETTLE_S if self.ONBOARD_DESCENT else SPIN_DOWN_S
+        self.controller = SafeController(self._timed(policy), cfg, NOMINAL, settle_s=settle)
+        self.descent = OnboardDescent(cfg) if self.ONBOARD_DESCENT else None
         self.stale_timeout = cfg.stale_timeout
 
         self.cmd_pub = self.create_publisher(Float32MultiArray, ROTOR_CMD, CONTROL_PUB_QOS)

@@ -1152,7 +1152,7 @@ def fake_bridge(controller: SafeController, clock: FakeClock, connected: bool = 
     b.cf = type("Crazyflie", (), {"commander": Commander(), "close_link": lambda self: None})()
     b.connected, b._link, b.period, b.descent = connected, "test", 0.01, OnboardDescent(controller.cfg)
     b._bad_samples, b._estimate_broken, b._last_odom = 0, None, None
-    controller.settle_s = CrazyflieBridge.DESCENT_SETTLE_S  # as the bridge's own controller has it
+    controller.settle_s = OnboardDescent.SETTLE_S  # as the bridge's own controller has it (ONBOARD_DESCENT)
     return b
 
 
@@ -1328,8 +1328,6 @@ def test_stopping_the_bridge_in_flight_descends_before_the_motors_stop(output, m
     along the failsafe profile to the floor over the fall time and hold it there while the onboard descent
     catches up, and only then the stop setpoint; also where the launch runner died and took the output
     pipe with it (the summary line raised first and skipped the descent and the stop)."""
-    from deploy.crazyflie_bridge import CrazyflieBridge
-
     c, _ = armed_controller()
     b = fake_bridge(c, FakeClock())
     closed = []
@@ -1347,7 +1345,7 @@ def test_stopping_the_bridge_in_flight_descends_before_the_motors_stop(output, m
     first_stop = next(i for i, (_, z) in enumerate(sent) if z == "stop")
     heights = [z for _, z in sent[:first_stop]]
     fall = math.sqrt(2 * 1.0 / ((1 - c.cfg.descent_thrust_ratio) * GRAVITY))
-    timer = fall + CrazyflieBridge.DESCENT_SETTLE_S
+    timer = fall + OnboardDescent.SETTLE_S
     assert heights[0] > 0.99 and heights[-1] == 0.0 and all(a >= b for a, b in zip(heights, heights[1:]))
     floor_from = next(t for t, z in sent if z == 0.0) - sent[0][0]
     assert fall - 0.05 <= floor_from <= fall + 0.1 and timer - 0.05 <= sent[first_stop][0] - sent[0][0] <= timer + 0.2
@@ -1383,7 +1381,7 @@ def test_stopping_the_bridge_in_flight_lands_on_the_states_that_still_arrive(mon
     fall = math.sqrt(2 * 1.0 / ((1 - c.cfg.descent_thrust_ratio) * GRAVITY))
     assert c.mode is Mode.DISARMED and "landed" in c.reason, c.reason
     assert heights[stop - 1] < c.cfg.landed_height <= heights[stop - 2]  # the state before the stop: on the floor
-    assert fall + 0.6 - 0.05 <= clock.t - 100.0 < fall + b.DESCENT_SETTLE_S
+    assert fall + 0.6 - 0.05 <= clock.t - 100.0 < fall + OnboardDescent.SETTLE_S
 
 
 CLOSER = """import sys
@@ -1587,7 +1585,7 @@ def test_the_bridges_failsafe_setpoint_reaches_the_floor_before_the_stop(vz):
             self.sent.append("stop")
 
     bridge = object.__new__(CrazyflieBridge)  # no ROS node, no radio: the descent logic alone
-    bridge.controller = c = SafeController(FakePolicy(), SafetyConfig(), settle_s=CrazyflieBridge.DESCENT_SETTLE_S)
+    bridge.controller = c = SafeController(FakePolicy(), SafetyConfig(), settle_s=OnboardDescent.SETTLE_S)
     bridge.cf = type("Crazyflie", (), {"commander": Commander()})()
     bridge.connected, bridge.descent, bridge._estimate_broken = True, OnboardDescent(c.cfg), None
     c.on_state(make_state([0.0, 0.0, 1.0], [1, 0, 0, 0], [0.0, 0.0, vz], [0, 0, 0], 0.0), 0.0)
