@@ -472,15 +472,14 @@ class SafeController:
 
 
 # How long the onboard policy's descent lags the sinking setpoint it follows (s): its position setpoint
-# has no velocity reference, so the policy brakes the sink. Measured (ad-hoc scripts outside the
-# repository, 2026-11-29: the shipped hover policy in the torch simulator flying descent_setpoint from
-# rest at 1.0 and 2.5 m): below landed_height (5 cm) 0.74 / 0.96 s after the setpoint reached the floor
-# for the nominal vehicle (0.2-0.4 m up, sinking at 0.5-0.9 m/s, when the open-loop timer of fall and
-# spin-down would have cut the rotors), 0.64-1.26 s for heavy (mass x1.2), slow-motor (0.15 s) and
-# light, fast (mass x0.9, kf x1.1, 0.03 s) vehicles, 0.32-0.35 s for the weakest corner (mass x1.2, kf x0.9,
-# battery 0.85, 0.12 s), which cannot brake and reaches the floor at 1.2-1.8 m/s. With this lag the timer,
-# which alone ends a descent when no state arrives, cuts the rotors 1.8 s after the setpoint reached
-# the floor, at least 0.54 s after each of these vehicles was on it.
+# has no velocity reference, so the policy brakes the sink. Measured by `python -m benchmarks.onboard_descent`
+# (BENCHMARKS.md, "Onboard failsafe descent": the shipped hover policy in the torch simulator, from rest at
+# 1.0 and 2.5 m): below landed_height (5 cm) 0.74 / 0.96 s after the setpoint reached the floor for the
+# nominal vehicle (0.2-0.4 m up, sinking at 0.5-0.9 m/s, when the open-loop timer of fall and spin-down
+# would have cut the rotors), 0.64-1.26 s for heavy, slow-motor and light, fast vehicles, 0.32-0.35 s for
+# the weakest corner of the randomization, which cannot brake and reaches the floor at 1.1-1.8 m/s. With
+# this lag the timer, which alone ends a descent when no state arrives, cuts the rotors 1.8 s after the
+# setpoint reached the floor, at least 0.54 s after each of these vehicles was on it.
 ONBOARD_DESCENT_LAG_S = 1.5
 
 

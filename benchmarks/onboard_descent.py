@@ -1,0 +1,103 @@
+"""The failsafe descent as the real vehicle flies it: the shipped hover policy following the descending
+position setpoints crazyflie_bridge sends (deploy.safety.OnboardDescent, no velocity reference), in the
+torch simulator, from rest at each height, for the nominal vehicle and corners of the hover training's
+randomization. It measures how long the vehicle lags its setpoint, which ONBOARD_DESCENT_LAG_S (the
+no-state timer's margin, deploy/safety.py) must cover, and how fast it reaches the floor.
+
+    python -m benchmarks.onboard_descent [--no-write]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from benchmarks.common import write_section
+from deploy.policy_node import load_onnx_policy
+from deploy.safety import ONBOARD_DESCENT_LAG_S, SPIN_DOWN_S, SafetyConfig, descent_setpoint
+from deploy.sim_bridge import keep_on_floor
+from deploy.state import make_state, observation
+from sim.crazyflie.dynamics import STATE_DIM, VehicleBatch
+from sim.crazyflie.hover import make_backend
+from sim.crazyflie.params import GRAVITY, NOMINAL, action_to_rpm
+
+POLICY = Path(__file__).resolve().parents[1] / "policies/pretrained/quad_hover/export/policy.onnx"
+HEIGHTS = (1.0, 2.5)  # m: a hover, and the geofence's ceiling
+# Scales of the nominal vehicle (the hover training's randomization ranges, sim/crazyflie/hover.py).
+VEHICLES = {
+    "nominal": {},
+    "heavy (mass x1.2)": dict(mass=1.2),
+    "slow motors (tau 0.15 s)": dict(motor_tau=0.15),
+    "light, fast (mass x0.9, kf x1.1, tau 0.03 s)": dict(mass=0.9, kf=1.1, motor_tau=0.03),
+    "weakest (mass x1.2, kf x0.9, battery 0.85, tau 0.12 s)": dict(mass=1.2, kf=0.9, thrust_scale=0.85,
+                                                                   motor_tau=0.12),
+}
+LANDED = SafetyConfig().landed_height  # m
+
+
+def descend(policy, h0: float, scales: dict, seconds: float = 5.0) -> tuple[np.ndarray, np.ndarray]:
+    """Heights (m) and vertical velocities (m/s) after each 10 ms period of a descent from rest at ``h0``,
+    over sim_bridge's floor (a vehicle below z = 0 is put back on it at rest; the velocity recorded is the
+    one before)."""
+    ratio = SafetyConfig().descent_thrust_ratio
+    backend, v = make_backend("torch", 1, NOMINAL, 1, "cpu"), VehicleBatch.nominal(1, NOMINAL)
+    v.mass *= scales.get("mass", 1.0)
+    v.kf *= scales.get("kf", 1.0)
+    v.thrust_scale[:] = scales.get("thrust_scale", 1.0)
+    v.motor_tau[:] = scales.get("motor_tau", NOMINAL.motor_tau)
+    s = torch.zeros(1, STATE_DIM)
+    s[0, 2], s[0, 3] = h0, 1.0
+    s[0, 13:17] = float(torch.sqrt(v.mass * GRAVITY / (4 * v.kf * v.thrust_scale))[0])  # its hover speed
+    backend.set_state(torch.arange(1), s, v)
+    prev, zeros, z, vz = np.full(4, NOMINAL.hover_action), torch.zeros(1, 3), [], []
+    for k in range(int(round(seconds / 0.01))):
+        x = backend.state[0].double().numpy()
+        setpoint = np.array([0.0, 0.0, descent_setpoint(h0, k * 0.01, ratio, 0.0)])
+        prev = np.clip(np.asarray(policy(observation(make_state(x[0:3], x[3:7], x[7:10], x[10:13], 0.0), setpoint,
+                                                                  prev.astype(np.float32))), float), -1.0, 1.0)
+        after = backend.step(torch.as_tensor(action_to_rpm(prev, NOMINAL.rpm_max), dtype=torch.float32)[None],
+                             zeros, zeros)
+        z.append(float(after[0, 2]))
+        vz.append(float(after[0, 9]))
+        keep_on_floor(backend, after, v)
+    return np.array(z), np.array(vz)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--no-write", action="store_true")
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    policy, _ = load_onnx_policy(str(POLICY))
+    a = (1.0 - SafetyConfig().descent_thrust_ratio) * GRAVITY
+    rows, worst = [], 0.0
+    for name, scales in VEHICLES.items():
+        for h0 in HEIGHTS:
+            z, vz = descend(policy, h0, scales)
+            floor = math.sqrt(2 * h0 / a)  # s: the setpoint reaches the floor
+            timer = floor + SPIN_DOWN_S  # the open-loop descent's timer
+            k = int(np.argmax(z < LANDED))  # the period it is first below landed_height
+            landed = (k + 1) * 0.01
+            worst = max(worst, landed - floor)
+            t = int(round(timer / 0.01)) - 1
+            rows.append(f"| {name} | {h0:g} | {landed - floor:.2f} | {z[t]:.2f} m, {vz[t]:.2f} m/s | {vz[k]:.2f} |")
+    body = f"""Policy: `policies/pretrained/quad_hover` (its export), setpoints of `deploy.safety.OnboardDescent` (descent_thrust_ratio {SafetyConfig().descent_thrust_ratio}), torch simulator, from rest.
+
+| vehicle | from [m] | below {LANDED * 100:.0f} cm, after the setpoint reached the floor [s] | at the open-loop timer (fall + {SPIN_DOWN_S} s): height, vertical velocity | vertical velocity below {LANDED * 100:.0f} cm [m/s] |
+|---|---:|---:|---|---:|
+""" + "\n".join(rows) + f"""
+
+The latest landing comes {worst:.2f} s after the setpoint reached the floor; the no-state timer of a descent flown
+onboard cuts the rotors {SPIN_DOWN_S + ONBOARD_DESCENT_LAG_S:.1f} s after it (spin-down {SPIN_DOWN_S} s + `ONBOARD_DESCENT_LAG_S`
+{ONBOARD_DESCENT_LAG_S} s). Simulator figures: the real vehicle's thrust limit (firmware/README.md) is not modelled here."""
+    print(body)
+    if not args.no_write:
+        write_section("Onboard failsafe descent", "python -m benchmarks.onboard_descent", body, threads=1)
+
+
+if __name__ == "__main__":
+    main()
