@@ -41,7 +41,10 @@ interference come in bursts) is as old as it is, so the safety layer's stale che
 sample no newer than the last one is dropped (counted in ``status`` as ``rejected``: ``out_of_order``).
 The radio link's state is in ``status`` (``link``: null, or why commands cannot reach the vehicle);
 without a link, arming is refused and a disarm or emergency stop answers success = false (the safety
-layer still takes it). The bridge does not reconnect a lost link: restart it.
+layer still takes it). A lost or failed link is opened again every ``reconnect_s`` seconds (0: never;
+then restart the bridge). A reconnection re-arms nothing: by then the missing states have put the
+safety layer in its failsafe (the firmware's dead-man has flown the vehicle meanwhile), and a
+failsafe ends only as it always does, on valid states (recovery) or in DISARMED.
 rotor_cmd carries what the offboard copy of the policy commands from the streamed state: a shadow
 for recording and comparison with the onboard log (rlpolicy.a1..a4), not what the motors get.
 """
@@ -166,10 +169,12 @@ class CrazyflieBridge(ControllerNode):
         super().__init__("crazyflie_bridge", load_onnx_policy)
         import cflib.crtp
         from cflib.crazyflie import Crazyflie
-        from cflib.crazyflie.log import LogConfig
         from nav_msgs.msg import Odometry
 
         self.uri = param(self, "uri", "radio://0/80/2M/E7E7E7E7E7", "Crazyradio link URI")
+        self.reconnect_s = float(param(self, "reconnect_s", 2.0, "s between attempts to open a lost link (0: never)"))
+        if not self.reconnect_s >= 0:
+            raise ValueError(f"reconnect_s {self.reconnect_s:g}: expected >= 0 s (0: never reconnect)")
         if self.controller.cfg.max_action < 1.0:  # the onboard policy flies the motors; its glue clips to [-1, 1]
             raise ValueError(f"max_action {self.controller.cfg.max_action:g}: the real vehicle's onboard policy "
                              "does not take it (firmware/crazyflie clips actions to [-1, 1]); leave it at 1")
@@ -185,6 +190,8 @@ class CrazyflieBridge(ControllerNode):
         self._last_odom = None  # the newest odom published (shutdown feeds it to the safety layer itself)
         self.connected = False
         self._link = "not connected yet"  # why commands cannot reach the vehicle
+        self._opening = False  # an open_link is under way (cflib answers with connected or a failure)
+        self._closing = False  # shutdown: no more attempts
         self._steady = time.monotonic  # the clock log arrivals are timed on (FirmwareClock)
 
         if self.uri.startswith("radio://"):
@@ -199,32 +206,54 @@ class CrazyflieBridge(ControllerNode):
         self.cf.disconnected.add_callback(lambda uri: self._on_link(f"disconnected from {uri}"))
         self.cf.connection_failed.add_callback(lambda uri, msg: self._on_link(f"connection to {uri} failed: {msg}"))
         self.cf.connection_lost.add_callback(lambda uri, msg: self._on_link(f"link to {uri} lost: {msg}"))
-        self._log_configs = []
+        self._open_link()
+        if self.reconnect_s > 0:
+            self.create_timer(self.reconnect_s, self._retry_link)
+
+    # ------------------------------------------------------------------ radio (cflib threads)
+    def _open_link(self) -> None:
+        self._opening = True  # before the call: cflib may report a failure from inside it
+        self.get_logger().info(f"connecting to {self.uri}")
+        self.cf.open_link(self.uri)
+
+    def _retry_link(self) -> None:
+        """Timer: open the link again when it is down and no attempt is under way."""
+        if not (self.connected or self._opening or self._closing):
+            self._open_link()
+
+    def _log_configs(self) -> list:
+        """The two log blocks, new for each link: cflib marks a block added to a link, and the firmware
+        forgets its blocks when a new link resets its logging."""
+        from cflib.crazyflie.log import LogConfig
+
+        configs = []
         for block, variables in LOG_BLOCKS.items():
             conf = LogConfig(name=block, period_in_ms=LOG_PERIOD_MS)
             for name, fetch_as in variables:
                 conf.add_variable(name, fetch_as)
             conf.data_received_cb.add_callback(self._on_log)
-            self._log_configs.append(conf)
-        self.get_logger().info(f"connecting to {self.uri}")
-        self.cf.open_link(self.uri)
+            configs.append(conf)
+        return configs
 
-    # ------------------------------------------------------------------ radio (cflib threads)
     def _on_connected(self, uri: str) -> None:
         with self._lock:
             self._assembler = StateAssembler()  # a new link: the firmware's clock may have restarted
-        for conf in self._log_configs:
+        for conf in self._log_configs():
             self.cf.log.add_config(conf)
             conf.start()
-        self.connected = True
+        self.connected, self._opening = True, False
         self.get_logger().info(f"connected to {uri}, streaming the state estimate every {LOG_PERIOD_MS} ms")
 
     def _on_link(self, what: str) -> None:
-        self.connected, self._link = False, what
-        self.get_logger().error(what)
+        if what != self._link:  # a retry failing as the last one did (a dongle unplugged) is not logged again
+            self.get_logger().error(what)
+        self.connected, self._opening, self._link = False, False, what
 
     def link_problem(self) -> str | None:
-        return None if self.connected else f"no radio link ({self._link}); restart the bridge"
+        if self.connected:
+            return None
+        then = f"reconnecting every {self.reconnect_s:g} s" if self.reconnect_s > 0 else "restart the bridge"
+        return f"no radio link ({self._link}); {then}"
 
     def _on_log(self, timestamp_ms: int, data: dict, conf) -> None:
         arrival = self._steady()
@@ -271,6 +300,7 @@ class CrazyflieBridge(ControllerNode):
             self.cf.commander.send_stop_setpoint()
 
     def close(self) -> None:
+        self._closing = True
         try:
             if self.connected:
                 self.descend_before_stop()

@@ -202,15 +202,19 @@ def test_bad_parameters_are_one_error_line(seeded_policy, params, message):
     assert f"error: {message}" in out and "Traceback" not in out, out
 
 
-def test_the_real_vehicles_bridge_refuses_a_max_action_it_cannot_apply(seeded_policy):
-    """On the real vehicle the onboard policy flies the motors (firmware/crazyflie clips to [-1, 1]):
-    a lower max_action would limit only the offboard shadow, so the bridge refuses it before it opens
-    a radio link."""
+@pytest.mark.parametrize("params, message", [
+    # the onboard policy flies the motors (firmware/crazyflie clips to [-1, 1]): a lower max_action
+    # would limit only the offboard shadow
+    (dict(max_action=0.8), "max_action 0.8: the real vehicle's onboard policy does not take it"),
+    (dict(reconnect_s=-1.0), "reconnect_s -1: expected >= 0 s (0: never reconnect)"),
+])
+def test_the_real_vehicles_bridge_refuses_bad_parameters_before_the_radio(seeded_policy, params, message):
+    """A parameter the real vehicle's bridge cannot take is one error line, before it opens a radio link."""
     with world() as w:
-        proc = w.start(*w.node_cmd("crazyflie_bridge", policy=seeded_policy, max_action=0.8), name="bridge")
+        proc = w.start(*w.node_cmd("crazyflie_bridge", policy=seeded_policy, **params), name="bridge")
         assert proc.wait(timeout=60) == 2, w.output(proc)
         out = w.output(proc)
-    assert "error: max_action 0.8: the real vehicle's onboard policy does not take it" in out, out
+    assert f"error: {message}" in out, out
     assert "Traceback" not in out and "connecting" not in out, out
 
 

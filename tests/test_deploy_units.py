@@ -1151,6 +1151,7 @@ def fake_bridge(controller: SafeController, clock: FakeClock, connected: bool = 
     b.latency, b.inference = Percentiles(), Percentiles()
     b.cf = type("Crazyflie", (), {"commander": Commander(), "close_link": lambda self: None})()
     b.connected, b._link, b.period, b.descent = connected, "test", 0.01, OnboardDescent(controller.cfg)
+    b.uri, b.reconnect_s, b._opening, b._closing = "radio://0/80/2M/E7E7E7E7E7", 2.0, False, False
     b._bad_samples, b._estimate_broken, b._last_odom = 0, None, None
     controller.settle_s = OnboardDescent.SETTLE_S  # as the bridge's own controller has it (ONBOARD_DESCENT)
     return b
@@ -1297,6 +1298,57 @@ def test_without_a_radio_link_the_bridge_refuses_to_arm_and_says_a_stop_was_not_
     assert c.mode is Mode.ESTOP  # the safety layer took it all the same
     request.data = False
     assert not b._on_arm(request, type("Response", (), {})()).success
+
+
+def test_a_lost_radio_link_is_opened_again_with_new_log_blocks_and_rearms_nothing():
+    """After the link is lost, the bridge's timer opens it again (one attempt at a time, again after a
+    failed one), each link gets log blocks of its own (cflib marks a block added to a link; the
+    firmware forgets its blocks with the new link's logging reset), and the safety layer, failed safe
+    on the missing states meanwhile, stays so until valid states recover it. After close() no attempt."""
+    c, _ = armed_controller()
+    b = fake_bridge(c, FakeClock())
+    opened, added = [], []
+    b.cf.open_link = lambda uri: opened.append(uri)
+    b.cf.link = None  # what LogConfig.start() sends through (nothing here)
+
+    def add_config(conf):  # cflib's checks against the firmware's table of contents aside
+        conf.cf = b.cf
+        added.append(conf)
+
+    b.cf.log = type("Log", (), {"add_config": lambda self, conf: add_config(conf)})()
+    c.on_state(hover_state(t=0.0), 0.0)
+    assert c.tick(0.0).mode is Mode.ARMED
+
+    b._on_link("link to radio://0/80/2M/E7E7E7E7E7 lost: Too many packets lost")
+    assert "reconnecting every 2 s" in b.link_problem()
+    assert c.tick(0.5).mode is Mode.FAILSAFE  # no state since the loss
+    b._retry_link()
+    b._retry_link()  # the first attempt is still under way: no second one
+    assert opened == [b.uri]
+    b._on_link("connection to radio://0/80/2M/E7E7E7E7E7 failed: Too many packets lost")
+    b._retry_link()
+    assert opened == [b.uri, b.uri]
+
+    b._on_connected(b.uri)
+    assert b.connected and b.link_problem() is None
+    assert [conf.name for conf in added] == list(LOG_BLOCKS)
+    assert [v.name for conf in added for v in conf.variables] == [n for vs in LOG_BLOCKS.values() for n, _ in vs]
+    assert c.tick(0.6).mode is Mode.FAILSAFE  # the link alone re-arms nothing
+    b._retry_link()
+    assert len(opened) == 2  # connected: nothing to do
+
+    b._on_link("link to radio://0/80/2M/E7E7E7E7E7 lost: Too many packets lost")
+    b._retry_link()
+    b._on_connected(b.uri)
+    assert len(opened) == 3 and len(added) == 4 and not set(map(id, added[:2])) & set(map(id, added[2:]))
+    assert not any(conf.added for conf in added[2:])  # fresh blocks, which cflib creates on the new link
+
+    b._on_link("link to radio://0/80/2M/E7E7E7E7E7 lost: Too many packets lost")
+    b.close()  # shut down while the link is down
+    b._retry_link()
+    assert len(opened) == 3
+    b.reconnect_s = 0.0
+    assert b.link_problem().endswith("restart the bridge")
 
 
 def test_blocks_pair_by_firmware_timestamp():
