@@ -38,9 +38,36 @@ def test_ddim_is_deterministic_in_the_noise(kw):
     assert a1.shape == (5, 2, 2)
     assert torch.equal(a1, a2), "same (obs, w) must give the same action chunk"
     assert not torch.allclose(p(obs, torch.randn(5, p.latent_dim)), a1), "the noise must matter"
-    assert a1.abs().max() <= 1.0
     full = p.sample(obs, w)
     assert full.shape == (5, 4, 2) and torch.equal(full[:, :2], a1), "executed = first exec_horizon of the chunk"
+
+
+def test_sample_is_deterministic_ddim_over_evenly_spaced_timesteps():
+    """sample() is DDIM with eta = 0 (Song et al. 2021, eq. 12 with sigma = 0), its predicted clean chunk
+    clipped to the action range and the noise estimate made consistent with the clip, over ddim_steps
+    training timesteps evenly spaced from T - 1 down to 0, the last step returning the clean estimate
+    (alpha_bar of the step after it is 1): checked against that update written out in float64."""
+    torch.manual_seed(0)
+    p = small_policy().eval()
+    for q in p.denoiser.parameters():  # a denoiser far from zero, so that the clip is active on some entries
+        q.data.normal_(0.0, 0.3)
+    assert p.ddim_t.tolist() == [99, 85, 71, 57, 42, 28, 14, 0]
+    obs, w = torch.randn(6, 3), torch.randn(6, p.latent_dim)
+    ab = p.alpha_bar.double()
+    x, o, clipped = w.double(), p.obs_norm(obs), 0
+    with torch.no_grad():
+        steps = [99, 85, 71, 57, 42, 28, 14, 0]
+        for i, t in enumerate(steps):
+            a, a_next = ab[t], (ab[steps[i + 1]] if i + 1 < len(steps) else torch.tensor(1.0, dtype=torch.float64))
+            eps = p.denoiser(x.float(), torch.full((6,), float(t)), o).double()
+            x0 = (x - (1 - a).sqrt() * eps) / a.sqrt()
+            clipped += int((x0.abs() > 1).sum())
+            x0 = x0.clamp(-1.0, 1.0)
+            eps = (x - a.sqrt() * x0) / (1 - a).sqrt()
+            x = a_next.sqrt() * x0 + (1 - a_next).sqrt() * eps
+        got = p.sample(obs, w).reshape(6, -1).double()
+    assert clipped > 0, "the reference never clipped: the test would not see the clip's handling"
+    assert (got - x).abs().max() < 1e-5
 
 
 @pytest.mark.parametrize("kw", [dict(hidden=128), UNET], ids=["mlp", "unet"])
