@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from sim.crazyflie.dynamics import OMEGA, POS, QUAT, RPM, VEL, TorchBackend, VehicleBatch, quat_mul
+from sim.crazyflie.dynamics import OMEGA, POS, QUAT, RPM, VEL, TorchBackend, VehicleBatch, quat_mul, quat_to_rotmat
 from sim.crazyflie.mujoco_backend import MujocoBackend
 from sim.crazyflie.params import NOMINAL
 from sim.crazyflie.pybullet_backend import RPM_TO_RAD_S, PybulletBackend
@@ -212,13 +212,49 @@ def hover(backend, pos: list, vel=(0.0, 0.0, 0.0), steps: int = 20) -> torch.Ten
     return backend.state
 
 
+def _integrate_1d(z0: float, acc, seconds: float, h: float = 1e-5) -> float:
+    """Height after ``seconds`` from rest at ``z0`` under the acceleration ``acc(z)`` (m/s^2), by
+    semi-implicit Euler at a step far below the backend's."""
+    z, v = z0, 0.0
+    for _ in range(int(round(seconds / h))):
+        v += h * acc(z)
+        z += h * v
+    return z
+
+
 def test_pybullet_ground_effect_lifts_only_near_ground(make):
+    """At hover rpm and level the extra thrust is the weight times C (R / 4z)^2 (Shi et al. 2019, as
+    gym-pybullet-drones writes it; heights clipped from below where the gain reaches 4/15): the rise over
+    0.2 s from 3 cm matches that equation integrated on its own."""
     pos = [[0.0, 0.0, 0.03], [0.0, 0.0, 1.0]]
     rise = hover(make(PybulletBackend, 2, ground_effect=True), pos)[:, 2] - hover(make(PybulletBackend, 2), pos)[:, 2]
-    # 3 cm up the model gives its maximum, 4/15 extra thrust: ~5 cm higher after 0.2 s.
-    assert rise[0] > 0.02
+    c, r = NOMINAL.ground_effect_coeff, NOMINAL.prop_radius
+    clip = r / 4 * math.sqrt(c / (4 / 15))  # the height of the model's maximum gain, 4/15
+    want = _integrate_1d(0.03, lambda z: 9.81 * c * (r / (4 * max(z, clip))) ** 2, 0.2) - 0.03
+    assert rise[0].item() == pytest.approx(want, rel=0.05), (rise[0].item(), want)  # ~4.5 cm
     # 1 m up the extra thrust is 4e-4 of the weight: < 0.1 mm after 0.2 s.
     assert abs(rise[1]) < 1e-4
+
+
+def test_pybullet_drag_opposes_the_body_frame_velocity(make):
+    """Rotor drag is -diag(c_xy, c_xy, c_z) times the velocity in the body frame, times the summed rotor
+    speeds, rotated back to the world: on a rolled, pitched and yawed vehicle it is not the world-frame
+    formula (c_z is 1.12 c_xy)."""
+    backend = make(PybulletBackend, 1, drag=True)
+    s = torch.zeros(1, 17)
+    half = torch.tensor([0.5, 0.35, 0.7]) / 2  # roll, pitch, yaw (rad) as one rotation about a unit axis
+    axis = half / half.norm()
+    s[0, QUAT] = torch.cat((torch.cos(half.norm())[None], axis * torch.sin(half.norm())))
+    s[0, POS], s[0, VEL], s[0, RPM] = torch.tensor([0.0, 0.0, 1.0]), torch.tensor([1.0, -0.5, 0.2]), NOMINAL.hover_rpm
+    backend.set_state(torch.arange(1), s, VehicleBatch.nominal(1, NOMINAL))
+    R = quat_to_rotmat(s[0, QUAT]).double()
+    c = torch.diag(torch.tensor([NOMINAL.drag_coeff_xy, NOMINAL.drag_coeff_xy, NOMINAL.drag_coeff_z], dtype=torch.float64))
+    speed = 4 * NOMINAL.hover_rpm * RPM_TO_RAD_S
+    v = s[0, VEL].double()
+    want = -(R @ c @ R.T @ v) * speed
+    got = torch.as_tensor(backend._drag_force()[0])
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=0.0)
+    assert (got - (-(c @ v) * speed)).norm() > 0.02 * want.norm()  # the frame shows at this attitude
 
 
 def test_pybullet_drag_decelerates(make):
@@ -235,7 +271,11 @@ def test_pybullet_drag_decelerates(make):
 def test_pybullet_downwash_pushes_the_lower_drone(make):
     pos = [[0.0, 0.0, 1.0], [0.0, 0.0, 2.0]]  # drone 1 hovers 1 m above drone 0
     dz = hover(make(PybulletBackend, 2, downwash=True), pos)[:, 2] - hover(make(PybulletBackend, 2), pos)[:, 2]
-    assert dz[0] < -0.02  # model force 0.076 N (~0.3 weight) down: ~5 cm lower after 0.2 s
+    # gym-pybullet-drones' model straight below a drone dz above: c1 (R / 4 dz)^2 N down (0.076 N, ~0.3 weight
+    # at 1 m), growing weaker as the lower drone sinks: ~5.5 cm lower after 0.2 s.
+    c1, r = NOMINAL.downwash_coeffs[0], NOMINAL.prop_radius
+    want = _integrate_1d(1.0, lambda z: -c1 * (r / (4 * (2.0 - z))) ** 2 / NOMINAL.mass, 0.2) - 1.0
+    assert dz[0].item() == pytest.approx(want, rel=0.03), (dz[0].item(), want)
     assert abs(dz[1]) < 1e-6
 
 

@@ -17,8 +17,10 @@ def _state(rpm):
     return s
 
 
-def _deriv(rpm, cmd=None):
+def _deriv(rpm, cmd=None, **vehicle):
     v = VehicleBatch.nominal(1, NOMINAL)
+    for name, value in vehicle.items():
+        getattr(v, name).fill_(value)
     s = _state(rpm)
     cmd = s[:, RPM] if cmd is None else torch.as_tensor(cmd, dtype=torch.float32)[None]
     z = torch.zeros(1, 3)
@@ -70,6 +72,31 @@ def test_torque_sign_per_motor(motor, signs):
     for axis, sign in enumerate(signs):
         assert math.copysign(1, domega[axis].item()) == sign, (motor, domega)
     assert _deriv(rpm)[OMEGA].abs().min() > 0
+
+
+@pytest.mark.parametrize("motor", range(4))
+def test_torque_magnitude_per_motor(motor):
+    """Motor i alone with 21 % more thrust than at hover (10 % more rpm): the angular acceleration is
+    r x F over the inertia for roll and pitch and km times the thrust change, with the issue's yaw sign,
+    over Izz for yaw; rotors at the issue's (+-a, +-a) in the Crazyflie's order (M1 front-right ...)."""
+    a = abs(NOMINAL.rotor_xy[0][0])
+    x, y = [(a, -a), (-a, -a), (-a, a), (a, a)][motor]  # M1 front-right, M2 back-right, M3 back-left, M4 front-left
+    yaw_sign = (-1, 1, -1, 1)[motor]
+    rpm = [NOMINAL.hover_rpm] * 4
+    rpm[motor] *= 1.1
+    dT = NOMINAL.kf * NOMINAL.hover_rpm ** 2 * (1.1 ** 2 - 1)  # N
+    ixx, iyy, izz = NOMINAL.inertia
+    want = torch.tensor([y * dT / ixx, -x * dT / iyy, NOMINAL.km * yaw_sign * dT / izz])
+    assert torch.allclose(_deriv(rpm)[OMEGA], want, rtol=1e-4, atol=0), (_deriv(rpm)[OMEGA], want)
+
+
+def test_battery_sag_scales_every_rotors_thrust():
+    """thrust_scale multiplies each rotor's kf rpm^2: level at hover rpm, 0.9 of it sinks at 0.9 x the
+    thrust over the mass minus g."""
+    d = _deriv([NOMINAL.hover_rpm] * 4, thrust_scale=0.9)
+    want = 0.9 * 4 * NOMINAL.kf * NOMINAL.hover_rpm ** 2 / NOMINAL.mass - GRAVITY
+    assert d[VEL][2].item() == pytest.approx(want, rel=1e-5) and want < -0.9
+    assert torch.allclose(d[OMEGA], torch.zeros(3), atol=1e-3)
 
 
 def test_motor_lag_first_order():

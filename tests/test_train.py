@@ -1,6 +1,7 @@
 """Trainer behaviour: learning signal, determinism, kill-and-resume, clear errors on bad input."""
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -54,6 +55,15 @@ def test_vector_env_spaces_and_contract():
     obs, *_ = env.step(torch.full((8, 4), env.hover_action))
     r = obs["policy"][:, 3:12].reshape(8, 3, 3)
     assert torch.allclose(r @ r.transpose(1, 2), torch.eye(3).expand(8, 3, 3), atol=1e-5)
+    # ... and it is body -> world, row-major: a vehicle yawed +90 deg (body x along world y) observes
+    # [[0, -1, 0], [1, 0, 0], [0, 0, 1]] (its transpose and mirror images are orthonormal too).
+    s = env.backend.state.clone()
+    s[0, 3:7] = torch.tensor([math.cos(math.pi / 4), 0.0, 0.0, math.sin(math.pi / 4)])
+    s[0, 7:13] = 0.0
+    env.backend.set_state(torch.arange(8), s, env.vehicle)
+    obs, *_ = env.step(torch.full((8, 4), env.hover_action))
+    yawed = torch.tensor([[0.0, -1.0, 0.0], [1.0, 0.0, 0.0], [0.0, 0.0, 1.0]])
+    assert torch.allclose(obs["policy"][0, 3:12].reshape(3, 3), yawed, atol=0.01), obs["policy"][0, 3:12]
 
 
 @pytest.mark.parametrize("task", ["quad_hover", "quad_track"])
@@ -453,7 +463,8 @@ def test_the_usage_of_policies_eval_names_every_option_it_takes(capsys):
     (["confirm_backends=[torch,gazebo]"], "confirm_backends=['torch', 'gazebo']: expected one or more of torch"),
     (["confirm_backends=[]"], "confirm_backends=[]: expected one or more of"),
     (["task=arm_push", "confirm_backends=[torch]"], "expected one or more of mujoco (the simulators arm_push runs in)"),
-    (["task=arm_push", "task.episode_steps=long"], "task.episode_steps=long"),  # the composed task's schema
+    (["task=arm_push", "task.episode_steps=long"],
+     "override task.episode_steps=long: Value 'long' of type 'str' could not be converted to Integer"),  # the composed task's schema
     (["confirm_episodes=0"], "confirm_episodes=0: expected at least 1"),
     (["algo=sac", "base=/tmp/x"], "base=: algo=sac takes no base (it is algo=dsrl's)"),  # not "algo.base" (not typed)
     (["dataset=/tmp/x"], "dataset=: algo=ppo takes no dataset (it is algo=diffusion_bc's)"),
@@ -463,12 +474,12 @@ def test_the_usage_of_policies_eval_names_every_option_it_takes(capsys):
     (["max_seconds=-1"], "max_seconds=-1.0: expected > 0"),
     (["task=arm_push", "algo=diffusion_bc", "algo.gradient_steps=0"], "algo.gradient_steps=0: expected at least 1"),
     (["task=quad_hoover"], "unknown task 'quad_hoover'. Valid tasks: arm_pick_place, arm_push, arm_reach, quad_hover, quad_track"),
-    (["seed=abc"], "seed=abc"),
-    (["not_a_key=1"], "not_a_key"),
+    (["seed=abc"], "override seed=abc: Value 'abc' of type 'str' could not be converted to Integer"),
+    (["not_a_key=1"], "Could not override 'not_a_key'.: Key 'not_a_key' not in 'RunConfig'"),
     (["algo.nonexistent=1"], "Could not override 'algo.nonexistent'.: Key 'nonexistent' not in 'PPOConfig'"),
     (["+algo.nonexistent=1"], "override '+algo.nonexistent=1': adding (+) or deleting (~) config keys"),
     (["=5"], "override '=5' is not of the form key=value"),
-    (["algo.lr=fast"], "algo.lr=fast"),
+    (["algo.lr=fast"], "override algo.lr=fast: Value 'fast' of type 'str' could not be converted to Float"),
     (["algo=dqn"], "unknown algo 'dqn'"),
     # values that would fail halfway through a run (after writing it) or learn nothing without saying so
     (["algo.minibatches=0"], "algo.minibatches=0: expected at least 1"),
