@@ -42,9 +42,14 @@ sample no newer than the last one is dropped (counted in ``status`` as ``rejecte
 The radio link's state is in ``status`` (``link``: null, or why commands cannot reach the vehicle);
 without a link, arming is refused and a disarm or emergency stop answers success = false (the safety
 layer still takes it). A lost or failed link is opened again every ``reconnect_s`` seconds (0: never;
-then restart the bridge). A reconnection re-arms nothing: by then the missing states have put the
-safety layer in its failsafe (the firmware's dead-man has flown the vehicle meanwhile), and a
-failsafe ends only as it always does, on valid states (recovery) or in DISARMED.
+then restart the bridge); an attempt that has not connected within OPEN_TIMEOUT_S is closed and made
+again. A reconnection arms nothing: the missing states have put the safety layer in its failsafe
+meanwhile, which ends as it always does, on valid states (recovery) or in DISARMED; and the onboard
+glue's dead-man fault stays latched until a stop setpoint, so setpoints sent on the new link before it
+are flown by the firmware's stock controller, not the policy. ``auto_arm`` is refused here: a real
+vehicle is armed by a person (with it, a link that came back would arm the vehicle unattended).
+Not handled (cflib 0.1.34): a Crazyradio unplugged while connected can block cflib's sender, and with
+it this node's executor, for good.
 rotor_cmd carries what the offboard copy of the policy commands from the streamed state: a shadow
 for recording and comparison with the onboard log (rlpolicy.a1..a4), not what the motors get.
 """
@@ -72,6 +77,10 @@ LOG_BLOCKS: dict[str, list[tuple[str, str]]] = {
 LOG_TYPE_BYTES = {"float": 4, "FP16": 2}
 MAX_LOG_BLOCK_BYTES = 26  # CRTP log data packet: 30 bytes minus block id and 3-byte timestamp
 PAIR_TOLERANCE_MS = 5
+# s: a link attempt that has not connected by then is closed and made again. cflib's set-up (the platform
+# information, then the log, memory and parameter tables of contents, fetched anew: no cache) has no
+# timeout of its own and waits for ever for an answer that does not come.
+OPEN_TIMEOUT_S = 15.0
 # Consecutive rejected samples of the onboard estimate after which it counts as broken: a single
 # glitch is left to the failsafe and its recovery (the onboard policy flew on it for one sample anyway).
 BROKEN_ESTIMATE_SAMPLES = 3
@@ -175,6 +184,9 @@ class CrazyflieBridge(ControllerNode):
         self.reconnect_s = float(param(self, "reconnect_s", 2.0, "s between attempts to open a lost link (0: never)"))
         if not self.reconnect_s >= 0:
             raise ValueError(f"reconnect_s {self.reconnect_s:g}: expected >= 0 s (0: never reconnect)")
+        if self.controller.cfg.auto_arm:
+            raise ValueError("auto_arm: a real vehicle is armed by a call to the arm service, never automatically "
+                             "(a radio link that comes back would arm it unattended)")
         if self.controller.cfg.max_action < 1.0:  # the onboard policy flies the motors; its glue clips to [-1, 1]
             raise ValueError(f"max_action {self.controller.cfg.max_action:g}: the real vehicle's onboard policy "
                              "does not take it (firmware/crazyflie clips actions to [-1, 1]); leave it at 1")
@@ -190,7 +202,7 @@ class CrazyflieBridge(ControllerNode):
         self._last_odom = None  # the newest odom published (shutdown feeds it to the safety layer itself)
         self.connected = False
         self._link = "not connected yet"  # why commands cannot reach the vehicle
-        self._opening = False  # an open_link is under way (cflib answers with connected or a failure)
+        self._opening_since: float | None = None  # when the open_link under way started (self._steady)
         self._closing = False  # shutdown: no more attempts
         self._steady = time.monotonic  # the clock log arrivals are timed on (FirmwareClock)
 
@@ -206,19 +218,32 @@ class CrazyflieBridge(ControllerNode):
         self.cf.disconnected.add_callback(lambda uri: self._on_link(f"disconnected from {uri}"))
         self.cf.connection_failed.add_callback(lambda uri, msg: self._on_link(f"connection to {uri} failed: {msg}"))
         self.cf.connection_lost.add_callback(lambda uri, msg: self._on_link(f"link to {uri} lost: {msg}"))
+        # a link error after cflib counted the link as closed (an attempt started in a callback's wake)
+        self.cf.disconnected_link_error.add_callback(lambda uri, msg: self._on_link(f"link to {uri} failed: {msg}"))
         self._open_link()
         if self.reconnect_s > 0:
             self.create_timer(self.reconnect_s, self._retry_link)
 
     # ------------------------------------------------------------------ radio (cflib threads)
     def _open_link(self) -> None:
-        self._opening = True  # before the call: cflib may report a failure from inside it
+        self._opening_since = self._steady()  # before the call: cflib may report a failure from inside it
         self.get_logger().info(f"connecting to {self.uri}")
         self.cf.open_link(self.uri)
 
     def _retry_link(self) -> None:
-        """Timer: open the link again when it is down and no attempt is under way."""
-        if not (self.connected or self._opening or self._closing):
+        """Timer: open the link again when it is down, no attempt is under way and cflib has finished
+        with the last link (it reports a failure before it marks the link closed); close an attempt that
+        has hung for OPEN_TIMEOUT_S (the next call opens again)."""
+        from cflib.crazyflie import State
+
+        if self.connected or self._closing:
+            return
+        if self._opening_since is not None:
+            if self._steady() - self._opening_since >= OPEN_TIMEOUT_S:
+                self.cf.close_link()  # (its disconnected callback first: the status then says why)
+                self._on_link(f"connection to {self.uri} timed out: not connected after {OPEN_TIMEOUT_S:g} s")
+            return
+        if self.cf.state == State.DISCONNECTED:
             self._open_link()
 
     def _log_configs(self) -> list:
@@ -236,18 +261,20 @@ class CrazyflieBridge(ControllerNode):
         return configs
 
     def _on_connected(self, uri: str) -> None:
+        if self._closing or self.cf.link is None:  # the link failed (or is being closed) as its set-up finished
+            return
         with self._lock:
             self._assembler = StateAssembler()  # a new link: the firmware's clock may have restarted
         for conf in self._log_configs():
             self.cf.log.add_config(conf)
             conf.start()
-        self.connected, self._opening = True, False
+        self.connected, self._opening_since = True, None
         self.get_logger().info(f"connected to {uri}, streaming the state estimate every {LOG_PERIOD_MS} ms")
 
     def _on_link(self, what: str) -> None:
         if what != self._link:  # a retry failing as the last one did (a dongle unplugged) is not logged again
             self.get_logger().error(what)
-        self.connected, self._opening, self._link = False, False, what
+        self.connected, self._opening_since, self._link = False, None, what
 
     def link_problem(self) -> str | None:
         if self.connected:

@@ -207,6 +207,7 @@ def test_bad_parameters_are_one_error_line(seeded_policy, params, message):
     # would limit only the offboard shadow
     (dict(max_action=0.8), "max_action 0.8: the real vehicle's onboard policy does not take it"),
     (dict(reconnect_s=-1.0), "reconnect_s -1: expected >= 0 s (0: never reconnect)"),
+    (dict(auto_arm=True), "auto_arm: a real vehicle is armed by a call to the arm service, never automatically"),
 ])
 def test_the_real_vehicles_bridge_refuses_bad_parameters_before_the_radio(seeded_policy, params, message):
     """A parameter the real vehicle's bridge cannot take is one error line, before it opens a radio link."""

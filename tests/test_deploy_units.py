@@ -1151,7 +1151,7 @@ def fake_bridge(controller: SafeController, clock: FakeClock, connected: bool = 
     b.latency, b.inference = Percentiles(), Percentiles()
     b.cf = type("Crazyflie", (), {"commander": Commander(), "close_link": lambda self: None})()
     b.connected, b._link, b.period, b.descent = connected, "test", 0.01, OnboardDescent(controller.cfg)
-    b.uri, b.reconnect_s, b._opening, b._closing = "radio://0/80/2M/E7E7E7E7E7", 2.0, False, False
+    b.uri, b.reconnect_s, b._opening_since, b._closing = "radio://0/80/2M/E7E7E7E7E7", 2.0, None, False
     b._bad_samples, b._estimate_broken, b._last_odom = 0, None, None
     controller.settle_s = OnboardDescent.SETTLE_S  # as the bridge's own controller has it (ONBOARD_DESCENT)
     return b
@@ -1300,53 +1300,101 @@ def test_without_a_radio_link_the_bridge_refuses_to_arm_and_says_a_stop_was_not_
     assert not b._on_arm(request, type("Response", (), {})()).success
 
 
-def test_a_lost_radio_link_is_opened_again_with_new_log_blocks_and_rearms_nothing():
-    """After the link is lost, the bridge's timer opens it again (one attempt at a time, again after a
-    failed one), each link gets log blocks of its own (cflib marks a block added to a link; the
-    firmware forgets its blocks with the new link's logging reset), and the safety layer, failed safe
-    on the missing states meanwhile, stays so until valid states recover it. After close() no attempt."""
+def test_a_lost_radio_link_is_opened_again_with_new_log_blocks_and_arms_nothing(monkeypatch):
+    """After the link is lost, the bridge's timer opens it again: one attempt at a time, only once cflib
+    has marked the last link closed (it reports a failure before it does), again after a failed attempt,
+    and after closing one that hung for OPEN_TIMEOUT_S. Each link gets new log blocks, wired to the
+    bridge and started (cflib marks a block added to its link; the firmware forgets its blocks), and a
+    new assembler (the firmware clock may have restarted). The new link arms nothing: the safety layer,
+    failed safe and landed on the missing states meanwhile, stays disarmed on valid states. A set-up that
+    finishes on a dead link is ignored; after close() no attempt."""
+    from cflib.crazyflie import State
+    from cflib.crazyflie.log import LogConfig
+
+    from deploy.crazyflie_bridge import OPEN_TIMEOUT_S
+
     c, _ = armed_controller()
-    b = fake_bridge(c, FakeClock())
-    opened, added = [], []
-    b.cf.open_link = lambda uri: opened.append(uri)
-    b.cf.link = None  # what LogConfig.start() sends through (nothing here)
+    clock = FakeClock()
+    b = fake_bridge(c, clock)
+    cf = b.cf
+    cf.state, cf.link = State.SETUP_FINISHED, object()
+    opened, added, started, closed = [], [], [], []
 
-    def add_config(conf):  # cflib's checks against the firmware's table of contents aside
-        conf.cf = b.cf
-        added.append(conf)
+    def open_link(uri):  # cflib: INITIALIZED at once, connected or a failure callback later
+        opened.append(uri)
+        cf.state = State.INITIALIZED
 
-    b.cf.log = type("Log", (), {"add_config": lambda self, conf: add_config(conf)})()
-    c.on_state(hover_state(t=0.0), 0.0)
+    def close_link():  # cflib: the link closed, then its disconnected callback
+        closed.append(clock.t)
+        cf.state, cf.link = State.DISCONNECTED, None
+        b._on_link(f"disconnected from {b.uri}")
+
+    def link_error(*callbacks: str) -> None:  # cflib's order: link dropped, callbacks, then DISCONNECTED
+        cf.link = None
+        for what in callbacks:
+            b._on_link(what)
+            b._retry_link()  # the timer firing in between: cflib is not done with the link
+        assert len(opened) == attempts
+        cf.state = State.DISCONNECTED
+
+    cf.open_link, cf.close_link = open_link, close_link
+    cf.log = type("Log", (), {"add_config": lambda self, conf: added.append(conf)})()
+    monkeypatch.setattr(LogConfig, "start", lambda conf: started.append(conf))
+
+    stream(b, 1000, 0.0)
     assert c.tick(0.0).mode is Mode.ARMED
-
-    b._on_link("link to radio://0/80/2M/E7E7E7E7E7 lost: Too many packets lost")
+    attempts = 0
+    link_error(f"disconnected from {b.uri}", f"link to {b.uri} lost: Too many packets lost")
     assert "reconnecting every 2 s" in b.link_problem()
+    clock.t = 0.5
     assert c.tick(0.5).mode is Mode.FAILSAFE  # no state since the loss
     b._retry_link()
     b._retry_link()  # the first attempt is still under way: no second one
+    attempts = 1
     assert opened == [b.uri]
-    b._on_link("connection to radio://0/80/2M/E7E7E7E7E7 failed: Too many packets lost")
+    link_error(f"connection to {b.uri} failed: Too many packets lost")
     b._retry_link()
-    assert opened == [b.uri, b.uri]
+    attempts = 2
+    assert len(opened) == 2
 
+    clock.t = 0.5 + OPEN_TIMEOUT_S - 0.01  # an attempt that neither connects nor fails ...
+    b._retry_link()
+    assert not closed and len(opened) == 2
+    clock.t = 0.5 + OPEN_TIMEOUT_S
+    b._retry_link()  # ... is closed after OPEN_TIMEOUT_S,
+    assert closed == [clock.t] and "timed out" in b._link
+    b._retry_link()  # and made again
+    attempts = 3
+    assert len(opened) == 3
+    assert c.tick(clock.t).mode is Mode.DISARMED  # the failsafe has landed on its timer meanwhile
+
+    cf.link, cf.state = object(), State.SETUP_FINISHED
+    assembler = b._assembler
     b._on_connected(b.uri)
-    assert b.connected and b.link_problem() is None
-    assert [conf.name for conf in added] == list(LOG_BLOCKS)
+    assert b.connected and b.link_problem() is None and b._assembler is not assembler
+    assert [conf.name for conf in added] == list(LOG_BLOCKS) and started == added
     assert [v.name for conf in added for v in conf.variables] == [n for vs in LOG_BLOCKS.values() for n, _ in vs]
-    assert c.tick(0.6).mode is Mode.FAILSAFE  # the link alone re-arms nothing
+    assert all(conf.data_received_cb.callbacks == [b._on_log] for conf in added)
     b._retry_link()
-    assert len(opened) == 2  # connected: nothing to do
+    assert len(opened) == 3  # connected: nothing to do
+    t0 = clock.t
+    for k in range(10):  # valid states on the new link
+        stream(b, 20000 + 10 * k, t0 + 0.01 * k)
+    assert c.tick(clock.t).mode is Mode.DISARMED and c.state_problem(clock.t) is None
 
-    b._on_link("link to radio://0/80/2M/E7E7E7E7E7 lost: Too many packets lost")
+    link_error(f"disconnected from {b.uri}", f"link to {b.uri} lost: Too many packets lost")
     b._retry_link()
+    attempts = 4
+    b._on_connected(b.uri)  # a set-up that finished as its link died (cf.link None): ignored
+    assert not b.connected and len(added) == 2
+    cf.link, cf.state = object(), State.SETUP_FINISHED
     b._on_connected(b.uri)
-    assert len(opened) == 3 and len(added) == 4 and not set(map(id, added[:2])) & set(map(id, added[2:]))
-    assert not any(conf.added for conf in added[2:])  # fresh blocks, which cflib creates on the new link
+    assert b.connected and len(added) == 4 and not set(map(id, added[:2])) & set(map(id, added[2:]))
 
-    b._on_link("link to radio://0/80/2M/E7E7E7E7E7 lost: Too many packets lost")
+    link_error(f"disconnected from {b.uri}", f"link to {b.uri} lost: Too many packets lost")
     b.close()  # shut down while the link is down
     b._retry_link()
-    assert len(opened) == 3
+    assert len(opened) == 4
     b.reconnect_s = 0.0
     assert b.link_problem().endswith("restart the bridge")
 
