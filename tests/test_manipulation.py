@@ -188,18 +188,34 @@ def test_the_bc_ema_forgets_its_random_initial_weights_within_its_warm_up(demos)
     before = [p.detach().clone() for p in bc.model.parameters()]
     assert all(torch.equal(a, b) for a, b in zip(before, bc.actor.parameters()))
     bc.train_iteration()
+    moved = max((p - b).abs().max().item() for b, p in zip(before, bc.model.parameters()))
+    assert moved > 1e-4, "the update did not move the model: the average's weight cannot show"
     for b, p, pe in zip(before, bc.model.parameters(), bc.actor.parameters()):
         assert torch.allclose(pe - b, 0.9 * (p - b), atol=1e-7)
     env.close()
 
 
-def test_diffusion_bc_run(base_run):
+def test_diffusion_bc_run(base_run, demos):
+    """A diffusion_bc run's best policy is a DiffusionPolicy that learned its demonstrations: from
+    w = 0 its chunks are closer to the experts' than the same network's at its initial weights (seed 0)."""
+    from policies.diffusion import DiffusionPolicy
+
     rec = ckpt.load(base_run / ckpt.BEST)
     assert rec["policy_class"] == "DiffusionPolicy" and rec["config"]["algo"]["name"] == "diffusion_bc"
     policy, _ = ckpt.load_policy(base_run)
     obs = torch.zeros(3, POLICY_DIM)
     w = torch.randn(3, policy.latent_dim)
     assert policy(obs, w).shape == (3, 4, ACT_DIM) and torch.equal(policy(obs, w), policy(obs, w))
+    d = ds.load(demos, task="arm_push", obs_dim=POLICY_DIM, act_dim=ACT_DIM)
+    obs, want = torch.as_tensor(d.obs), torch.as_tensor(d.action_chunks(4))
+    torch.manual_seed(0)
+    untrained = DiffusionPolicy(**policy.spec).eval()
+    untrained.obs_norm.load_state_dict(policy.obs_norm.state_dict())  # the same inputs: only the weights differ
+    with torch.no_grad():
+        zero = torch.zeros(len(obs), policy.latent_dim)
+        err = (policy(obs, zero) - want).abs().mean().item()
+        err0 = (untrained(obs, zero) - want).abs().mean().item()
+    assert err < 0.6 * err0, (err, err0)
 
 
 def test_bc_needs_a_matching_dataset(demos, tmp_path):
@@ -675,8 +691,9 @@ def test_parity_observations_are_the_same_at_every_export(base_run):
     torch.manual_seed(123)
     a = parity_observations(policy, task_cfg, n=400)
     torch.manual_seed(456)
+    saved = torch.get_rng_state()
     b = parity_observations(policy, task_cfg, n=400)
-    assert np.array_equal(a, b) and torch.initial_seed() == 456, "the caller's generator is left as it was"
+    assert np.array_equal(a, b) and torch.equal(torch.get_rng_state(), saved), "the caller's generator is left as it was"
 
 
 def test_unet_base_trains_and_exports(demos, tmp_path):
@@ -1184,7 +1201,17 @@ def test_noise_chooser_learns_a_ranking_within_each_state():
 def test_sac_trains_on_an_arm_task_with_a_camera(tmp_path):
     """SAC learns from the state observations while the env also renders its camera: the steps that end
     an episode (arm_reach: 30 steps, crossed here) store that episode's final state, the images stay out."""
+    run = tmp_path / "sac"
     r = cli("policies.train", "task=arm_reach", "algo=sac", "task.camera=rgbd", "algo.num_envs=2",
             "algo.warmup_steps=10", "algo.batch_size=8", "max_env_steps=80", "eval_every_steps=80",
-            f"run_dir={tmp_path / 'sac'}", *FAST)
+            f"run_dir={run}", *FAST)
     assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    rows = _replay_rows(run, 80)
+    assert set(rows) == {"obs", "critic", "action", "reward", "next_obs", "next_critic", "done"}  # no image
+    assert rows["obs"].shape[1] == rows["next_obs"].shape[1] == POLICY_DIM and rows["critic"].shape[1] == CRITIC_DIM
+    ends = rows["done"] == 1.0
+    assert ends.sum() >= 2, "no episode ended: the test crosses none"
+    # the observation that ended the episode (its clock t / T > 0), not the next episode's first (0)
+    assert (rows["next_critic"][ends, CRITIC_DIM - 1] > 0).all()
+    going_on = ~ends[:-2]  # elsewhere the next state is the one the env's next row starts from (2 envs a step)
+    assert torch.equal(rows["next_critic"][:-2][going_on], rows["critic"][2:][going_on])

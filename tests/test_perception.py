@@ -297,6 +297,10 @@ def test_the_camera_errors_and_their_stream(push_env):
     np.testing.assert_array_equal(quiet.camera_info(0)[1], quiet.camera_info(0, calibrated=False)[1])
     np.testing.assert_array_equal(quiet.depth_image(0), quiet.render(0, rgb=False)["depth"])
     quiet.close()
+    gen = env.gen.get_state()  # the camera draws nothing from the episodes' stream
+    env.draw_calibration(np.arange(1))
+    env.depth_image(0)
+    assert (env.gen.get_state() == gen).all()
     env.sensor_gen.manual_seed(99)  # another sensor stream: the state observation does not change
     env.gen.manual_seed(3)
     env.expert_gen.manual_seed(4)
