@@ -71,8 +71,11 @@ def load(path: Path, device="cpu") -> dict:
 
 
 def _to_device(obj, device: torch.device, key: str | None = None):
+    """``obj``'s tensors on ``device``, but for generator states and optimizer step counts: an optimizer
+    places its ``step`` itself when it loads (on the parameters' device only where fused or capturable
+    Adam needs it there; a non-fused Adam reads a CUDA step back to the host twice per tensor and step)."""
     if isinstance(obj, torch.Tensor):
-        return obj if is_rng_state_key(key) else obj.to(device)
+        return obj if is_rng_state_key(key) or key == "step" else obj.to(device)
     if isinstance(obj, dict):
         return {k: _to_device(v, device, k) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):

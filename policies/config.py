@@ -238,6 +238,16 @@ def check_device(name: str) -> None:
         raise UserError(f"device={name}: expected cpu or cuda (the simulators and trainers run on those)")
 
 
+def ieee_float32_on(device: torch.device) -> None:
+    """On CUDA, float32 convolutions and matrix products in IEEE single precision, as on the CPU: cuDNN
+    runs float32 convolutions in TF32 (a 10-bit mantissa) by default on Ampere and newer GPUs, and the
+    diffusion policy's DDIM amplifies rounding up to ~100-fold (policies/diffusion.py), so the
+    noise-to-action map DSRL steers (a U-Net base's) would be coarser on a GPU. Process-wide."""
+    if device.type == "cuda":
+        torch.backends.cudnn.conv.fp32_precision = "ieee"
+        torch.backends.cuda.matmul.fp32_precision = "ieee"
+
+
 def _first_lines(e: Exception) -> str:
     msgs = []
     while e is not None:

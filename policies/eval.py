@@ -48,7 +48,7 @@ from sim.crazyflie.hover import POLICY_PERIOD, PYBULLET_EFFECTS
 from sim.registry import get_task
 
 from . import checkpoint as ckpt
-from .config import UserError, check_device, help_requested, to_objects
+from .config import UserError, check_device, help_requested, ieee_float32_on, to_objects
 from .evaluate import (CRITERION_FIXED, EPISODE_SECONDS, LAST_SECONDS, MEAN_ERROR_LAST_2S, SUCCESS_RATE_REQUIRED,
                        EvalResult, SuccessResult, criterion_config, evaluate_hover, evaluate_success)
 
@@ -81,6 +81,7 @@ def parse(argv: list[str]) -> tuple[Path, dict]:
         except (KeyError, ValueError):
             raise UserError(f"option {k}={v}: expected a value of type {OPTIONS[k].__name__}") from None
     check_device(opts["device"])
+    ieee_float32_on(torch.device(opts["device"]))
     if opts["episodes"] < 1:
         raise UserError(f"episodes={opts['episodes']}: expected at least 1")
     if opts["base_noise"] not in ("normal", "zero"):

@@ -282,7 +282,11 @@ def evaluate_success(policy: Policy, task_cfg, episodes: int = 100, backend: str
     env.on_episode_end = on_episode_end
     try:
         obs, _ = env.reset(seed=seed)
-        with torch.random.fork_rng():  # a stochastic policy (w ~ N(0, I)) draws reproducibly, training RNG untouched
+        # A stochastic policy (w ~ N(0, I)) draws reproducibly from the global generators, the training's
+        # untouched: the CPU's and the evaluation device's, not every GPU's (which fork_rng's default forks).
+        device = torch.device(device)
+        gpu = [device.index if device.index is not None else torch.cuda.current_device()] if device.type == "cuda" else []
+        with torch.random.fork_rng(devices=gpu):
             torch.manual_seed(seed)
             success, steps, furthest, distance = success_episodes(env, obs, lambda o, _: policy(o["policy"]), frames_cb)
     finally:

@@ -61,7 +61,7 @@ def parity_observations(policy, task_cfg, n: int = 10_000, seed: int = 0) -> np.
     on_dist, queue = [], []
     # A diffusion policy draws its noise from torch's global generator: seeded here (and restored
     # after), so an export checks the same observations every time it runs.
-    with torch.no_grad(), torch.random.fork_rng():
+    with torch.no_grad(), torch.random.fork_rng(devices=[]):  # the policy is on the CPU here
         torch.manual_seed(seed)
         for _ in range(n // envs):
             on_dist.append(obs["policy"])

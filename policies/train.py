@@ -28,7 +28,7 @@ from sim.registry import get_task
 
 from . import checkpoint as ckpt
 from .config import (RESUMABLE_OVERRIDES, UserError, check_device, compose_config, config_hash, diff_keys,
-                     expand_shorthands, held_files, help_requested, to_objects, train_usage)
+                     expand_shorthands, held_files, help_requested, ieee_float32_on, to_objects, train_usage)
 from .evaluate import evaluate, evaluate_backends
 
 _IMPORTED = time.time()
@@ -161,6 +161,7 @@ def run(cfg: DictConfig, run_dir: Path, resume_state: dict | None, t_start: floa
     the time to success counts from; ``lock``: the run directory's lock if the caller holds it already."""
     task_cfg, algo_cfg = to_objects(cfg)
     device = torch.device(cfg.device)
+    ieee_float32_on(device)
     torch.set_num_threads(cfg.threads)
     # The environment and the algorithm first: a value their constructors refuse or a missing base
     # policy stops the run before anything is written.

@@ -554,6 +554,42 @@ def test_checkpoint_keeps_generator_states_on_the_cpu(tmp_path):
     torch.Generator().set_state(state["algo"]["gen"])
 
 
+def test_optimizer_steps_are_left_to_the_optimizer_when_loaded_onto_another_device(tmp_path):
+    """An optimizer's step counts stay on the CPU when a checkpoint is loaded onto a GPU (meta stands in):
+    load_state_dict moves them to the parameters' device where fused Adam needs them, and leaves them on
+    the CPU for a non-fused one, which would otherwise read a GPU step back twice per tensor and update."""
+    net = torch.nn.Linear(3, 2)
+    opts = {"fused": torch.optim.Adam(net.parameters(), fused=True), "plain": torch.optim.Adam(net.parameters())}
+    for opt in opts.values():
+        net(torch.ones(1, 3)).sum().backward()
+        opt.step()
+    ckpt.save_atomic({k: opt.state_dict() for k, opt in opts.items()}, tmp_path / "c.pt")
+    state = ckpt.load(tmp_path / "c.pt", device="meta")
+    for sd in state.values():
+        for param_state in sd["state"].values():
+            assert param_state["step"].device.type == "cpu" and param_state["exp_avg"].device.type == "meta"
+    plain = torch.optim.Adam(net.parameters())
+    plain.load_state_dict(ckpt.load(tmp_path / "c.pt")["plain"])
+    assert all(s["step"].device.type == "cpu" for s in plain.state.values())
+
+
+def test_float32_is_ieee_on_cuda():
+    """On a CUDA device cuDNN's convolutions (TF32 by default) and matrix products run in IEEE float32,
+    as on the CPU (these switches need no GPU to be set); a CPU device changes nothing."""
+    from policies.config import ieee_float32_on
+
+    conv, matmul = torch.backends.cudnn.conv, torch.backends.cuda.matmul
+    before = conv.fp32_precision, matmul.fp32_precision
+    try:
+        conv.fp32_precision = matmul.fp32_precision = "tf32"
+        ieee_float32_on(torch.device("cpu"))
+        assert (conv.fp32_precision, matmul.fp32_precision) == ("tf32", "tf32")
+        ieee_float32_on(torch.device("cuda"))
+        assert (conv.fp32_precision, matmul.fp32_precision) == ("ieee", "ieee")
+    finally:
+        conv.fp32_precision, matmul.fp32_precision = before
+
+
 @pytest.mark.parametrize("task", ["quad_hover", "arm_reach"])
 def test_every_generator_state_of_an_environment_stays_on_the_cpu(tmp_path, task):
     """The naming rule of checkpoint.is_rng_state_key covers every generator state an environment
