@@ -15,8 +15,10 @@ def test_write_section_keeps_earlier_results_and_other_sections(tmp_path, monkey
     md = tmp_path / "BENCHMARKS.md"
     md.write_text("# Benchmarks\n\n## A\n\nold table\n\n### A note by hand\n\nkept\n\n## B\n\nb stays\n")
     monkeypatch.setattr(common, "BENCHMARKS_MD", md)
-    monkeypatch.setattr(common, "source_revision", lambda **_: "abc1234")
+    asked = []
+    monkeypatch.setattr(common, "source_revision", lambda **kw: asked.append(kw) or "abc1234")
     common.write_section("A", "python -m benchmarks.a", "new table", threads=1)
+    assert asked == [{"short": True, "ignore": ("BENCHMARKS.md",)}]  # the file it writes does not count as a change
     common.write_section("C", "python -m benchmarks.c", "c table", threads=1)
     text = md.read_text()
     a, rest = text.split("## B\n")
@@ -30,12 +32,23 @@ def test_source_revision_marks_changed_files_other_than_those_ignored(monkeypatc
 
     from export import onnx_policy
 
-    git = {"rev-parse": "abc1234\n", "status": " M BENCHMARKS.md\n"}  # porcelain lines: "XY path"
-    monkeypatch.setattr(onnx_policy.subprocess, "run", lambda cmd, **_: SimpleNamespace(stdout=git[cmd[1]]))
+    full = "abc1234" + "0" * 33
+    status = [" M BENCHMARKS.md"]  # porcelain lines: "XY path"
+
+    def git(cmd, **_):  # answers as git does to the options given; an untracked file ("??") is always there
+        if cmd[1:-1] == ["rev-parse", "--short"] or cmd[1:] == ["rev-parse", "HEAD"]:
+            return SimpleNamespace(stdout=("abc1234" if "--short" in cmd else full) + "\n")
+        assert cmd[1:3] == ["status", "--porcelain"], cmd
+        untracked = [] if "--untracked-files=no" in cmd else ["?? benchmarks/results/new.png"]
+        return SimpleNamespace(stdout="".join(line + "\n" for line in status + untracked))
+
+    monkeypatch.setattr(onnx_policy.subprocess, "run", git)
     assert onnx_policy.source_revision(short=True, ignore=("BENCHMARKS.md",)) == "abc1234"
-    assert onnx_policy.source_revision() == "abc1234+uncommitted"
-    git["status"] = " M BENCHMARKS.md\nM  sim/crazyflie/params.py\n"
-    assert onnx_policy.source_revision(ignore=("BENCHMARKS.md",)) == "abc1234+uncommitted"
+    assert onnx_policy.source_revision() == full + "+uncommitted"
+    status[:] = []
+    assert onnx_policy.source_revision() == full  # untracked files (a new result) do not count
+    status[:] = [" M BENCHMARKS.md", "M  sim/crazyflie/params.py"]
+    assert onnx_policy.source_revision(ignore=("BENCHMARKS.md",)) == full + "+uncommitted"
 
     def no_git(*_, **__):
         raise OSError("git not found")
@@ -71,11 +84,12 @@ def test_manipulation_reuses_a_run_only_if_it_has_the_same_settings(tmp_path):
         cached(run, [*args[:2], "algo.variant=sac", *args[3:-1], "max_env_steps=150000"])
 
 
-def test_manipulation_reuses_a_dataset_only_of_the_same_task_settings(tmp_path):
+def test_manipulation_reuses_a_dataset_only_of_the_same_task_settings(tmp_path, monkeypatch):
     """A dataset under --work is read only if it was collected with the benchmark's counts and today's
     task settings (e.g. an older time limit refuses it), before any base is trained on it."""
     from types import SimpleNamespace
 
+    import benchmarks.manipulation as manipulation
     from benchmarks.manipulation import base_policy
     from policies.config import compose_config
 
@@ -94,6 +108,12 @@ def test_manipulation_reuses_a_dataset_only_of_the_same_task_settings(tmp_path):
     (data / "meta.json").write_text(json.dumps(mixed))
     with pytest.raises(SystemExit, match=r"other task settings \(expert_worse_share\)"):
         base_policy("arm_push", tmp_path, a)
+    # ... which a --worse-share 0.5 run reads (its base a cached run here), and today's unmixed one it refuses
+    monkeypatch.setattr(manipulation, "cached", lambda run, args: {"env_steps": 1})
+    assert base_policy("arm_push", tmp_path, SimpleNamespace(**{**vars(a), "worse_share": 0.5}))[1] == mixed
+    (data / "meta.json").write_text(json.dumps({**meta, "task_config": task}))
+    with pytest.raises(SystemExit, match=r"other task settings \(expert_worse_share\)"):
+        base_policy("arm_push", tmp_path, SimpleNamespace(**{**vars(a), "worse_share": 0.5}))
 
 
 def test_every_manipulation_method_composes_a_valid_config(tmp_path):

@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import warnings
 from pathlib import Path
 
@@ -29,7 +30,13 @@ def test_common_offset_is_where_the_policy_holds_the_vehicle():
     task_cfg, _ = to_objects(OmegaConf.create(rec["config"]))
     shift = torch.tensor([0.04] + [0.0] * 21)
     base = evaluate_hover(policy, task_cfg, episodes=50)
-    held = evaluate_hover(lambda obs: policy(obs + shift), task_cfg, episodes=50)
+    states = []
+    held = evaluate_hover(lambda obs: policy(obs + shift), task_cfg, episodes=50,
+                          frames_cb=lambda env, t: states.append(env.backend.state[:, :3].clone()))
+    # from the simulator's states: position - target over the last 2 s (200 periods), over the episodes that stayed
+    stayed = ~np.isnan(held.position_error[-1])
+    offset = (torch.stack(states)[-200:, stayed] - torch.tensor(task_cfg.target)).double().mean((0, 1))
+    assert stayed.sum() >= 45 and np.allclose(held.common_offset, offset.numpy(), atol=1e-6), (held.common_offset, offset)
     assert max(abs(v) for v in base.common_offset) < 0.02, base.common_offset
     assert abs(held.common_offset[0] - base.common_offset[0] + 0.04) < 0.01, (base.common_offset, held.common_offset)
     for axis in (1, 2):
@@ -219,15 +226,19 @@ def test_simulators_evaluated_at_once_give_the_sequential_results(tmp_path, monk
     real, log = evaluation.evaluate, tmp_path / "pids.log"
 
     def evaluate(*args, backend=None, **kwargs):
+        start = time.time()
+        res = real(*args, backend=backend, **kwargs)
         with log.open("a") as f:
-            f.write(f"{backend} {os.getpid()}\n")
-        return real(*args, backend=backend, **kwargs)
+            f.write(f"{backend} {os.getpid()} {start} {time.time()}\n")
+        return res
 
     monkeypatch.setattr(evaluation, "evaluate", evaluate)
     seeds = {"torch": 3, "mujoco": 4, "pybullet": 5}
     together = evaluate_backends(policy, task_cfg, 12, seeds)
-    pids = dict(line.split() for line in log.read_text().splitlines())
-    assert int(pids["torch"]) == os.getpid() and len({pids["mujoco"], pids["pybullet"], pids["torch"]}) == 3
+    runs = {b: (int(pid), float(t0), float(t1)) for b, pid, t0, t1 in map(str.split, log.read_text().splitlines())}
+    assert runs["torch"][0] == os.getpid() and len({runs[b][0] for b in seeds}) == 3
+    (_, mujoco_start, mujoco_end), (_, pybullet_start, pybullet_end) = runs["mujoco"], runs["pybullet"]
+    assert mujoco_start < pybullet_end and pybullet_start < mujoco_end, runs  # at the same time
     assert list(together) == list(seeds)
     for backend, seed in seeds.items():
         alone = evaluate_hover(policy, task_cfg, 12, backend, seed)
@@ -236,14 +247,16 @@ def test_simulators_evaluated_at_once_give_the_sequential_results(tmp_path, monk
         assert np.array_equal(together[backend].position_error, alone.position_error, equal_nan=True), backend
 
 
+@pytest.mark.parametrize("slow", ["mujoco", "pybullet"])
 @pytest.mark.parametrize("rates, kept", [
     ({"torch": 0.99, "pybullet": 0.50, "mujoco": 0.99}, ["torch", "pybullet"]),
     ({"torch": 0.99, "pybullet": 0.99, "mujoco": 0.50}, ["torch", "pybullet", "mujoco"]),
     ({"torch": 0.50, "pybullet": 0.99, "mujoco": 0.99}, ["torch"]),
 ])
-def test_simulators_evaluated_at_once_stop_where_a_sequential_run_would(monkeypatch, rates, kept):
+def test_simulators_evaluated_at_once_stop_where_a_sequential_run_would(monkeypatch, rates, kept, slow):
     """Scripted success rates, bar 0.95: the result holds torch first, then the simulators in the
-    order asked, up to the first that falls short, whichever process finishes first."""
+    order asked, up to the first that falls short, whichever process finishes first (``slow``'s
+    evaluation takes 1 s longer)."""
     import dataclasses
 
     import policies.evaluate as evaluation
@@ -251,8 +264,13 @@ def test_simulators_evaluated_at_once_stop_where_a_sequential_run_would(monkeypa
     policy, rec = ckpt.load_policy(PRETRAINED)
     task_cfg, _ = to_objects(OmegaConf.create(rec["config"]))
     real = evaluation.evaluate
-    monkeypatch.setattr(evaluation, "evaluate", lambda *a, backend=None, **k: dataclasses.replace(
-        real(*a, backend=backend, **k), success_rate=rates[backend]))
+
+    def evaluate(*a, backend=None, **k):
+        res = dataclasses.replace(real(*a, backend=backend, **k), success_rate=rates[backend])
+        time.sleep(1.0 if backend == slow else 0.0)
+        return res
+
+    monkeypatch.setattr(evaluation, "evaluate", evaluate)
     res = evaluate_backends(policy, task_cfg, 4, {"pybullet": 1, "torch": 2, "mujoco": 3}, stop_below=0.95)
     assert list(res) == kept
     assert [r.success_rate for r in res.values()] == [rates[b] for b in kept]
