@@ -229,6 +229,12 @@ def test_failsafe_when_the_simulator_dies(seeded_policy):
         RosWorld.stop(sim, signal.SIGKILL)
         killed = time.monotonic()
         w.spin_until(lambda: rec.seen_mode("failsafe", killed), 5, "the failsafe")
+        w.spin_for(0.3)
+        # The policy's commands end with the failsafe: the last ones (0.2 s and more after it, so not in flight
+        # behind its status) are the safety layer's: one command for all four rotors, below hover (the
+        # descent, or idle once it has landed).
+        last = [c for _, c in rec.cmd[-10:]]
+        assert len(last) == 10 and all(np.allclose(c, c[0]) and c[0] < NOMINAL.hover_rpm for c in last), last
     # The node's own measurement: how long /clock had been still when it switched (steady clock). The
     # failsafe the kill caused: a loaded machine can starve the node of states for a moment before it.
     t_failsafe, reason = next((t, s["reason"]) for t, s in rec.status if s["mode"] == "failsafe" and t >= killed)
@@ -297,7 +303,9 @@ def test_a_restarted_simulator_starts_the_safety_layer_again(seeded_policy):
         t0 = time.monotonic()
         w.spin_until(lambda: any("clock went back" in s["reason"] for t, s in rec.status if t >= t0), 30,
                      "the safety layer to see the clock go back")
-        t1 = min(t for t, s in rec.status if t >= t0 and "clock went back" in s["reason"])
+        t1, first = min(((t, s) for t, s in rec.status if t >= t0 and "clock went back" in s["reason"]),
+                        key=lambda ts: ts[0])
+        assert first["mode"] == "disarmed", first  # started up again: DISARMED before auto_arm arms it
         w.spin_until(lambda: rec.seen_mode("armed", t1), 10, "auto_arm to arm again")
     check_commands(rec.cmd)
 
@@ -702,14 +710,17 @@ def test_a_killed_recorder_keeps_what_it_recorded(tmp_path):
 
     bag = tmp_path / "killed.mcap"
     with world() as w:
-        Observed(w)
+        observed = Observed(w)
         w.start(*w.node_cmd("sim_bridge"), name="sim")
         rec = w.start(*w.node_cmd("recorder", path=str(bag)), name="recorder")
         w.spin_until(lambda: "first message on /cf1/odom" in w.output(rec), 60, "the recorder's first odometry")
         w.spin_for(3.0)
+        seen = observed.odom[-1][1]  # the newest state's stamp (simulated time) when the recorder dies
         RosWorld.stop(rec, signal.SIGKILL)
     flight = read_flight(bag, "cf1")
     assert not flight["finished"] and len(flight["t_odom"]) > 150, len(flight["t_odom"])
+    # up to about its last 0.5 s (0.2 s more for the observer's and the recorder's own delivery)
+    assert seen - flight["t_odom"][-1] < 0.7, (seen, flight["t_odom"][-1])
 
 
 def test_record_plot_and_sigterm_stops_every_node(seeded_policy, prefix, tmp_path):
