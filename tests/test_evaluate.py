@@ -159,6 +159,36 @@ def test_tilt_is_measured_from_the_thrust_direction_the_reference_needs():
         assert tilt_deg(level, turning).item() == pytest.approx(6.0, abs=1e-3)
 
 
+def test_the_track_criterion_measures_tilt_from_the_thrust_direction_the_reference_needs():
+    """quad_track through evaluate_hover: a vehicle put on the figure-eight at every step, at the
+    reference's velocity, its thrust axis along the reference's acceleration plus gravity (yaw 0), is
+    judged on track and level (tilt ~0), although that axis leans several degrees from the vertical
+    (a sign slip in the reference's acceleration would read twice that)."""
+    from sim.crazyflie.params import NOMINAL
+    from sim.registry import get_task
+
+    cfg = get_task("quad_track").default_config()
+    leans = []
+
+    def place(env, t):
+        pos, vel = env.reference()
+        d = env.reference_acceleration() + torch.tensor([0.0, 0.0, GRAVITY])
+        d = d / d.norm(dim=-1, keepdim=True)
+        axis = torch.linalg.cross(torch.tensor([0.0, 0.0, 1.0]).expand_as(d), d, dim=-1)
+        sin = axis.norm(dim=-1, keepdim=True)
+        angle = torch.atan2(sin, d[:, 2:3])  # from the vertical, about the horizontal axis z x d
+        state = env.backend.state.clone()
+        state[:, 0:3], state[:, 7:10], state[:, 10:13] = pos, vel, 0.0
+        state[:, 3:7] = torch.cat((torch.cos(angle / 2), axis / sin.clamp_min(1e-12) * torch.sin(angle / 2)), -1)
+        env.backend.set_state(torch.arange(env.num_envs), state, env.vehicle)
+        leans.append(torch.rad2deg(angle[:, 0]))
+
+    res = evaluate_hover(lambda obs: torch.full((len(obs), 4), NOMINAL.hover_action), cfg, episodes=20,
+                         frames_cb=place)
+    assert torch.stack(leans)[-200:].max() > 4.0  # the figure-eight's thrust axis leans this far
+    assert res.success_rate == 1.0 and res.max_tilt_last < 0.1 and res.mean_final_error < 0.001, res.summary()
+
+
 def test_tilt_from_vertical_is_bit_for_bit_the_hover_criterion_tilt():
     """For a fixed target the measure is exactly the earlier acos(1 - 2(x^2 + y^2)) of the hover
     criterion, so quad_hover's verdicts do not move by a bit."""
