@@ -5,7 +5,8 @@ machinery (simulation, observation layout, action, autoreset, camera, physics ra
 is in base.py.
 
 The goal is a low square pad on the table (PadParams: 10 cm square, 2.5 cm high = half the
-cube), placed 15-30 cm from the cube's start; the goal position is the cube centre resting on it.
+cube), placed 15-30 cm from the cube's start (farther in ~1e-4 of episodes: push.sample_goals_on_table);
+the goal position is the cube centre resting on it.
 Success needs all of:
   * the cube centre within ``success_radius`` (2 cm, horizontal) of the goal, so it is on the pad,
   * its height within ``rest_tolerance`` (5 mm) of resting flat on the pad,

@@ -5,8 +5,9 @@ machinery (simulation, observation layout, action, autoreset, camera, physics ra
 is in base.py. The goal is the cube-centre position to reach (z = cube half size: on the table).
 
 Success: the cube's centre within ``success_radius`` (3 cm, horizontal) of the goal, on the table (its
-height within ``rest_tolerance``, 5 mm, of resting flat: a cube carried or rolling over the goal has not
-been pushed there).
+height within ``rest_tolerance``, 5 mm, of resting flat): a cube carried or rolling over the goal has not
+been pushed there. What counts is where the cube is, not how it got there: one set down on the goal, even
+still in a grasp, succeeds (as in Gymnasium-Robotics' FetchPush; tests/test_arm.py checks both cases).
 Termination: success (if terminate_on_success); failure if the cube falls off the table;
 time limit (truncation) after episode_steps.
 """
@@ -60,7 +61,8 @@ def default_config() -> PushConfig:
 def sample_goals_on_table(env: ArmEnv, cube_xy: np.ndarray, gx, gy, dist) -> np.ndarray:
     """Goal xy [k,2] uniform in gx x gy, at a horizontal distance within ``dist`` of ``cube_xy``:
     16 candidates per env from the env's generator, the first that fits (the farthest if none does,
-    which a goal range covering the table makes vanishingly rare)."""
+    which a goal range covering the table makes rare: by a review's Monte Carlo over the randomized
+    cube starts, 9e-5 of arm_pick_place episodes, their goals 33-40 cm away; 4e-5 of arm_push's)."""
     k, tries = len(cube_xy), 16
     x = gx[0] + (gx[1] - gx[0]) * env._rand((k, tries))
     y = gy[0] + (gy[1] - gy[0]) * env._rand((k, tries))
