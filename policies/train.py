@@ -337,8 +337,11 @@ def run(cfg: DictConfig, run_dir: Path, resume_state: dict | None, t_start: floa
         bar.close()
         writer.close()
 
+        passed = pass_holds(tr, cfg)
         results = {"run_dir": str(run_dir), steps_key: tr["env_steps"], "train_seconds": tr["seconds"],
-                   "best_success": tr["best_success"], "passed": pass_holds(tr, cfg),
+                   "best_success": tr["best_success"], "passed": passed,
+                   # what confirmed the pass: the simulators and the new episodes in each (None without one)
+                   "passed_with": tr.get("passed_with") if passed else None,
                    "time_to_success_s": tr["time_to_success"],
                    "eval_seconds": tr["eval_seconds"], "source_revisions": tr["source_revisions"],
                    "evals": tr["evals"]}

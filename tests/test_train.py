@@ -284,10 +284,11 @@ def test_a_pass_stops_training_only_once_new_episodes_confirm_it(tmp_path, monke
     assert res["env_steps"] == 2 * 2048
     if confirmed:
         assert code == 0 and res["passed"] and res["time_to_success_s"] is not None
+        assert res["passed_with"] == {"backends": ["torch"], "episodes": 24}
         best = torch.load(run / "checkpoints/best.pt", weights_only=False)
         assert best["env_steps"] == 2 * 2048, "best.pt must be the confirmed policy, not the unconfirmed 0.97"
     else:
-        assert code == 1 and not res["passed"] and res["time_to_success_s"] is None
+        assert code == 1 and not res["passed"] and res["time_to_success_s"] is None and res["passed_with"] is None
 
 
 def test_resume_of_a_run_from_before_a_budget_key_existed(tmp_path):
