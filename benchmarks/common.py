@@ -19,6 +19,9 @@ BENCHMARKS_MD = Path(__file__).resolve().parents[1] / "BENCHMARKS.md"
 # The load average when the benchmark started (1, 5, 15 min): what else was running on this shared
 # machine before it (the benchmark's own load comes after).
 LOAD_AT_START = os.getloadavg()
+# The checkout's revision when the benchmark started, the code its numbers were measured on (a run takes
+# minutes to hours; a commit made meanwhile is named beside it when the section is written).
+REVISION_AT_START = source_revision(short=True, ignore=(BENCHMARKS_MD.name,))  # the file written does not count
 
 
 def machine(threads: int | None = None) -> str:
@@ -45,7 +48,10 @@ def write_section(title: str, command: str, body: str, threads: int | None = Non
     under a line that says so: a rerun never erases earlier results or the notes written by hand."""
     text = BENCHMARKS_MD.read_text() if BENCHMARKS_MD.exists() else "# Benchmarks\n"
     today = date.today().isoformat()
-    revision = source_revision(short=True, ignore=(BENCHMARKS_MD.name,))  # the file this writes does not count
+    revision = REVISION_AT_START
+    now = source_revision(short=True, ignore=(BENCHMARKS_MD.name,))
+    if now != revision:
+        revision += f" (at the start; {now} when written)"
     section = (f"## {title}\n\nCommand: `{command}`  \nMachine: {machine(threads)}  \n"
                f"Date: {today}, revision {revision}\n\n{body.strip()}\n\n")
     pattern = re.compile(rf"^## {re.escape(title)}\n(.*?)(?=^## |\Z)", re.S | re.M)

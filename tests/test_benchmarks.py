@@ -16,6 +16,7 @@ def test_write_section_keeps_earlier_results_and_other_sections(tmp_path, monkey
     md.write_text("# Benchmarks\n\n## A\n\nold table\n\n### A note by hand\n\nkept\n\n## B\n\nb stays\n")
     monkeypatch.setattr(common, "BENCHMARKS_MD", md)
     asked = []
+    monkeypatch.setattr(common, "REVISION_AT_START", "abc1234")
     monkeypatch.setattr(common, "source_revision", lambda **kw: asked.append(kw) or "abc1234")
     common.write_section("A", "python -m benchmarks.a", "new table", threads=1)
     assert asked == [{"short": True, "ignore": ("BENCHMARKS.md",)}]  # the file it writes does not count as a change
@@ -25,6 +26,9 @@ def test_write_section_keeps_earlier_results_and_other_sections(tmp_path, monkey
     assert a.index("new table") < a.index("Earlier measurements of this section") < a.index("old table")
     assert "### A note by hand\n\nkept" in a and "Command: `python -m benchmarks.a`" in a and "revision abc1234" in a
     assert rest.startswith("\nb stays\n") and rest.rstrip().endswith("c table") and text.count("## A\n") == 1
+    monkeypatch.setattr(common, "source_revision", lambda **kw: "def5678")  # a commit made while it ran
+    common.write_section("A", "python -m benchmarks.a", "newer table", threads=1)
+    assert "revision abc1234 (at the start; def5678 when written)" in md.read_text()
 
 
 def test_source_revision_marks_changed_files_other_than_those_ignored(monkeypatch):
