@@ -65,8 +65,8 @@ class PPO:
         self.value_norm = RunningNorm(1).to(device)
         # fused: one kernel for every parameter's update instead of a dozen small ops per tensor
         self.opt = torch.optim.Adam([*self.actor.parameters(), *self.critic.parameters()], lr=cfg.lr, fused=True)
-        self._loss_fn = compile_if(self._loss, cfg.compile)
-        self._act_fn = compile_if(self._act, cfg.compile)
+        self._loss_fn = compile_if(self._loss, cfg.compile, device=device)
+        self._act_fn = compile_if(self._act, cfg.compile, device=device)
         self.lr = cfg.lr
         self.gen = torch.Generator(device=device)
         self.gen.manual_seed(seed + 1)

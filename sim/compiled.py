@@ -26,12 +26,21 @@ import torch
 _LAYOUT_ASSERTS = {"size_asserts": "TORCHINDUCTOR_SIZE_ASSERTS", "alignment_asserts": "TORCHINDUCTOR_ALIGNMENT_ASSERTS"}
 
 
-def compile_if(fn: Callable, enabled: bool, dynamic: bool | None = None) -> Callable:
+def compile_if(fn: Callable, enabled: bool, dynamic: bool | None = None,
+               device: str | torch.device = "cpu") -> Callable:
     """``torch.compile(fn)`` when ``enabled`` and a C++ compiler and Python's C headers are installed
-    (inductor builds CPU kernels with them); otherwise ``fn`` itself, with a warning if compiling was
-    asked for."""
+    (inductor builds CPU kernels with them), and for a CUDA ``device`` Triton (its GPU kernels); otherwise
+    ``fn`` itself, with a warning if compiling was asked for."""
     if not enabled:
         return fn
+    if torch.device(device).type == "cuda":
+        from torch.utils._triton import has_triton
+
+        if not has_triton():
+            warnings.warn("torch.compile builds CUDA kernels with Triton and this PyTorch has none: running "
+                          "eagerly (install the CUDA build's triton, or set task.compile=false algo.compile=false "
+                          "to silence this)", stacklevel=2)
+            return fn
     if shutil.which("g++") is None and shutil.which("c++") is None:
         warnings.warn("torch.compile needs a C++ compiler (g++) and none is installed: running eagerly "
                       "(install g++, or set task.compile=false algo.compile=false to silence this)", stacklevel=2)

@@ -50,6 +50,23 @@ def test_without_python_headers_compiling_falls_back_to_eager_with_a_warning(mon
         assert compile_if(fn, True) is fn
 
 
+def test_without_triton_a_cuda_function_runs_eagerly_and_says_why(monkeypatch):
+    """On a CUDA device inductor needs Triton: without it (here: this CPU build's own state, or patched)
+    the function runs eagerly with a warning instead of failing at its first call; a CPU function is
+    compiled as before."""
+    import torch.utils._triton as triton
+
+    monkeypatch.setattr(triton, "has_triton", lambda: False)
+
+    def fn(x):
+        return x + 1
+
+    with pytest.warns(UserWarning, match="Triton"):
+        assert compile_if(fn, True, device=torch.device("cuda")) is fn
+    if shutil.which("g++") is not None:
+        assert compile_if(fn, True, device="cpu") is not fn
+
+
 @pytest.mark.skipif(shutil.which("g++") is None, reason="torch.compile builds CPU kernels with g++")
 def test_kernels_are_cached_where_a_reboot_keeps_them_unless_the_user_says_otherwise(monkeypatch, tmp_path):
     """Inductor's default cache is in /tmp, which Debian empties at boot; install.sh fills the

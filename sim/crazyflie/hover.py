@@ -280,8 +280,8 @@ class QuadHoverEnv(gym.vector.VectorEnv):
         self.obs_noise_std = torch.tensor([nz.pos] * 3 + [nz.rot] * 9 + [nz.vel] * 3 + [nz.omega] * 3, device=d)
         # dynamic: one kernel for every batch size (training, evaluation and tests use many)
         on = cfg.compile and backend == "torch"
-        self._transition_fn = compile_if(self._transition, on, dynamic=True)
-        self._observe_fn = compile_if(self._observe, on, dynamic=True)
+        self._transition_fn = compile_if(self._transition, on, dynamic=True, device=self.device)
+        self._observe_fn = compile_if(self._observe, on, dynamic=True, device=self.device)
         self._compiled = self._observe_fn != self._observe  # compile_if returns the method itself without g++
 
     # ----------------------------------------------------------------- reference
