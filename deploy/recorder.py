@@ -156,10 +156,19 @@ class Recorder(Node):
         self.counts[topic] += 1
 
     def close(self) -> None:
-        drain(self, lambda: sum(self.counts.values()))  # the end of the run, still queued when Ctrl-C came
+        # The end of the run: what was still queued when Ctrl-C came, and what the other nodes still send
+        # while they stop (a launch stops every node at once; the real vehicle's bridge flies its landing,
+        # within crazyflie_bridge.LANDING_LIMIT_S, publishing odometry), until they go quiet.
+        drain(self, lambda: sum(self.counts.values()), limit_s=RECORD_AFTER_STOP_S, quiet_s=RECORD_QUIET_S)
         self.writer.finish()
         self._file.close()
         print(f"recorder: {sum(self.counts.values())} messages on {len(self.counts)} topics -> {self.path}", flush=True)
+
+
+# s after Ctrl-C at most: past the real bridge's 4.5 s landing, inside the launch runner's 5 s to SIGTERM
+RECORD_AFTER_STOP_S = 4.8
+# s without a message that end it: longer than a radio link's gaps between the bridge's 10 ms samples
+RECORD_QUIET_S = 0.25
 
 
 def main(args: list[str] | None = None) -> int:

@@ -141,21 +141,24 @@ def spin(node: Node, stop: threading.Event) -> None:
         executor.shutdown()
 
 
-def drain(node: Node, received: Callable[[], int], limit_s: float = 1.0) -> None:
+def drain(node: Node, received: Callable[[], int], limit_s: float = 1.0, quiet_s: float = 0.04) -> None:
     """Take the messages still queued for ``node``'s subscriptions once its spinning has stopped (every
-    node of a launch gets Ctrl-C at once, and a node behind keeps up to its queues' depth unread):
-    spin until two waits of 20 ms in a row add nothing to ``received()`` (messages taken so far), or
-    ``limit_s``."""
+    node of a launch gets Ctrl-C at once, and a node behind keeps up to its queues' depth unread), and
+    those still arriving: spin until ``quiet_s`` pass without one adding to ``received()`` (messages taken
+    so far), or ``limit_s``."""
     from rclpy.executors import SingleThreadedExecutor
 
     executor = SingleThreadedExecutor(context=node.context)
     executor.add_node(node)
-    deadline, idle = time.monotonic() + limit_s, 0
+    start = time.monotonic()
+    deadline, last, count = start + limit_s, start, received()
     try:
-        while idle < 2 and time.monotonic() < deadline and node.context.ok():
-            before = received()
+        while time.monotonic() < deadline and node.context.ok():
             executor.spin_once(timeout_sec=0.02)
-            idle = idle + 1 if received() == before else 0
+            if received() != count:
+                count, last = received(), time.monotonic()
+            elif time.monotonic() - last >= quiet_s:
+                break
     finally:
         executor.shutdown()
 

@@ -676,6 +676,44 @@ def test_latency(seeded_policy):
 # launch runner, recording and plot
 
 
+def test_a_stopped_recorder_records_what_is_sent_while_the_others_stop():
+    """After Ctrl-C the recorder keeps taking messages while they still come (the real bridge's landing
+    publishes odometry for up to 4.5 s after the launch's SIGINT): deploy.ros.drain with the recorder's
+    limits (Recorder.close) takes a 2.5 s stream at 100 Hz that starts as it stops whole (gaps up to RECORD_QUIET_S between messages), and it finishes within
+    its limit."""
+    import threading
+
+    import rclpy
+    from rclpy.qos import QoSProfile, ReliabilityPolicy
+    from std_msgs.msg import String
+
+    from deploy.recorder import RECORD_AFTER_STOP_S, RECORD_QUIET_S
+    from deploy.ros import drain
+
+    reliable = QoSProfile(depth=1000, reliability=ReliabilityPolicy.RELIABLE)
+    with world() as w:
+        n = w.observer()
+        stopped = rclpy.create_node("stopped", context=w.context)
+        got = []
+        stopped.create_subscription(String, "/landing", lambda m: got.append(m.data), reliable)
+        pub = n.create_publisher(String, "/landing", reliable)
+        w.spin_until(lambda: pub.get_subscription_count() == 1, 20, "the subscription to match")
+
+        def land():
+            for k in range(250):
+                pub.publish(String(data=str(k)))
+                time.sleep(0.01)
+
+        sender = threading.Thread(target=land)
+        t0 = time.monotonic()
+        sender.start()
+        drain(stopped, lambda: len(got), limit_s=RECORD_AFTER_STOP_S, quiet_s=RECORD_QUIET_S)
+        took = time.monotonic() - t0
+        sender.join()
+        stopped.destroy_node()
+    assert got == [str(k) for k in range(250)] and took < RECORD_AFTER_STOP_S, (len(got), took)
+
+
 def test_a_stopped_node_takes_what_is_still_queued_for_it():
     """deploy.ros.drain (the recorder's close, before it finishes the file): messages that reached a
     node's subscription queue but were never taken, as when Ctrl-C stops a recorder that runs behind,
