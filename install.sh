@@ -24,10 +24,13 @@ python3 -c 'import os, sys, sysconfig; sys.exit(not os.path.isfile(os.path.join(
 # Debian's Python makes virtual environments with pip only with python3-venv installed
 python3 -c 'import ensurepip, venv' 2>/dev/null || APT_PACKAGES+=(python3-venv)
 missing=()
-for p in "${APT_PACKAGES[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
+# installed, not merely known to dpkg (a package removed but not purged keeps a dpkg -s entry)
+installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q '^install ok installed$'; }
+for p in "${APT_PACKAGES[@]}"; do installed "$p" || missing+=("$p"); done
 if [ ${#missing[@]} -gt 0 ]; then
   $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
+  # through env: sudo's env_reset would drop a variable set before it, and debconf could prompt
+  $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 # The environment takes ~3.1 GB (open3d ~1 GB, torch, MuJoCo, PyBullet, ROS 2), and pip holds a
 # downloaded wheel in TMPDIR while it unpacks it: say so up front instead of pip's OSError half-way.

@@ -14,7 +14,11 @@ the ROS 2 launch documentation, and fails with a clear message on anything else:
   <node pkg exec name namespace args output>   one process: <prefix>/lib/<pkg>/<exec>, the prefix
       <param name value/>           found in the ament index (AMENT_PREFIX_PATH), started with
       <param from="file.yaml"/>     --ros-args: -r __node:=, -r __ns:=, -p name:=value,
-      <remap from to/>              --params-file, -r from:=to (in document order)
+      <remap from to/>              --params-file, -r from:=to (in document order). One difference
+                                    from ros2 launch: a <param name value/> is a command-line -p, which a
+                                    params file's section for this node (/**/name) overrides; ros2 launch
+                                    writes it into a file of its own under the node's full name, which
+                                    wins. The shipped files set no parameter both ways.
   <group scoped>                    children in a scope (default scoped="true": configurations and
                                     environment set inside do not leak out)
   <include file>  <arg name value/> another launch file, in a scope holding the given arguments
@@ -234,7 +238,10 @@ def _where(el: ET.Element, scope: Scope) -> str:
     return f"{scope.file}: <{el.tag}{' ' + attrs if attrs else ''}>"
 
 
-def _attrs(el: ET.Element, allowed: set[str], scope: Scope, required: set[str] = frozenset()) -> dict[str, str]:
+def _attrs(el: ET.Element, allowed: set[str], scope: Scope, required: set[str] = frozenset(),
+           verbatim: set[str] = frozenset()) -> dict[str, str]:
+    """The element's attributes (but if/unless), checked against ``allowed`` and ``required``, with their
+    substitutions resolved, but for those in ``verbatim`` (left as written)."""
     extra = set(el.attrib) - allowed - {"if", "unless"}
     if extra:
         raise LaunchError(f"{_where(el, scope)}: unsupported attribute(s) {sorted(extra)} "
@@ -242,7 +249,7 @@ def _attrs(el: ET.Element, allowed: set[str], scope: Scope, required: set[str] =
     missing = required - set(el.attrib)
     if missing:
         raise LaunchError(f"{_where(el, scope)}: missing attribute(s) {sorted(missing)}")
-    return {k: substitute(v, scope) for k, v in el.attrib.items() if k not in ("if", "unless")}
+    return {k: v if k in verbatim else substitute(v, scope) for k, v in el.attrib.items() if k not in ("if", "unless")}
 
 
 def _enabled(el: ET.Element, scope: Scope) -> bool:
@@ -303,7 +310,8 @@ def _children(parent: ET.Element, scope: Scope, out: list[Process]) -> None:
         if not _enabled(el, scope):
             continue
         if el.tag == "arg":
-            a = _attrs(el, ALLOWED["arg"], scope, {"name"})
+            # As ROS 2 launch: the default is resolved only when it is used, the description never.
+            a = _attrs(el, ALLOWED["arg"], scope, {"name"}, verbatim={"default", "description"})
             choices = []
             for child in el:
                 if child.tag != "choice":
@@ -314,7 +322,7 @@ def _children(parent: ET.Element, scope: Scope, out: list[Process]) -> None:
                 if "default" not in a:
                     raise LaunchError(f"{scope.file}: launch argument '{a['name']}' is required: "
                                       f"pass {a['name']}:=<value>")
-                scope.configs[a["name"]] = a["default"]
+                scope.configs[a["name"]] = substitute(a["default"], scope)
             if choices and scope.configs[a["name"]] not in choices:
                 raise LaunchError(f"{scope.file}: launch argument {a['name']}:={scope.configs[a['name']]} is not "
                                   f"one of its choices ({', '.join(choices)})")

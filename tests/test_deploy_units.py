@@ -698,6 +698,12 @@ def test_launch_semantics_scoping_conditions_and_errors(ament_prefix, tmp_path):
         assert message in str(e.value), text
     with pytest.raises(LaunchError, match="unknown launch argument"):
         plan(main, {"flgа": "true"})
+    # As ROS 2 launch: an argument's default is resolved only when used, its description never
+    lazy = write(tmp_path / "lazy.launch.xml", '<launch><arg name="x" default="$(env ROBOLEARN_UNSET_VARIABLE)" '
+                 'description="in $(units)"/><node pkg="robolearn" exec="sim_bridge" name="$(var x)"/></launch>')
+    assert [p.name for p in plan(lazy, {"x": "given"})] == ["given"]
+    with pytest.raises(LaunchError, match="ROBOLEARN_UNSET_VARIABLE"):
+        plan(lazy, {})
     with pytest.raises(LaunchError, match="expected name:=value"):
         parse_cli(["x.launch.xml", "backend=sim"])
 
