@@ -81,7 +81,6 @@ def parse(argv: list[str]) -> tuple[Path, dict]:
         except (KeyError, ValueError):
             raise UserError(f"option {k}={v}: expected a value of type {OPTIONS[k].__name__}") from None
     check_device(opts["device"])
-    ieee_float32_on(torch.device(opts["device"]))
     if opts["episodes"] < 1:
         raise UserError(f"episodes={opts['episodes']}: expected at least 1")
     if opts["base_noise"] not in ("normal", "zero"):
@@ -241,6 +240,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     try:
         run_dir, o = parse(argv)
+        ieee_float32_on(torch.device(o["device"]))
         actor, rec = ckpt.load_policy(run_dir, o["device"])
         task_cfg, _ = to_objects(OmegaConf.create(rec["config"]))
         spec = get_task(task_cfg.name)

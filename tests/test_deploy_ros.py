@@ -687,8 +687,12 @@ def test_a_stopped_recorder_records_what_is_sent_while_the_others_stop():
     from rclpy.qos import QoSProfile, ReliabilityPolicy
     from std_msgs.msg import String
 
+    from deploy.crazyflie_bridge import LANDING_LIMIT_S
+    from deploy.launch import STOP_TIMEOUT
     from deploy.recorder import RECORD_AFTER_STOP_S, RECORD_QUIET_S
     from deploy.ros import drain
+
+    assert LANDING_LIMIT_S < RECORD_AFTER_STOP_S < STOP_TIMEOUT  # the landing, before the runner's SIGTERM
 
     reliable = QoSProfile(depth=1000, reliability=ReliabilityPolicy.RELIABLE)
     with world() as w:
