@@ -25,7 +25,8 @@ this bridge streams setpoints, chosen by the same safety layer (deploy/safety.py
              are cut instead (DISARMED)
   DISARMED / ESTOP  stop setpoint (motors off)
   shutdown   (Ctrl-C, SIGTERM) in flight: the descent of a disarm first, the newest states still fed to
-             the safety layer (the executor has stopped), then the stop setpoint
+             the safety layer (the executor has stopped) and /status and rotor_cmd published as in flight,
+             then the stop setpoint (DISARMED; cut if not landed within LANDING_LIMIT_S)
 
 State: the onboard estimate is streamed in two log blocks every 10 ms (one radio packet holds at
 most 26 bytes of log data):
@@ -344,11 +345,13 @@ class CrazyflieBridge(ControllerNode):
         stop setpoint, which alone would cut the motors at height. The executor has stopped, so this
         loop hands the safety layer the newest state itself (as the odom subscription would): the
         descent ends when a state shows the vehicle on the floor, or on its timer if none arrives,
-        bounded below the launch runner's SIGINT-to-SIGTERM time."""
+        bounded below the launch runner's SIGINT-to-SIGTERM time. Every mode change reaches /status, and
+        each period's shadow rotor_cmd is published, so a recording holds the landing."""
         c = self.controller
         if c.mode not in (Mode.ARMED, Mode.FAILSAFE):
             return
         c.disarm(self._now())
+        self._report_change()
         deadline = time.monotonic() + LANDING_LIMIT_S
         fed = self._last_odom
         while c.mode is Mode.FAILSAFE and time.monotonic() < deadline:
@@ -356,9 +359,11 @@ class CrazyflieBridge(ControllerNode):
             if msg is not fed:
                 fed = msg
                 self._on_odom(msg)
-            now = self._now()
-            self.actuate(c.tick(now), now)
+            self._tick()  # as the timer's ticks: the setpoint to the vehicle, rotor_cmd and /status recorded
             time.sleep(self.period)
+        if c.mode is Mode.FAILSAFE:  # neither on the floor nor timed out by then: the caller's stop cuts the rotors
+            c.cut(f"shutdown: not landed within {LANDING_LIMIT_S:g} s")
+            self._report_change()
 
 
 def main(args: list[str] | None = None) -> int:

@@ -3,6 +3,7 @@ runner's parser, the Crazyflie log conversion, the recorder's schemas and the pa
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
@@ -27,6 +28,7 @@ from deploy.crazyflie_bridge import (
     state_from_log,
 )
 from deploy.launch import LaunchError, Scope, parse_cli, plan, substitute
+from deploy.policy_node import STATUS_EVERY
 from deploy.safety import (
     CLOCK_RESTART_WINDOW_S,
     CLOCK_RESTARTS_MAX,
@@ -48,7 +50,7 @@ from deploy.state import (
     state_from_odometry,
 )
 from sim.crazyflie.hover import QuadHoverEnv, QuadTaskConfig
-from sim.crazyflie.params import GRAVITY
+from sim.crazyflie.params import GRAVITY, NOMINAL, action_to_rpm
 
 REPO = Path(__file__).resolve().parents[1]
 TARGET = np.array([0.0, 0.0, 1.0])
@@ -393,7 +395,6 @@ def test_the_shipped_policy_takes_off_from_the_floor(vehicle):
     from deploy.policy_node import load_onnx_policy
     from deploy.sim_bridge import keep_on_floor
     from sim.crazyflie.dynamics import STATE_DIM, TorchBackend, VehicleBatch
-    from sim.crazyflie.params import NOMINAL, action_to_rpm
 
     policy, contract = load_onnx_policy(str(REPO / "policies/pretrained/quad_hover/export/policy.onnx"))
     backend = TorchBackend(1, NOMINAL, contract["policy_period_s"])
@@ -1127,6 +1128,7 @@ def fake_bridge(controller: SafeController, clock: FakeClock, connected: bool = 
     """A CrazyflieBridge without ROS or radio: its odom subscription's callback, services and
     shutdown run on ``controller``; what it publishes as odom and sends to the vehicle is recorded."""
     from nav_msgs.msg import Odometry
+    from std_msgs.msg import String
 
     from deploy.crazyflie_bridge import CrazyflieBridge
     from deploy.policy_node import Percentiles
@@ -1150,9 +1152,15 @@ def fake_bridge(controller: SafeController, clock: FakeClock, connected: bool = 
     b.get_clock = lambda: clock
     b._now = b._steady = lambda: clock.t
     b.rejected, b.accepted, b._state_received_at = {}, 0, None
-    b._report_change = lambda always=False: None
-    b._tick = lambda: None
-    b.get_logger = lambda: type("Log", (), {"info": print, "warning": print, "error": print})()
+    # /status and rotor_cmd (the node's own _tick and _report_change publish them) are recorded too
+    b.statuses, b.rotor_cmds = [], []
+    b.status_pub = type("Pub", (), {"publish": lambda self, msg: b.statuses.append(json.loads(msg.data))})()
+    b.cmd_pub = type("Pub", (), {"publish": lambda self, msg: b.rotor_cmds.append(list(msg.data))})()
+    b._status_msg, b._to_rpm = String, lambda a: action_to_rpm(a, NOMINAL.rpm_max)
+    b._last, b._ticks, b._actuate_error, b.watchdog_ticks = ("", ""), 0, "", 0
+    # rclpy's logger writes from C (a dead output pipe does not raise there): kept in a list here
+    b.logged = []
+    b.get_logger = lambda: type("Log", (), {k: staticmethod(b.logged.append) for k in ("info", "warning", "error")})()
     b.get_name = lambda: "crazyflie_bridge"
     b.latency, b.inference = Percentiles(), Percentiles()
     b.cf = type("Crazyflie", (), {"commander": Commander(), "close_link": lambda self: None})()
@@ -1456,6 +1464,14 @@ def test_stopping_the_bridge_in_flight_descends_before_the_motors_stop(output, m
     floor_from = next(t for t, z in sent if z == 0.0) - sent[0][0]
     assert fall - 0.05 <= floor_from <= fall + 0.1 and timer - 0.05 <= sent[first_stop][0] - sent[0][0] <= timer + 0.2
     assert all(z == "stop" for _, z in sent[first_stop:]) and c.mode is Mode.DISARMED
+    # The landing is on the record as a flight is: /status on each change (the disarm's descent, then the
+    # rotors off) and every 10th tick, and the shadow rotor command of each period
+    changes = [(st["mode"], st["reason"]) for st in b.statuses]
+    changes = [m for i, m in enumerate(changes) if i == 0 or m != changes[i - 1]]
+    assert [m for m, _ in changes] == [Mode.FAILSAFE.value, Mode.DISARMED.value] and "disarm requested" in changes[0][1], changes
+    assert len(b.statuses) >= first_stop // STATUS_EVERY and b._ticks == len(b.rotor_cmds) == first_stop + 1
+    descent_rpm = action_to_rpm(np.full(4, c.descent_action), NOMINAL.rpm_max)
+    assert np.allclose(b.rotor_cmds[0], descent_rpm) and np.allclose(b.rotor_cmds[-1], 0.0)
 
 
 def test_stopping_the_bridge_in_flight_lands_on_the_states_that_still_arrive(monkeypatch):
@@ -1488,6 +1504,35 @@ def test_stopping_the_bridge_in_flight_lands_on_the_states_that_still_arrive(mon
     assert c.mode is Mode.DISARMED and "landed" in c.reason, c.reason
     assert heights[stop - 1] < c.cfg.landed_height <= heights[stop - 2]  # the state before the stop: on the floor
     assert fall + 0.6 - 0.05 <= clock.t - 100.0 < fall + OnboardDescent.SETTLE_S
+    assert b.statuses[-1]["mode"] == Mode.DISARMED.value and "landed" in b.statuses[-1]["reason"]
+
+
+def test_stopping_the_bridge_ends_a_descent_that_outlasts_the_landing_limit_disarmed(monkeypatch):
+    """Ctrl-C at 1 m, the vehicle stuck above the floor (states keep coming, the descent never ends): at
+    LANDING_LIMIT_S the rotors are cut, the stop setpoint sent, and /status says so (DISARMED, not a
+    FAILSAFE the vehicle is no longer flying)."""
+    import deploy.crazyflie_bridge as bridge_module
+
+    c = SafeController(FakePolicy(), SafetyConfig())
+    clock = FakeClock(100.0)
+    b = fake_bridge(c, clock)
+    stream(b, 1000, 100.0, pos=(0.0, 0.0, 1.0), vel=(0.0, 0.0, 0.0))
+    assert c.arm(100.0)[0] and c.tick(100.0).mode is Mode.ARMED
+    start = time.monotonic()
+    monkeypatch.setattr(bridge_module, "LANDING_LIMIT_S", 0.3)
+    wait = time.sleep
+
+    def sleep(period):  # a period passes; the vehicle stays at 0.8 m
+        clock.t += period
+        stream(b, 1000 + round((clock.t - 100.0) * 1000), clock.t, subscribed=False, pos=(0.0, 0.0, 0.8),
+               vel=(0.0, 0.0, 0.0))
+        wait(period)
+
+    monkeypatch.setattr(bridge_module.time, "sleep", sleep)
+    b.close()
+    assert 0.3 <= time.monotonic() - start < 1.0 and b.cf.commander.sent[-1][1] == "stop"
+    assert c.mode is Mode.DISARMED and c.reason.startswith("shutdown: not landed within 0.3 s"), c.reason
+    assert b.statuses[-1]["mode"] == Mode.DISARMED.value and b.statuses[-1]["reason"] == c.reason
 
 
 CLOSER = """import sys
