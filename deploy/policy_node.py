@@ -65,6 +65,7 @@ from .safety import SPIN_DOWN_S, Command, Mode, OnboardDescent, SafeController, 
 from .state import InvalidState, stamp_seconds, state_from_odometry
 
 Policy = Callable[[np.ndarray], np.ndarray]
+RECORDER = "recorder"  # the recorder node's name (deploy/recorder.py), which wait_for_recorder_s waits for
 STATUS_EVERY = 10  # ticks between periodic status messages (10 Hz at the 10 ms period)
 
 
@@ -141,6 +142,13 @@ class ControllerNode(Node):
             max_tilt_deg=float(param(self, "max_tilt_deg", d.max_tilt_deg, "deg: tumbled above it, rotors cut")),
             auto_arm=bool(param(self, "auto_arm", d.auto_arm, "arm on the first valid state")),
         )
+        # Recording a simulated flight (hover.launch.xml record:=true): the flight starts once the recorder
+        # takes this node's commands and status, so the recording holds the take-off (the recorder finds
+        # topics every 0.5 s and DDS matches them later still: a run armed 0.26 s before it listened).
+        wait_s = float(param(self, "wait_for_recorder_s", 0.0, "auto_arm: wall s to wait for the recorder (0: none)"))
+        if not wait_s >= 0.0:
+            raise ValueError(f"parameter wait_for_recorder_s={wait_s}: expected >= 0 s (0: do not wait)")
+        self._recorder_deadline = time.monotonic() + wait_s if wait_s > 0.0 and cfg.auto_arm else None
         self.clock_timeout = float(param(self, "clock_timeout", 0.5, "sim time: wall s without /clock = dead"))
         if not self.clock_timeout > 0.0 or not math.isfinite(self.clock_timeout):  # NaN would never fire
             raise ValueError(f"parameter clock_timeout={self.clock_timeout}: expected a positive time (s)")
@@ -150,6 +158,8 @@ class ControllerNode(Node):
         self._to_rpm = lambda a: action_to_rpm(a, self.rpm_max)
         settle = OnboardDescent.SETTLE_S if self.ONBOARD_DESCENT else SPIN_DOWN_S
         self.controller = SafeController(self._timed(policy), cfg, NOMINAL, settle_s=settle)
+        if self._recorder_deadline is not None:
+            self.controller.auto_arm_hold = f"waiting for the recorder (at most {wait_s:g} s)"
         self.descent = OnboardDescent(cfg) if self.ONBOARD_DESCENT else None
         self.stale_timeout = cfg.stale_timeout
 
@@ -283,7 +293,30 @@ class ControllerNode(Node):
         self.controller.on_state(None, self._now(), why)
         self._tick()
 
+    def _recorder_listening(self) -> bool:
+        """Whether a node named ``recorder`` subscribes to this node's rotor_cmd and status, and the
+        publisher is matched to every subscription the graph shows (a subscription can show in the graph
+        a second before DDS matches it: what is published meanwhile never reaches it)."""
+        def listening(pub) -> bool:
+            subs = self.get_subscriptions_info_by_topic(pub.topic_name)
+            return any(i.node_name == RECORDER for i in subs) and pub.get_subscription_count() >= len(subs)
+
+        return all(listening(pub) for pub in (self.cmd_pub, self.status_pub))
+
+    def _hold_for_recorder(self) -> None:
+        """Release auto_arm's hold once the recorder listens, or at the deadline (with a warning)."""
+        if self._recorder_listening():
+            self.get_logger().info("the recorder takes rotor_cmd and status: auto_arm may arm")
+        elif time.monotonic() >= self._recorder_deadline:
+            self.get_logger().warning(f"no recorder took rotor_cmd and status within wait_for_recorder_s: "
+                                      "arming without it (the recording may miss the take-off)")
+        else:
+            return
+        self._recorder_deadline = self.controller.auto_arm_hold = None
+
     def _tick(self) -> None:
+        if self._recorder_deadline is not None:
+            self._hold_for_recorder()
         now = self._now()
         received = self._state_received_at
         cmd = self.vehicle_command(self.controller.tick(now), now)

@@ -780,6 +780,7 @@ def test_record_plot_and_sigterm_stops_every_node(seeded_policy, prefix, tmp_pat
         pids = [int(p) for p in re.findall(r"process started with pid \[(\d+)\]", w.output(launch))]
         assert len(pids) == 3
         assert RosWorld.stop(launch, signal.SIGTERM) == 0, w.output(launch)
+        out = w.output(launch)
         for pid in pids:
             assert not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text().lower()
     res = subprocess.run([sys.executable, "-m", "deploy.plot", str(bag)], capture_output=True, text=True, cwd=REPO,
@@ -790,3 +791,13 @@ def test_record_plot_and_sigterm_stops_every_node(seeded_policy, prefix, tmp_pat
 
     flight = read_flight(bag, "cf1")
     assert len(flight["t_odom"]) > 100 and len(flight["t_cmd"]) > 100 and flight["status"]
+    # auto_arm waited for the recorder (record:=true), so the recording holds the take-off: the arming
+    # itself on /status, and the policy's commands from the first one the simulator flew
+    assert "the recorder takes rotor_cmd and status" in out, out
+    modes = [(st["mode"], st["reason"]) for _, st in flight["status"]]
+    k = next(i for i, (mode, _) in enumerate(modes) if mode == "armed")
+    assert modes[k] == ("armed", "armed") and all(mode == "disarmed" for mode, _ in modes[:k]), modes[:k + 1]
+    released = float(re.search(r"released at t = ([\d.]+) s", out).group(1))
+    first_flown = flight["t_cmd"][np.argmax(flight["rpm"].max(axis=1) > 0)]  # before it: idle commands
+    assert abs(flight["status"][k][0] - released) < 0.025 and abs(first_flown - released) < 0.025, \
+        (released, flight["status"][k][0], first_flown)

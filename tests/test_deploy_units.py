@@ -600,6 +600,47 @@ def test_auto_arm_arms_once():
     assert c.tick(0.0).mode is Mode.ARMED
 
 
+@pytest.mark.parametrize("recorder", ["subscribes", "never comes"])
+def test_auto_arm_waits_for_the_recorder_to_listen(recorder):
+    """policy_node with wait_for_recorder_s (hover.launch.xml record:=true): auto_arm holds, with the
+    reason on /status, until a node named recorder subscribes to both rotor_cmd and status (the recording
+    then holds the take-off), or the wait runs out (armed all the same, with a warning)."""
+    from deploy.policy_node import ControllerNode, Percentiles
+
+    c = SafeController(FakePolicy(), SafetyConfig(auto_arm=True))
+    node = object.__new__(ControllerNode)
+    node.controller, node._to_rpm, node._now = c, lambda a: a, lambda: 0.0
+    statuses, logged, subscribers = [], [], {"/cf1/rotor_cmd": ["recorder"], "/cf1/status": ["probe"]}
+    matched = {"/cf1/rotor_cmd": 1, "/cf1/status": 1}  # subscriptions DDS has matched to the publisher
+    node.cmd_pub = type("Pub", (), {"topic_name": "/cf1/rotor_cmd", "publish": lambda self, m: None,
+                                    "get_subscription_count": lambda self: matched[self.topic_name]})()
+    node.status_pub = type("Pub", (), {"topic_name": "/cf1/status",
+                                       "get_subscription_count": lambda self: matched[self.topic_name]})()
+    node._publish_status = lambda cmd: statuses.append((cmd.mode, cmd.reason))
+    node._state_received_at, node._ticks, node._last, node._actuate_error = None, 0, ("", ""), ""
+    node.latency = Percentiles()
+    node.get_logger = lambda: type("Log", (), {k: staticmethod(logged.append) for k in ("info", "warning")})()
+    node.get_subscriptions_info_by_topic = lambda topic: [type("Info", (), {"node_name": n})()
+                                                          for n in subscribers[topic]]
+    node._recorder_deadline = time.monotonic() + (60.0 if recorder == "subscribes" else 0.2)
+    c.auto_arm_hold = "waiting for the recorder (at most 60 s)"
+    c.on_state(hover_state(), 0.0)
+    for _ in range(3):  # the recorder takes rotor_cmd but not yet status
+        node._tick()
+    assert c.mode is Mode.DISARMED and statuses[-1] == (Mode.DISARMED, "auto_arm: waiting for the recorder (at most 60 s)")
+    if recorder == "subscribes":
+        subscribers["/cf1/status"].append("recorder")  # in the graph, not yet matched: no arming
+        node._tick()
+        assert c.mode is Mode.DISARMED
+        matched["/cf1/status"] = 2
+    else:
+        time.sleep(0.2)
+    node._tick()
+    assert c.mode is Mode.ARMED and c.auto_arm_hold is None and node._recorder_deadline is None
+    assert ("the recorder takes rotor_cmd and status" in logged[-1]) == (recorder == "subscribes"), logged
+    assert ("arming without it" in logged[-1]) == (recorder == "never comes"), logged
+
+
 # ---------------------------------------------------------------------------------------------
 # launch runner
 
@@ -1157,7 +1198,7 @@ def fake_bridge(controller: SafeController, clock: FakeClock, connected: bool = 
     b.status_pub = type("Pub", (), {"publish": lambda self, msg: b.statuses.append(json.loads(msg.data))})()
     b.cmd_pub = type("Pub", (), {"publish": lambda self, msg: b.rotor_cmds.append(list(msg.data))})()
     b._status_msg, b._to_rpm = String, lambda a: action_to_rpm(a, NOMINAL.rpm_max)
-    b._last, b._ticks, b._actuate_error, b.watchdog_ticks = ("", ""), 0, "", 0
+    b._last, b._ticks, b._actuate_error, b.watchdog_ticks, b._recorder_deadline = ("", ""), 0, "", 0, None
     # rclpy's logger writes from C (a dead output pipe does not raise there): kept in a list here
     b.logged = []
     b.get_logger = lambda: type("Log", (), {k: staticmethod(b.logged.append) for k in ("info", "warning", "error")})()
@@ -1658,7 +1699,7 @@ def test_a_failed_mcu_is_asked_once_and_the_ticks_go_on():
     node.controller, node._to_rpm, node._now = c, lambda a: a, lambda: 0.0
     node.cmd_pub = type("Pub", (), {"publish": lambda self, m: published.append(m)})()
     node._state_received_at, node._ticks, node._last, node._actuate_error = None, 0, ("", ""), ""
-    node.latency = Percentiles()
+    node.latency, node._recorder_deadline = Percentiles(), None
     node._publish_status = lambda cmd: statuses.append(cmd.mode)
     node.get_logger = lambda: type("Log", (), {"error": lambda self, m: errors.append(m)})()
     node.actuate = lambda cmd, now: glue.stop() or glue(obs)
