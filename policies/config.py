@@ -14,7 +14,7 @@ from typing import Any, Optional
 from hydra import compose, initialize_config_dir
 from hydra.core.config_store import ConfigStore
 from hydra.errors import HydraException
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 import torch
 
@@ -107,7 +107,11 @@ ALGO_RANGES = {"gamma": (0.0, 1.0, True), "gae_lambda": (0.0, 1.0, True), "tau":
                "clip": (0.0, math.inf, False), "init_alpha": (0.0, math.inf, False),  # log(alpha) is learnt
                # a learning rate of 0 freezes that network (tests use it)
                "lr": (0.0, math.inf, True), "actor_lr": (0.0, math.inf, True), "critic_lr": (0.0, math.inf, True),
-               "alpha_lr": (0.0, math.inf, True)}
+               "alpha_lr": (0.0, math.inf, True),
+               # PPO's adaptive learning rate climbs to max_lr (a negative one ascends the loss); a negative
+               # gradient-norm bound flips the gradient (clip_grad_norm_ scales by it)
+               "max_lr": (0.0, math.inf, False), "max_grad_norm": (0.0, math.inf, False),
+               "desired_kl": (0.0, math.inf, True)}
 
 
 def held_files(path: Path, ignore: tuple[str, ...] = ()) -> str:
@@ -189,6 +193,7 @@ def compose_config(overrides: list[str]) -> DictConfig:
     for key in PATH_KEYS:  # read again by resumes and benchmarks, maybe from another working directory
         if cfg.algo.get(key):
             cfg.algo[key] = os.path.abspath(os.path.expanduser(cfg.algo[key]))  # symlinks kept as given
+    check_finite(cfg)
     sims = get_task(cfg.task.name).backends
     if not cfg.confirm_backends or any(b not in sims for b in cfg.confirm_backends):
         raise UserError(f"confirm_backends={list(cfg.confirm_backends)}: expected one or more of {', '.join(sims)} "
@@ -222,6 +227,18 @@ def compose_config(overrides: list[str]) -> DictConfig:
         raise UserError(f"checkpoint_every_seconds={cfg.checkpoint_every_seconds}: expected > 0")
     check_device(cfg.device)
     return cfg
+
+
+def check_finite(node, path: str = "") -> None:
+    """UserError naming the first NaN or infinite number of the configuration: no setting of a task or an
+    algorithm means one (an infinite episode, a NaN range or learning rate would fail or learn nothing later)."""
+    is_dict = isinstance(node, DictConfig)
+    for key, value in node.items_ex(resolve=True) if is_dict else enumerate(node):
+        name = (f"{path}.{key}" if path else str(key)) if is_dict else f"{path}[{key}]"
+        if isinstance(value, (DictConfig, ListConfig)):
+            check_finite(value, name)
+        elif isinstance(value, float) and not math.isfinite(value):
+            raise UserError(f"{name}={value}: expected a finite number")
 
 
 def check_device(name: str) -> None:

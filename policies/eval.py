@@ -48,7 +48,7 @@ from sim.crazyflie.hover import POLICY_PERIOD, PYBULLET_EFFECTS
 from sim.registry import get_task
 
 from . import checkpoint as ckpt
-from .config import UserError, check_device, help_requested, ieee_float32_on, to_objects
+from .config import UserError, check_device, check_finite, help_requested, ieee_float32_on, to_objects
 from .evaluate import (CRITERION_FIXED, EPISODE_SECONDS, LAST_SECONDS, MEAN_ERROR_LAST_2S, SUCCESS_RATE_REQUIRED,
                        EvalResult, SuccessResult, criterion_config, evaluate_hover, evaluate_success)
 
@@ -118,6 +118,7 @@ def override_task(task_cfg, overrides: list[str]):
             OmegaConf.update(cfg, key.removeprefix("task."), OmegaConf.from_dotlist([f"v={value}"]).v, merge=False)
         except Exception as e:  # OmegaConf's errors for an unknown key or an ill-typed value
             raise UserError(f"override '{o}': {str(e).strip().splitlines()[0]}") from None
+    check_finite(cfg, "task")
     return OmegaConf.to_object(cfg)
 
 

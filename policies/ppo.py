@@ -56,6 +56,8 @@ class PPO:
         if cfg.minibatches > env.num_envs * cfg.horizon:  # empty minibatches: NaN losses, nothing learnt
             raise ValueError(f"minibatches {cfg.minibatches}: more than the num_envs x horizon = "
                              f"{env.num_envs * cfg.horizon} transitions of an iteration")
+        if env.num_envs * cfg.horizon < 2:  # the advantages' standard deviation needs two
+            raise ValueError("num_envs x horizon = 1: an iteration needs at least 2 transitions")
         torch.manual_seed(seed)
         obs_dim = env.single_observation_space["policy"].shape[0]
         critic_dim = env.single_observation_space["critic"].shape[0]
@@ -148,7 +150,7 @@ class PPO:
         valid = b["valid"]
         b = {k: b[k] for k in keys} if bool(valid.all()) else {k: b[k][valid] for k in keys}
         n = b["adv"].shape[0]
-        if n < c.minibatches:  # (nearly) every row non-finite: nothing to learn from this batch
+        if n < max(c.minibatches, 2):  # (nearly) every row non-finite: nothing to learn (one row: a NaN std)
             return {"lr": self.lr, "action_std": self.actor.log_std.exp().mean().item(), "skipped_update": 1.0}
         self.value_norm.update(b["ret"][:, None])
         ret_n = (b["ret"][:, None] - self.value_norm.mean) / torch.sqrt(self.value_norm.var + self.value_norm.eps)

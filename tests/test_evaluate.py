@@ -135,7 +135,8 @@ def test_eval_judges_under_the_conditions_its_task_overrides_give(tmp_path):
     assert not (run / "eval_torch_episodes20.json").exists(), "the criterion's own result file is left alone"
     for bad, says in (("task.fail_distance=0.5", "the hover criterion sets it"),
                       ("task.randomization.max_latency_steps=-1", "randomization.max_latency_steps=-1: expected >= 0"),
-                      ("task.randomization.motor_tau.lo=0.2", "expected 0 < lo <= hi")):
+                      ("task.randomization.motor_tau.lo=0.2", "expected 0 < lo <= hi"),
+                      ("task.randomization.force_std=nan", "task.randomization.force_std=nan: expected a finite number")):
         r = subprocess.run([sys.executable, "-m", "policies.eval", str(run), "episodes=2", bad],
                            cwd=ROOT, capture_output=True, text=True, timeout=300)
         assert r.returncode == 2 and says in r.stderr and "Traceback" not in r.stderr, r.stderr

@@ -492,6 +492,14 @@ def test_the_usage_of_policies_eval_names_every_option_it_takes(capsys):
     (["algo=sac", "algo.tau=1.5"], "algo.tau=1.5: expected a value in (0, 1]"),
     (["algo=sac", "algo.init_alpha=0"], "algo.init_alpha=0.0: expected a value in (0, inf]"),
     (["algo.gamma=1.2"], "algo.gamma=1.2: expected a value in [0, 1]"),
+    (["algo.max_lr=-0.01"], "algo.max_lr=-0.01: expected a value in (0, inf]"),  # the adaptive rate climbs to it
+    (["algo.max_grad_norm=-1"], "algo.max_grad_norm=-1.0: expected a value in (0, inf]"),  # flipped the gradient
+    # NaN or infinite numbers: a traceback (an infinite episode) or a run of NaN states that exited 0
+    (["task.episode_seconds=inf"], "task.episode_seconds=inf: expected a finite number"),
+    (["task.init.pos=nan"], "task.init.pos=nan: expected a finite number"),
+    (["task.target=[0,0,nan]"], "task.target[2]=nan: expected a finite number"),
+    (["task.randomization.mass_scale.hi=inf"], "task.randomization.mass_scale.hi=inf: expected a finite number"),
+    (["algo.lr=nan"], "algo.lr=nan: expected a finite number"),
     (["stop_at_success=1.5"], "stop_at_success=1.5: expected a success rate in [0, 1]"),
     (["checkpoint_every_seconds=0"], "checkpoint_every_seconds=0.0: expected > 0"),
     (["hydra.run.dir=/tmp/x"], "hydra.* settings are not used here"),
@@ -522,6 +530,7 @@ def test_bad_overrides_give_one_clear_line(args, expected):
     (["task=quad_track", "task.randomization.motor_tau.lo=0.2"],
      "error: task quad_track: randomization.motor_tau=[0.2, 0.12]: expected 0 < lo <= hi"),
     (["task.noise.pos=-0.1"], "error: task quad_hover: noise.pos=-0.1: expected >= 0"),
+    (["task.reward.precision_scale=0"], "error: task quad_hover: reward.precision_scale=0.0: expected > 0 (m)"),
 ])
 def test_a_task_value_the_environment_refuses_writes_nothing(tmp_path, args, expected):
     res = _run_cli(*args, f"run_dir={tmp_path / 'run'}")
@@ -1021,6 +1030,19 @@ def test_ppo_refuses_more_minibatches_than_transitions_and_norms_ignore_empty_ba
     ppo.rollout = lambda: batch
     assert ppo.train_iteration()["skipped_update"] == 1.0 and ppo.iteration == 0
     assert all(torch.equal(v, ppo.value_norm.state_dict()[k]) for k, v in stats.items())
+    # One valid row is skipped too, even in one minibatch: its advantage's standard deviation is NaN, which
+    # made every weight NaN
+    ppo = PPO(PPOConfig(num_envs=4, horizon=2, minibatches=1, compile=False), QuadHoverEnv(QuadTaskConfig(), 4),
+              torch.device("cpu"), 0)
+    batch = ppo.rollout()
+    batch["valid"][:] = False
+    batch["valid"][5] = True
+    ppo.rollout = lambda: batch
+    assert ppo.train_iteration()["skipped_update"] == 1.0
+    assert all(torch.isfinite(w).all() for w in (*ppo.actor.parameters(), *ppo.critic.parameters()))
+    with pytest.raises(ValueError, match="num_envs x horizon = 1: an iteration needs at least 2 transitions"):
+        PPO(PPOConfig(num_envs=1, horizon=1, minibatches=1, compile=False), QuadHoverEnv(QuadTaskConfig(), 1),
+            torch.device("cpu"), 0)
     norm = RunningNorm(2)
     norm.update(torch.ones(5, 2))
     before = {k: v.clone() for k, v in norm.state_dict().items()}

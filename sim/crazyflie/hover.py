@@ -216,6 +216,8 @@ class QuadHoverEnv(gym.vector.VectorEnv):
         for name in ("episode_seconds", "fail_distance", "track_size", "track_speed"):
             if not getattr(cfg, name) > 0:
                 raise ValueError(f"{name}={getattr(cfg, name)}: expected > 0")
+        if not cfg.reward.precision_scale > 0:  # the precision term divides by it
+            raise ValueError(f"reward.precision_scale={cfg.reward.precision_scale}: expected > 0 (m)")
         if cfg.substeps < 1:
             raise ValueError(f"substeps={cfg.substeps}: expected at least 1 RK4 step per policy period")
         r = cfg.randomization
