@@ -237,8 +237,8 @@ def check_finite(node, path: str = "") -> None:
         name = (f"{path}.{key}" if path else str(key)) if is_dict else f"{path}[{key}]"
         if isinstance(value, (DictConfig, ListConfig)):
             check_finite(value, name)
-        elif isinstance(value, float) and not math.isfinite(value):
-            raise UserError(f"{name}={value}: expected a finite number")
+        elif isinstance(value, float) and not math.isfinite(value) and not (name == "max_seconds" and value > 0):
+            raise UserError(f"{name}={value}: expected a finite number")  # (max_seconds=inf: no time limit)
 
 
 def check_device(name: str) -> None:

@@ -500,6 +500,8 @@ def test_the_usage_of_policies_eval_names_every_option_it_takes(capsys):
     (["task.target=[0,0,nan]"], "task.target[2]=nan: expected a finite number"),
     (["task.randomization.mass_scale.hi=inf"], "task.randomization.mass_scale.hi=inf: expected a finite number"),
     (["algo.lr=nan"], "algo.lr=nan: expected a finite number"),
+    (["max_seconds=inf", "max_env_steps=0"], "max_env_steps=0: expected at least 1"),  # no time limit: allowed
+    (["max_seconds=nan"], "max_seconds=nan: expected a finite number"),
     (["stop_at_success=1.5"], "stop_at_success=1.5: expected a success rate in [0, 1]"),
     (["checkpoint_every_seconds=0"], "checkpoint_every_seconds=0.0: expected > 0"),
     (["hydra.run.dir=/tmp/x"], "hydra.* settings are not used here"),
