@@ -903,6 +903,30 @@ def test_twin_critics_are_independent_networks():
     assert Critic(5, [16], "tanh")(torch.randn(8, 5)).shape == (8,)  # a single value head stays [N]
 
 
+def test_squashed_log_prob_is_the_tanh_gaussians_and_sac_temperature_moves_toward_the_target_entropy():
+    """log pi(tanh(u)) against the change of variables written out in float64; SAC's temperature rises
+    when the policy's entropy is below the target and falls when above (a flipped sign, or a dropped
+    Jacobian, passed every other SAC test)."""
+    from policies.networks import squashed_log_prob
+    from policies.sac import SAC, SACConfig
+
+    g = torch.Generator().manual_seed(0)
+    mu, log_std = torch.randn(64, 4, generator=g), 0.5 * torch.randn(64, 4, generator=g)
+    u = (mu + log_std.exp() * torch.randn(64, 4, generator=g)).clamp(-3, 3)
+    m, s, x = mu.double(), log_std.double().exp(), u.double()
+    ref = (torch.distributions.Normal(m, s).log_prob(x) - torch.log1p(-torch.tanh(x).square())).sum(-1)
+    torch.testing.assert_close(squashed_log_prob(u, mu, log_std).double(), ref, atol=2e-5, rtol=1e-5)
+    for target_per_dim, rises in ((10.0, True), (-10.0, False)):  # entropy far below / above the target
+        sac = SAC(SACConfig(num_envs=8, batch_size=8, warmup_steps=0, target_entropy_per_dim=target_per_dim),
+                  QuadHoverEnv(QuadTaskConfig(), 8), torch.device("cpu"), seed=0)
+        sac.collect()
+        sac.collect()
+        before = sac.log_alpha.item()
+        for _ in range(3):
+            sac.update()
+        assert (sac.log_alpha.item() > before) == rises, (target_per_dim, before, sac.log_alpha.item())
+
+
 def test_sac_critic_normalises_the_actions_it_is_trained_on():
     """The critic's input normaliser tracks the sampled actions, not placeholders: with a
     variance of ~0 on the action part every action would be clamped to +-10 standard units."""
@@ -982,7 +1006,13 @@ def test_ppo_bootstraps_a_time_out_only_where_the_task_does_not_end_the_return()
         ppo = PPO(PPOConfig(num_envs=4, horizon=3, minibatches=1, epochs=1, compile=False), env,
                   torch.device("cpu"), 0)
         truncated = _recording_truncations(env)
-        ppo.value = lambda critic_obs: torch.full(critic_obs.shape[:1], 1000.0)
+        if expect_bootstrap:
+            # V = 1000 t / T (critic feature 41 of the quadrotor): 1000 at the final observation, 0 at the
+            # reset one, so a bootstrap from the observation after the reset adds nothing
+            assert (ppo.obs["critic"][:, 41] == 0).all()
+            ppo.value = lambda critic_obs: 1000.0 * critic_obs[:, 41]
+        else:
+            ppo.value = lambda critic_obs: torch.full(critic_obs.shape[:1], 1000.0)
         batch = ppo.rollout()
         assert [t.tolist() for t in truncated] == [[False] * 4] * 2 + [[True] * 4], type(env).__name__
         added = (batch["reward"] - batch["env_reward"]).view(3, 4)  # [step, env]: the third step times out
