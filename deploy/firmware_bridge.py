@@ -117,6 +117,11 @@ class FirmwareBridge(ControllerNode):
         from export.onnx_policy import OnnxPolicy
         from firmware.pil import McuPolicy
 
+        max_action = float(self.get_parameter("max_action").value)  # declared by ControllerNode already
+        if max_action < 1.0:  # before QEMU starts
+            raise ValueError(f"max_action {max_action:g}: the MCU's glue feeds its own action back to the policy "
+                             "(clipped only at the firmware's force limit), so a lower clip here would give it a "
+                             "previous action the vehicle did not fly; leave it at 1")
         onnx = OnnxPolicy(path)  # refuses a model of another contract
         self.mcu = McuPolicy(Path(path).parent, compare_onnx=False, timeout_s=1.0)
         if self.mcu.boot.self_test_rc != 0:
@@ -126,6 +131,15 @@ class FirmwareBridge(ControllerNode):
                                f"instructions per policy step, actions within {diff:.1e} of {onnx.path.name}")
         self.glue = GlueAdapter(self.mcu, lambda: self.controller.latest)
         return self.glue, onnx.contract
+
+    def link_problem(self) -> str | None:
+        """A failed MCU (dead, hung, garbled: ``GlueAdapter.failed``) flies nothing: arming is refused (and
+        auto_arm held) and /status says why, as for the real vehicle's lost radio link."""
+        failed = self.glue.failed if self.glue is not None else None
+        if failed is None:
+            return None
+        self.controller.auto_arm_hold = f"the emulated MCU failed ({failed}): restart the bridge"
+        return f"the emulated MCU failed ({failed}): restart the bridge"
 
     def vehicle_command(self, cmd: Command, now: float) -> Command:
         """In a failsafe, the MCU's policy flies the descending setpoints crazyflie_bridge sends the real

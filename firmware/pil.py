@@ -67,7 +67,8 @@ MATCH_TOL = 1e-4
 def force_to_action(force: np.ndarray, thrust_max: float) -> np.ndarray:
     """The contract action whose rotor speed gives normalized motor ``force`` (thrust / ``thrust_max``)
     on the simulated rotor: the inverse of cf_policy_glue's action-to-force mapping, below its clamp at
-    force 1 (an action above it saturates at this action)."""
+    force 1 (an action above it saturates at this action); force 0 (a motor the glue stops below
+    thrust_min) is action -1."""
     rpm = np.sqrt(np.maximum(np.asarray(force, np.float64), 0.0) * thrust_max / NOMINAL.kf)
     return 2.0 * rpm / NOMINAL.rpm_max - 1.0
 
@@ -152,6 +153,7 @@ class BootReport:
     obs_dim: int
     act_dim: int
     thrust_max: float  # N per motor at the glue's normalized force 1 (the stock Crazyflie 2.x THRUST_MAX)
+    thrust_min: float  # N per motor below which the glue stops a motor, as the firmware does (THRUST_MIN)
 
 
 @dataclass
@@ -291,13 +293,14 @@ class McuPolicy:
 
     def _read_boot(self) -> BootReport:
         f = self.read_frame()
-        if f.type != FRAME_BOOT or len(f.payload) != 24:
+        if f.type != FRAME_BOOT or len(f.payload) != 28:
             raise self._error(f"expected the boot report, got frame type {chr(f.type)!r}")
-        rc, ticks, overhead, obs_dim, act_dim, thrust_max = struct.unpack("<iIIIIf", f.payload)
+        rc, ticks, overhead, obs_dim, act_dim, thrust_max, thrust_min = struct.unpack("<iIIIIff", f.payload)
         if (obs_dim, act_dim) != (CONTRACT.obs_size, CONTRACT.action_size):
             raise self._error(f"the image's policy maps {obs_dim} -> {act_dim}, the contract is "
                               f"{CONTRACT.obs_size} -> {CONTRACT.action_size}")
-        return BootReport(rc, (ticks - overhead) / TICKS_PER_INSTRUCTION, overhead, obs_dim, act_dim, thrust_max)
+        return BootReport(rc, (ticks - overhead) / TICKS_PER_INSTRUCTION, overhead, obs_dim, act_dim, thrust_max,
+                          thrust_min)
 
     def instructions(self, ticks: int) -> float:
         return (ticks - self.boot.overhead_ticks) / TICKS_PER_INSTRUCTION

@@ -219,6 +219,17 @@ def test_the_real_vehicles_bridge_refuses_bad_parameters_before_the_radio(seeded
     assert "Traceback" not in out and "connecting" not in out, out
 
 
+def test_the_hil_bridge_refuses_a_max_action_below_1_before_the_mcu(seeded_policy):
+    """firmware_bridge: the MCU's glue feeds back its own action, so a lower clip would give its policy a
+    previous action the simulated vehicle never flew: one error line, before QEMU starts."""
+    with world() as w:
+        proc = w.start(*w.node_cmd("firmware_bridge", policy=seeded_policy, max_action=0.8), name="bridge")
+        assert proc.wait(timeout=60) == 2, w.output(proc)
+        out = w.output(proc)
+    assert "error: max_action 0.8: the MCU's glue feeds its own action back to the policy" in out, out
+    assert "Traceback" not in out and "MCU booted" not in out, out
+
+
 def test_failsafe_when_the_simulator_dies(seeded_policy):
     with world() as w:
         rec = Observed(w)

@@ -1715,7 +1715,7 @@ def test_the_hil_failsafe_is_the_mcus_only_from_a_current_state_and_a_flying_glu
     (the MCU would fly a frozen one), with a latched glue (asked no more until the stop) or a non-finite
     answer; outside a failsafe nothing changes."""
     from deploy.firmware_bridge import FirmwareBridge, GlueAdapter
-    from firmware.pil import GLUE_MODES, GlueOutput
+    from firmware.pil import GLUE_MODES, GlueOutput, force_to_action
 
     class Mcu:
         boot = type("Boot", (), {"thrust_max": 0.1125})()
@@ -1727,7 +1727,7 @@ def test_the_hil_failsafe_is_the_mcus_only_from_a_current_state_and_a_flying_glu
             self.calls.append((np.array(sp_pos), kw.get("setpoint_kind")))
             return GlueOutput(GLUE_MODES.index(self.mode), 0, 0, np.zeros(4), self.force.copy(), 0.0)
 
-    c, _ = armed_controller(max_action=0.5)
+    c, _ = armed_controller()
     b = object.__new__(FirmwareBridge)
     b.controller, b.descent, b.glue = c, OnboardDescent(c.cfg), GlueAdapter(mcu := Mcu(), lambda: c.latest)
     armed = c.tick(0.0)
@@ -1736,7 +1736,8 @@ def test_the_hil_failsafe_is_the_mcus_only_from_a_current_state_and_a_flying_glu
     failsafe = c.tick(0.04)
     flown = b.vehicle_command(failsafe, 0.04)
     assert failsafe.mode is Mode.FAILSAFE and len(mcu.calls) == 1 and mcu.calls[0][0][2] == pytest.approx(1.0)
-    assert np.allclose(flown.action, 0.5) and not np.allclose(failsafe.action, 0.5)  # 0.9 of thrust_max, clipped
+    assert np.allclose(flown.action, force_to_action(0.9, 0.1125))  # the action of 0.9 of thrust_max
+    assert not np.allclose(flown.action, failsafe.action)
     stale = c.tick(0.2)
     assert b.vehicle_command(stale, 0.2) is stale and len(mcu.calls) == 1  # no current state: not asked
     c.on_state(hover_state(0.21), 0.21)
@@ -1748,6 +1749,32 @@ def test_the_hil_failsafe_is_the_mcus_only_from_a_current_state_and_a_flying_glu
     assert b.vehicle_command(fresh, 0.21) is fresh and len(mcu.calls) == 3  # latched: not asked again
     b.glue.stop()
     assert not b.glue.latched and mcu.calls[-1][1] is not None  # the stop setpoint
+
+
+def test_a_failed_mcu_refuses_arming_holds_auto_arm_and_says_so():
+    """firmware_bridge: once the emulated MCU has failed (dead, hung: GlueAdapter.failed), arming is refused,
+    auto_arm holds, and /status's link says why, as the real bridge does without a radio link; before it,
+    nothing is refused."""
+    from deploy.firmware_bridge import FirmwareBridge, GlueAdapter
+
+    class DeadMcu:
+        def glue_step(self, *args, **kwargs):
+            raise TimeoutError("no answer from the MCU within 1.0 s")
+
+    c = SafeController(FakePolicy(), SafetyConfig(auto_arm=True))
+    b = object.__new__(FirmwareBridge)
+    b.controller, b.glue = c, GlueAdapter(DeadMcu(), lambda: c.latest)
+    b._now, b._report_change = lambda: 0.0, lambda always=False: None
+    b.get_logger = lambda: type("Log", (), {"info": staticmethod(lambda m: None)})()
+    assert b.link_problem() is None and c.auto_arm_hold is None
+    c.on_state(hover_state(), 0.0)
+    with pytest.raises(TimeoutError):
+        b.glue(observation(hover_state(), TARGET, np.zeros(4, np.float32)))
+    link = b.link_problem()
+    assert link.startswith("the emulated MCU failed (TimeoutError: no answer") and link.endswith("restart the bridge")
+    assert c.tick(0.0).mode is Mode.DISARMED and c.reason == f"auto_arm: {link}"
+    response = b._on_arm(type("Req", (), {"data": True})(), type("Res", (), {})())
+    assert not response.success and response.message == f"refused to arm: {link}" and c.mode is Mode.DISARMED
 
 
 def test_descent_setpoint_follows_the_simulated_failsafe():

@@ -295,14 +295,15 @@ def test_the_onboard_glue_on_the_mcu_flies_the_policy_from_firmware_units(mcu, e
     """cf_policy_glue on the MCU, given what controller_oot.c gives it on the vehicle (quaternion w, x,
     y, z; gyro in deg/s; the setpoint), computes the action onnxruntime computes from the contract
     observation (previous action: the hover action when it engages, then the last action as applied) and the
-    motor forces of the thrust mapping, clamped at the stock THRUST_MAX, and holds the action between
-    policy periods; a stale setpoint latches the dead-man fault, a fresh stop clears it, a non-finite
+    motor forces of the thrust mapping, clamped at the stock THRUST_MAX and cut below its THRUST_MIN, and holds
+    the action between policy periods; a stale setpoint latches the dead-man fault, a fresh stop clears it, a non-finite
     gyro is a policy error."""
     from deploy.state import make_state, observation
     from export.onnx_policy import OnnxPolicy
 
     onnx = OnnxPolicy(export_dir / "policy.onnx")
     assert mcu.boot.thrust_max == pytest.approx(0.1125)  # platform_defaults_cf2.h, stock propellers
+    assert mcu.boot.thrust_min == pytest.approx(0.02)  # its THRUST_MIN: motors.c stops a motor below it
     zeros, now = np.zeros(3), 1000
     assert pil.GLUE_MODES[mcu.glue_step(zeros, (1, 0, 0, 0), zeros, zeros, zeros, zeros, now, now,
                                         setpoint_kind=pil.SETPOINT_STOP).mode] == "idle"
@@ -319,12 +320,13 @@ def test_the_onboard_glue_on_the_mcu_flies_the_policy_from_firmware_units(mcu, e
         assert pil.GLUE_MODES[out.mode] == "policy" and out.fault == 0 and out.rc == 0
         expected = onnx(observation(st, sp, prev)[None])[0]
         rpm = (expected.astype(np.float64) + 1) / 2 * NOMINAL.rpm_max
-        force = np.minimum(NOMINAL.kf * rpm**2 / mcu.boot.thrust_max, 1.0)
+        thrust = NOMINAL.kf * rpm**2
+        force = np.where(thrust < mcu.boot.thrust_min, 0.0, np.minimum(thrust / mcu.boot.thrust_max, 1.0))
         assert np.abs(out.force - force).max() <= 1e-5, (out.force, force)
         below = force < 1.0
         # the action applied (fed back as the next previous action): the policy's, or at the force limit
-        # the action of that force
-        applied = np.where(below, expected, pil.force_to_action(1.0, mcu.boot.thrust_max))
+        # the action of that force, or -1 where the motor is stopped
+        applied = np.where(force == 0.0, -1.0, np.where(below, expected, pil.force_to_action(1.0, mcu.boot.thrust_max)))
         assert np.abs(out.action - applied).max() <= ACTION_TOL, (out.action, expected)
         assert np.allclose(pil.force_to_action(out.force, mcu.boot.thrust_max), applied, atol=1e-5)
         saturated += int((~below).sum())

@@ -18,6 +18,9 @@
  * platform_defaults_cf2.h), N: the glue saturates commands where the vehicle does (actions above
  * ~0.74, firmware/README.md). */
 #define CF2_THRUST_MAX 0.1125f
+/* and the thrust below which its battery compensation stops a motor (THRUST_MIN, motors.c), N: the glue
+ * cuts those commands as the vehicle does (actions below ~-0.27) */
+#define CF2_THRUST_MIN 0.02f
 
 /* The stabilizer's rate on the vehicle (RATE_MAIN_LOOP): a FRAME_SENSORS step counts periods of it. */
 #define PIL_MAIN_LOOP_HZ 1000u
@@ -46,16 +49,17 @@ static void boot_report(void)
   const int32_t rc = policy_self_test(SELF_TEST_TOL);
   const uint32_t t2 = ticks_now();
   /* int32 rc, uint32 self-test ticks, uint32 overhead ticks of one measurement, dims, float32 thrust
-   * (N) of the glue's normalized motor force 1. */
-  uint32_t payload[6];
+   * (N) of the glue's normalized motor force 1, float32 thrust (N) below which it stops a motor. */
+  uint32_t payload[7];
   const uint32_t overhead = ticks_elapsed(t0, t1);
-  const float thrust_max = CF2_THRUST_MAX;
+  const float thrust_max = CF2_THRUST_MAX, thrust_min = CF2_THRUST_MIN;
   memcpy(&payload[0], &rc, 4);
   payload[1] = ticks_elapsed(t1, t2);
   payload[2] = overhead;
   payload[3] = POLICY_OBS_DIM;
   payload[4] = POLICY_ACT_DIM;
   memcpy(&payload[5], &thrust_max, 4);
+  memcpy(&payload[6], &thrust_min, 4);
   /* Console first: once the host has the boot frame, the console line is there too. */
   semihost_print(rc == 0 ? "pil: policy self-test passed\n" : "pil: policy self-test FAILED\n");
   send(FRAME_BOOT, 0, payload, sizeof payload);
@@ -118,7 +122,7 @@ int main(void)
   uart_init();
   ticks_init();
   policy_reset();
-  const cfp_config_t cfg = cfp_vehicle_config(CF2_THRUST_MAX, PIL_MAIN_LOOP_HZ);
+  const cfp_config_t cfg = cfp_vehicle_config(CF2_THRUST_MAX, CF2_THRUST_MIN, PIL_MAIN_LOOP_HZ);
   cfp_init(&glue, &cfg);
   boot_report();
 

@@ -55,6 +55,7 @@ static const cfp_config_t config = {
   .rpm_max = 21702.0f,
   .kf = 3.16e-10f,
   .thrust_max = 0.1125f,
+  .thrust_min = 0.02f, /* the CF2's THRUST_MIN */
   .hover_action = 0.334f,
   .deadman_ms = 300u,
   .steps_per_period = 10u, /* a 1 kHz stabilizer, a 10 ms policy period */
@@ -179,6 +180,12 @@ static void test_action_to_force(void)
   CHECK(cfp_action_to_force(&config, 1.0f) == 1.0f);
   CHECK(cfp_action_to_force(&config, 0.9f) == 1.0f);
   CHECK(cfp_action_to_force(&config, 0.5f) < 1.0f);
+  /* Below the firmware's THRUST_MIN (0.02 N: action -0.267) the motor is stopped, above it is not. */
+  CHECK(cfp_action_to_force(&config, -0.28f) == 0.0f);
+  CHECK_NEAR(cfp_action_to_force(&config, -0.26f), 0.0204f / 0.1125f, 1e-3f);
+  cfp_config_t uncut = config;
+  uncut.thrust_min = 0.0f; /* firmware without the battery compensation: nothing cut */
+  CHECK(cfp_action_to_force(&uncut, -0.28f) > 0.1f);
   float last = 0.0f;
   for (int i = 0; i <= 20; ++i) {
     const float f = cfp_action_to_force(&config, -1.0f + 0.1f * (float)i);
@@ -238,6 +245,22 @@ static void test_engage_and_hold(void)
   in = hover_input(1033);
   CHECK(cfp_update(&c, &in) == CFP_POLICY);
   CHECK(fake_last_obs[CFP_OBS_PREV] == c.action_max);
+  /* An action below the one of THRUST_MIN (-0.267) stops the motor, on the vehicle (motors.c) as here,
+   * and is fed back as -1, what the motor got; one just above it is applied and fed back as it is. */
+  CHECK_NEAR(c.action_min, 2.0f * sqrtf(config.thrust_min / config.kf) / config.rpm_max - 1.0f, 1e-6f);
+  CHECK_NEAR(c.action_min, -0.2667f, 1e-3f);
+  fake_action0 = -0.5f;
+  in = hover_input(1043);
+  CHECK(cfp_update(&c, &in) == CFP_POLICY);
+  CHECK(c.motor_force[0] == 0.0f && c.action[0] == -1.0f && c.motor_force[1] > 0.0f);
+  fake_action0 = -0.25f;
+  in = hover_input(1053);
+  CHECK(cfp_update(&c, &in) == CFP_POLICY);
+  CHECK(fake_last_obs[CFP_OBS_PREV] == -1.0f);
+  CHECK(c.motor_force[0] > 0.0f && c.action[0] == -0.25f);
+  in = hover_input(1063);
+  CHECK(cfp_update(&c, &in) == CFP_POLICY);
+  CHECK(fake_last_obs[CFP_OBS_PREV] == -0.25f);
   fake_action0 = 0.0f;
 
   /* Periods count exactly across the stabilizer step counter's wrap (2^32 steps). */

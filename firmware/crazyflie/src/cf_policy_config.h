@@ -1,6 +1,7 @@
 /* The policy controller's configuration on a Crazyflie: the exported policy (policy.h), the vehicle
  * it was trained on (cf_vehicle.h) and the dead-man time, for a firmware whose normalized motor force
- * 1 is thrust_max N per motor. Used by controller_oot.c (the firmware's THRUST_MAX) and by the
+ * 1 is thrust_max N per motor and which stops a motor commanded below thrust_min N
+ * (controller_oot.c: THRUST_MIN with the battery compensation, else 0). Used by controller_oot.c (the firmware's THRUST_MAX) and by the
  * emulated board's image (firmware/qemu/main.c, the stock CF2 value). Include the export's policy.h
  * first: this header does not, so that a policy.h left in this directory by an out-of-tree build is
  * never the one another build picks up. */
@@ -21,7 +22,7 @@
 
 /* main_loop_hz: the rate cfp_update() is called at and its input's step counts (the firmware's
  * RATE_MAIN_LOOP); the policy runs every POLICY_PERIOD_MS of those steps' time. */
-static inline cfp_config_t cfp_vehicle_config(float thrust_max, uint32_t main_loop_hz)
+static inline cfp_config_t cfp_vehicle_config(float thrust_max, float thrust_min, uint32_t main_loop_hz)
 {
   const cfp_config_t cfg = {
     .policy_step = policy_step,
@@ -29,6 +30,7 @@ static inline cfp_config_t cfp_vehicle_config(float thrust_max, uint32_t main_lo
     .rpm_max = POLICY_RPM_MAX,
     .kf = CF_KF,
     .thrust_max = thrust_max,
+    .thrust_min = thrust_min,
     .hover_action = CF_HOVER_ACTION,
     .deadman_ms = CFP_DEADMAN_MS,
     .steps_per_period = main_loop_hz * POLICY_PERIOD_MS / 1000u,

@@ -61,6 +61,8 @@ typedef struct {
   float rpm_max;       /* rotor speed at action +1, rpm (contract) */
   float kf;            /* rotor thrust per rpm^2, N/rpm^2 (the model the policy was trained on) */
   float thrust_max;    /* per-motor thrust at normalized force 1, N (firmware THRUST_MAX) */
+  float thrust_min;    /* per-motor thrust below which the firmware stops the motor, N (THRUST_MIN with
+                        * CONFIG_ENABLE_THRUST_BAT_COMPENSATED, motors.c; 0 where nothing is cut) */
   float hover_action;  /* previous-action observation when the policy engages */
   uint32_t deadman_ms; /* setpoint age at which a flying policy lets go, ms */
   uint32_t steps_per_period; /* stabilizer steps per policy period (10 at the 1 kHz main loop) */
@@ -105,6 +107,8 @@ typedef struct {
   float action[CFP_ACT_DIM];    /* last action as applied (saturated at action_max), held between periods */
   float action_max;             /* the action whose rotor speed gives normalized force 1 (thrust_max): a
                                  * larger one saturates there, and is fed back as this one */
+  float action_min;             /* the action whose rotor speed gives thrust_min: a smaller one stops the
+                                 * motor (force 0), and is fed back as -1 */
   float motor_force[CFP_ACT_DIM]; /* normalized force 0..1 per motor, valid in IDLE and POLICY */
   bool fallback_takeover; /* true on the step FALLBACK begins: the adapter resets the stock PID then */
 } cfp_t;
@@ -132,7 +136,8 @@ float cfp_deg_to_rad(float deg);
 void cfp_build_obs(const cfp_input_t *in, const float prev_action[CFP_ACT_DIM], float obs[CFP_OBS_DIM]);
 
 /* Action in [-1, 1] -> normalized motor force in [0, 1]:
- * rpm = (a + 1) / 2 * rpm_max, thrust = kf * rpm^2 (N), force = thrust / thrust_max, clamped. */
+ * rpm = (a + 1) / 2 * rpm_max, thrust = kf * rpm^2 (N), force = thrust / thrust_max, clamped; 0 where
+ * thrust < thrust_min (the firmware stops that motor). */
 float cfp_action_to_force(const cfp_config_t *cfg, float action);
 
 #endif

@@ -59,6 +59,14 @@ _Static_assert(POLICY_PERIOD_MS == 10, "policy.h: period is not the contract's 1
 #error "the policy period is not a whole number of stabilizer steps"
 #endif
 
+/* The per-motor thrust (N) under which motors.c stops a motor: with the battery compensation it returns
+ * 0 below THRUST_MIN (motorsCompensateBatteryVoltage); without it nothing is cut. */
+#ifdef CONFIG_ENABLE_THRUST_BAT_COMPENSATED
+#define MOTOR_THRUST_CUT THRUST_MIN
+#else
+#define MOTOR_THRUST_CUT 0.0f
+#endif
+
 static cfp_t glue;
 static control_t pid_control;
 static uint8_t log_mode;
@@ -67,7 +75,7 @@ static uint8_t log_fault;
 void controllerOutOfTreeInit(void)
 {
   static bool initialised;
-  const cfp_config_t cfg = cfp_vehicle_config(THRUST_MAX, RATE_MAIN_LOOP);
+  const cfp_config_t cfg = cfp_vehicle_config(THRUST_MAX, MOTOR_THRUST_CUT, RATE_MAIN_LOOP);
   if (initialised) {
     cfp_reinit(&glue, &cfg); /* a controller switch at runtime: a latched fault stays */
   } else {
