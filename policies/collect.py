@@ -7,7 +7,8 @@
 The expert is the task's own (``expert_action`` in its task file), acting on the true simulator
 state; ``noise`` is the std of Gaussian noise added to its actions (action units, clipped to
 [-1, 1]). The first episodes to start are kept, in that order (not the first to finish, which are the
-short ones), so a seed fixes the dataset.
+short ones), so a seed and num_envs fix the dataset (the environments draw their episodes each in turn;
+meta.json records both).
 """
 
 from __future__ import annotations
@@ -149,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     meta = {"task": task_cfg.name, "task_config": OmegaConf.to_container(cfg.task, resolve=True),
-            "expert_noise": o["noise"], "seed": o["seed"], "successful_only": o["successful_only"],
+            "expert_noise": o["noise"], "seed": o["seed"], "num_envs": o["num_envs"], "successful_only": o["successful_only"],
             "control_period_s": period, "source_revision": source_revision()}
     try:
         path = ds.save(Path(o["out"]), eps, meta)

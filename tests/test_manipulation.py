@@ -64,6 +64,10 @@ def test_dataset_round_trip(demos):
         # sparse reward with termination: reward 1 exactly at the last step of a successful episode
         assert d.reward[s].sum() == float(success) and (d.reward[s][-1] == 1.0) == success
         assert d.terminal[s][-1] == success and not d.terminal[s][:-1].any()
+    assert d.meta["seed"] == 0 and d.meta["num_envs"] == 6  # what fixes the dataset, both recorded
+    steps = get_task("arm_push").default_config().episode_steps
+    for s in d.episode_slices():  # each row holds the observation its action was taken from (critic 43: t / T)
+        np.testing.assert_allclose(d.critic[s][:, 43], np.arange(s.stop - s.start) / steps, atol=1e-6)
     chunks = d.action_chunks(4)
     last = d.episode_ends[0] - 1
     assert np.array_equal(chunks[last], np.repeat(d.action[last][None], 4, 0)), "chunks never cross an episode"

@@ -285,7 +285,7 @@ def test_the_camera_errors_and_their_stream(push_env):
     noisy = env.depth_image(0)
     diff = (noisy - exact)[exact < 1.0]  # the table and the objects on it, ~0.7-1 m away
     assert 0.0008 < diff.std() < 0.003
-    no_return = exact >= env.params.camera.far * (1 - 1e-6)  # beyond the floor's edge: the far clip, as rendered
+    no_return = exact >= env.params.camera.far * (1 - 1e-4)  # beyond the floor's edge: the far clip, as rendered
     assert no_return.any() and np.array_equal(noisy[no_return], exact[no_return])
     policy = env.reset(seed=3)[0]["policy"]
     from sim.registry import get_task
