@@ -7,9 +7,9 @@ Publishes    rotor_cmd (std_msgs/Float32MultiArray: 4 rotor speed setpoints in r
              policy contract's mapping rpm = (a + 1) / 2 * rpm_max of the clipped action a),
              status (std_msgs/String, JSON: mode, reason, failsafe_count, recoveries (within the
              window), target, setpoint (what the policy flies to, null when it does not fly), latency and
-             inference time percentiles in ms, accepted and rejected state counts, control ticks
-             and watchdog ticks, link (null, or why commands cannot reach the vehicle); on every
-             mode change and at 10 Hz)
+             inference time percentiles in ms, accepted and rejected state counts, control ticks,
+             watchdog ticks and (sim time) armed ticks on a state older than the tick, link (null, or
+             why commands cannot reach the vehicle); on every mode change and at 10 Hz)
 Services     arm (std_srvs/SetBool), emergency_stop (std_srvs/Trigger)
 Rules        deploy/safety.py. Every received state is checked (finite, plausible, header stamp
              not ahead of this node's clock by more than stale_timeout, pose in the world frame, twist in
@@ -176,6 +176,9 @@ class ControllerNode(Node):
         self._state_received_at: float | None = None  # perf_counter of the newest unused state
         self._ticks = 0
         self.watchdog_ticks = 0  # ticks forced by the steady clock because /clock stopped
+        # Sim time: ARMED ticks whose newest state was older than the tick (its instant's odometry not yet
+        # taken when /clock ticked): the policy then acts one period late, which lock-step is meant to avoid
+        self.older_state_ticks = 0
         self._last = ("", "")
         self._actuate_error = ""  # the last actuation failure logged (each kind once in a row)
         self._clock_seen_wall: float | None = None  # when /clock last drove a tick (sim time)
@@ -319,7 +322,10 @@ class ControllerNode(Node):
             self._hold_for_recorder()
         now = self._now()
         received = self._state_received_at
+        latest = self.controller.latest
         cmd = self.vehicle_command(self.controller.tick(now), now)
+        if self.use_sim_time and cmd.mode is Mode.ARMED and latest is not None and latest.stamp < now - 5e-4:
+            self.older_state_ticks += 1
         self.cmd_pub.publish(rotor_command_msg(self._to_rpm(cmd.action)))
         try:
             self.actuate(cmd, now)
@@ -354,7 +360,7 @@ class ControllerNode(Node):
         status = {"robot": self.robot, **self.controller.status(), "t": self.get_clock().now().nanoseconds * 1e-9,
                   "latency_ms": self.latency.summary(), "inference_ms": self.inference.summary(),
                   "accepted": self.accepted, "rejected": self.rejected, "ticks": self._ticks, "link": self.link_problem(),
-                  "watchdog_ticks": self.watchdog_ticks}
+                  "watchdog_ticks": self.watchdog_ticks, "older_state_ticks": self.older_state_ticks}
         self.status_pub.publish(self._status_msg(data=json.dumps(status)))
 
     def close(self) -> None:

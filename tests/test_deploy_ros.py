@@ -805,6 +805,9 @@ def test_record_plot_and_sigterm_stops_every_node(seeded_policy, prefix, tmp_pat
     # auto_arm waited for the recorder (record:=true), so the recording holds the take-off: the arming
     # itself on /status, and the policy's commands from the first one the simulator flew
     assert "the recorder takes rotor_cmd and status" in out, out
+    # lock-step: every armed tick acted on the state of its own instant (the newest status is the recorder's last)
+    last = flight["status"][-1][1]
+    assert last["older_state_ticks"] <= 0.01 * last["ticks"], last
     modes = [(st["mode"], st["reason"]) for _, st in flight["status"]]
     k = next(i for i, (mode, _) in enumerate(modes) if mode == "armed")
     assert modes[k] == ("armed", "armed") and all(mode == "disarmed" for mode, _ in modes[:k]), modes[:k + 1]

@@ -600,6 +600,33 @@ def test_auto_arm_arms_once():
     assert c.tick(0.0).mode is Mode.ARMED
 
 
+def test_sim_time_ticks_on_an_older_state_are_counted():
+    """Under sim time the policy should act on the state of its tick's instant (sim_bridge publishes it
+    before /clock; lock-step waits for the answer): an ARMED tick whose newest state is a period older is
+    counted in /status's older_state_ticks; a tick on the state of its instant, or not ARMED, is not."""
+    from deploy.policy_node import ControllerNode, Percentiles
+
+    c = SafeController(FakePolicy(), SafetyConfig())
+    node = object.__new__(ControllerNode)
+    clock = {"t": 1.0}
+    node.controller, node._to_rpm, node._now = c, lambda a: a, lambda: clock["t"]
+    node.cmd_pub = type("Pub", (), {"publish": lambda self, m: None})()
+    node._publish_status = lambda cmd: None
+    node._state_received_at, node._ticks, node._last, node._actuate_error = None, 0, ("", ""), ""
+    node.latency, node._recorder_deadline, node.use_sim_time, node.older_state_ticks = Percentiles(), None, True, 0
+    c.on_state(hover_state(1.0), 1.0)
+    node._tick()  # disarmed
+    assert c.arm(1.0)[0]
+    node._tick()  # on the state of its instant
+    assert node.older_state_ticks == 0
+    clock["t"] = 1.01
+    node._tick()  # /clock moved on before the state of 1.01 s came
+    assert c.mode is Mode.ARMED and node.older_state_ticks == 1
+    c.on_state(hover_state(1.01), 1.01)
+    node._tick()
+    assert node.older_state_ticks == 1
+
+
 @pytest.mark.parametrize("recorder", ["subscribes", "never comes"])
 def test_auto_arm_waits_for_the_recorder_to_listen(recorder):
     """policy_node with wait_for_recorder_s (hover.launch.xml record:=true): auto_arm holds, with the
@@ -618,7 +645,7 @@ def test_auto_arm_waits_for_the_recorder_to_listen(recorder):
                                        "get_subscription_count": lambda self: matched[self.topic_name]})()
     node._publish_status = lambda cmd: statuses.append((cmd.mode, cmd.reason))
     node._state_received_at, node._ticks, node._last, node._actuate_error = None, 0, ("", ""), ""
-    node.latency = Percentiles()
+    node.latency, node.use_sim_time, node.older_state_ticks = Percentiles(), False, 0
     node.get_logger = lambda: type("Log", (), {k: staticmethod(logged.append) for k in ("info", "warning")})()
     node.get_subscriptions_info_by_topic = lambda topic: [type("Info", (), {"node_name": n})()
                                                           for n in subscribers[topic]]
@@ -1199,6 +1226,7 @@ def fake_bridge(controller: SafeController, clock: FakeClock, connected: bool = 
     b.cmd_pub = type("Pub", (), {"publish": lambda self, msg: b.rotor_cmds.append(list(msg.data))})()
     b._status_msg, b._to_rpm = String, lambda a: action_to_rpm(a, NOMINAL.rpm_max)
     b._last, b._ticks, b._actuate_error, b.watchdog_ticks, b._recorder_deadline = ("", ""), 0, "", 0, None
+    b.use_sim_time, b.older_state_ticks = False, 0
     # rclpy's logger writes from C (a dead output pipe does not raise there): kept in a list here
     b.logged = []
     b.get_logger = lambda: type("Log", (), {k: staticmethod(b.logged.append) for k in ("info", "warning", "error")})()
@@ -1700,6 +1728,7 @@ def test_a_failed_mcu_is_asked_once_and_the_ticks_go_on():
     node.cmd_pub = type("Pub", (), {"publish": lambda self, m: published.append(m)})()
     node._state_received_at, node._ticks, node._last, node._actuate_error = None, 0, ("", ""), ""
     node.latency, node._recorder_deadline = Percentiles(), None
+    node.use_sim_time, node.older_state_ticks = False, 0
     node._publish_status = lambda cmd: statuses.append(cmd.mode)
     node.get_logger = lambda: type("Log", (), {"error": lambda self, m: errors.append(m)})()
     node.actuate = lambda cmd, now: glue.stop() or glue(obs)
