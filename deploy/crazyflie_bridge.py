@@ -353,13 +353,21 @@ class CrazyflieBridge(ControllerNode):
         c.disarm(self._now())
         self._report_change()
         deadline = time.monotonic() + LANDING_LIMIT_S
-        fed = self._last_odom
+        fed, published_error = self._last_odom, False
         while c.mode is Mode.FAILSAFE and time.monotonic() < deadline:
             msg = self._last_odom
             if msg is not fed:
                 fed = msg
                 self._on_odom(msg)
-            self._tick()  # as the timer's ticks: the setpoint to the vehicle, rotor_cmd and /status recorded
+            now = self._now()
+            cmd = c.tick(now)
+            self.actuate(cmd, now)  # the vehicle first; a radio error ends the descent (the caller's stop follows)
+            try:  # then the record (rotor_cmd, /status), which must not end the landing if it fails
+                self._publish_tick(cmd)
+            except Exception as e:
+                if not published_error:
+                    self.get_logger().error(f"shutdown landing: publishing failed ({type(e).__name__}: {e})")
+                published_error = True
             time.sleep(self.period)
         if c.mode is Mode.FAILSAFE:  # neither on the floor nor timed out by then: the caller's stop cuts the rotors
             c.cut(f"shutdown: not landed within {LANDING_LIMIT_S:g} s")

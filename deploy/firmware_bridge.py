@@ -120,7 +120,7 @@ class FirmwareBridge(ControllerNode):
         max_action = float(self.get_parameter("max_action").value)  # declared by ControllerNode already
         if max_action < 1.0:  # before QEMU starts
             raise ValueError(f"max_action {max_action:g}: the MCU's glue feeds its own action back to the policy "
-                             "(clipped only at the firmware's force limit), so a lower clip here would give it a "
+                             "(limited only as the firmware limits the motors), so a lower clip here would give it a "
                              "previous action the vehicle did not fly; leave it at 1")
         onnx = OnnxPolicy(path)  # refuses a model of another contract
         self.mcu = McuPolicy(Path(path).parent, compare_onnx=False, timeout_s=1.0)
@@ -132,14 +132,11 @@ class FirmwareBridge(ControllerNode):
         self.glue = GlueAdapter(self.mcu, lambda: self.controller.latest)
         return self.glue, onnx.contract
 
-    def link_problem(self) -> str | None:
-        """A failed MCU (dead, hung, garbled: ``GlueAdapter.failed``) flies nothing: arming is refused (and
-        auto_arm held) and /status says why, as for the real vehicle's lost radio link."""
+    def arm_problem(self) -> str | None:
+        """A failed MCU (dead, hung, garbled: ``GlueAdapter.failed``) flies no policy: arming is refused. Its
+        commands still reach the simulator (the safety layer's, on rotor_cmd), so disarm and stop do too."""
         failed = self.glue.failed if self.glue is not None else None
-        if failed is None:
-            return None
-        self.controller.auto_arm_hold = f"the emulated MCU failed ({failed}): restart the bridge"
-        return f"the emulated MCU failed ({failed}): restart the bridge"
+        return None if failed is None else f"the emulated MCU failed ({failed}): restart the bridge"
 
     def vehicle_command(self, cmd: Command, now: float) -> Command:
         """In a failsafe, the MCU's policy flies the descending setpoints crazyflie_bridge sends the real

@@ -146,9 +146,10 @@ class ControllerNode(Node):
         # takes this node's commands and status, so the recording holds the take-off (the recorder finds
         # topics every 0.5 s and DDS matches them later still: a run armed 0.26 s before it listened).
         wait_s = float(param(self, "wait_for_recorder_s", 0.0, "auto_arm: wall s to wait for the recorder (0: none)"))
-        if not wait_s >= 0.0:
-            raise ValueError(f"parameter wait_for_recorder_s={wait_s}: expected >= 0 s (0: do not wait)")
-        self._recorder_deadline = time.monotonic() + wait_s if wait_s > 0.0 and cfg.auto_arm else None
+        if not 0.0 <= wait_s < math.inf:
+            raise ValueError(f"parameter wait_for_recorder_s={wait_s}: expected a finite time >= 0 s (0: do not wait)")
+        self._recorder_deadline: float | None = None  # counted from when the publishers exist (below)
+        self._recorder_hold = f"waiting for the recorder (at most {wait_s:g} s)" if wait_s > 0.0 and cfg.auto_arm else None
         self.clock_timeout = float(param(self, "clock_timeout", 0.5, "sim time: wall s without /clock = dead"))
         if not self.clock_timeout > 0.0 or not math.isfinite(self.clock_timeout):  # NaN would never fire
             raise ValueError(f"parameter clock_timeout={self.clock_timeout}: expected a positive time (s)")
@@ -158,14 +159,14 @@ class ControllerNode(Node):
         self._to_rpm = lambda a: action_to_rpm(a, self.rpm_max)
         settle = OnboardDescent.SETTLE_S if self.ONBOARD_DESCENT else SPIN_DOWN_S
         self.controller = SafeController(self._timed(policy), cfg, NOMINAL, settle_s=settle)
-        if self._recorder_deadline is not None:
-            self.controller.auto_arm_hold = f"waiting for the recorder (at most {wait_s:g} s)"
         self.descent = OnboardDescent(cfg) if self.ONBOARD_DESCENT else None
         self.stale_timeout = cfg.stale_timeout
 
         self.cmd_pub = self.create_publisher(Float32MultiArray, ROTOR_CMD, CONTROL_PUB_QOS)
         self.status_pub = self.create_publisher(String, STATUS, STATUS_QOS)
         self._status_msg = String
+        if self._recorder_hold is not None:  # the recorder can subscribe from now on
+            self._recorder_deadline = time.monotonic() + wait_s
         self.create_subscription(Odometry, ODOM, self._on_odom, STATE_QOS)
         self.create_service(SetBool, ARM, self._on_arm)
         self.create_service(Trigger, ESTOP, self._on_estop)
@@ -242,11 +243,15 @@ class ControllerNode(Node):
         """Why commands cannot reach the vehicle (crazyflie_bridge: no radio link), or None."""
         return None
 
+    def arm_problem(self) -> str | None:
+        """Why the vehicle must not be armed (firmware_bridge: a failed MCU), or None; a link problem is one."""
+        return self.link_problem()
+
     def _on_arm(self, request, response):
         now = self._now()
-        link = self.link_problem()
-        if request.data and link is not None:
-            response.success, response.message = False, f"refused to arm: {link}"
+        link, refusal = self.link_problem(), self.arm_problem()
+        if request.data and refusal is not None:
+            response.success, response.message = False, f"refused to arm: {refusal}"
         elif request.data:
             response.success, response.message = self.controller.arm(now)
         else:
@@ -315,18 +320,19 @@ class ControllerNode(Node):
                                       "arming without it (the recording may miss the take-off)")
         else:
             return
-        self._recorder_deadline = self.controller.auto_arm_hold = None
+        self._recorder_deadline = self._recorder_hold = None
 
     def _tick(self) -> None:
         if self._recorder_deadline is not None:
             self._hold_for_recorder()
+        # auto_arm waits while the vehicle must not be armed (a failed MCU) or the recorder is not listening
+        self.controller.auto_arm_hold = self.arm_problem() or self._recorder_hold
         now = self._now()
         received = self._state_received_at
         latest = self.controller.latest
         cmd = self.vehicle_command(self.controller.tick(now), now)
         if self.use_sim_time and cmd.mode is Mode.ARMED and latest is not None and latest.stamp < now - 5e-4:
             self.older_state_ticks += 1
-        self.cmd_pub.publish(rotor_command_msg(self._to_rpm(cmd.action)))
         try:
             self.actuate(cmd, now)
         except Exception as e:  # hardware output failing (a dead MCU, a radio error) must not stop the ticks
@@ -334,10 +340,15 @@ class ControllerNode(Node):
             if kind != self._actuate_error:
                 self.get_logger().error(f"actuation failed: {kind}")
             self._actuate_error = kind
+        self._publish_tick(cmd)
         if received is not None:
             if cmd.mode is Mode.ARMED:
                 self.latency.add(time.perf_counter() - received)
             self._state_received_at = None
+
+    def _publish_tick(self, cmd: Command) -> None:
+        """One tick's rotor_cmd, and /status on a change of mode or reason and every STATUS_EVERY ticks."""
+        self.cmd_pub.publish(rotor_command_msg(self._to_rpm(cmd.action)))
         self._ticks += 1
         if (cmd.mode.value, cmd.reason) != self._last or self._ticks % STATUS_EVERY == 0:
             self._publish_status(cmd)

@@ -614,6 +614,7 @@ def test_sim_time_ticks_on_an_older_state_are_counted():
     node._publish_status = lambda cmd: None
     node._state_received_at, node._ticks, node._last, node._actuate_error = None, 0, ("", ""), ""
     node.latency, node._recorder_deadline, node.use_sim_time, node.older_state_ticks = Percentiles(), None, True, 0
+    node._recorder_hold = None
     c.on_state(hover_state(1.0), 1.0)
     node._tick()  # disarmed
     assert c.arm(1.0)[0]
@@ -646,11 +647,11 @@ def test_auto_arm_waits_for_the_recorder_to_listen(recorder):
     node._publish_status = lambda cmd: statuses.append((cmd.mode, cmd.reason))
     node._state_received_at, node._ticks, node._last, node._actuate_error = None, 0, ("", ""), ""
     node.latency, node.use_sim_time, node.older_state_ticks = Percentiles(), False, 0
+    node._recorder_hold = "waiting for the recorder (at most 60 s)"
     node.get_logger = lambda: type("Log", (), {k: staticmethod(logged.append) for k in ("info", "warning")})()
     node.get_subscriptions_info_by_topic = lambda topic: [type("Info", (), {"node_name": n})()
                                                           for n in subscribers[topic]]
     node._recorder_deadline = time.monotonic() + (60.0 if recorder == "subscribes" else 0.2)
-    c.auto_arm_hold = "waiting for the recorder (at most 60 s)"
     c.on_state(hover_state(), 0.0)
     for _ in range(3):  # the recorder takes rotor_cmd but not yet status
         node._tick()
@@ -663,7 +664,7 @@ def test_auto_arm_waits_for_the_recorder_to_listen(recorder):
     else:
         time.sleep(0.2)
     node._tick()
-    assert c.mode is Mode.ARMED and c.auto_arm_hold is None and node._recorder_deadline is None
+    assert c.mode is Mode.ARMED and c.auto_arm_hold is None and node._recorder_deadline is node._recorder_hold is None
     assert ("the recorder takes rotor_cmd and status" in logged[-1]) == (recorder == "subscribes"), logged
     assert ("arming without it" in logged[-1]) == (recorder == "never comes"), logged
 
@@ -1226,7 +1227,7 @@ def fake_bridge(controller: SafeController, clock: FakeClock, connected: bool = 
     b.cmd_pub = type("Pub", (), {"publish": lambda self, msg: b.rotor_cmds.append(list(msg.data))})()
     b._status_msg, b._to_rpm = String, lambda a: action_to_rpm(a, NOMINAL.rpm_max)
     b._last, b._ticks, b._actuate_error, b.watchdog_ticks, b._recorder_deadline = ("", ""), 0, "", 0, None
-    b.use_sim_time, b.older_state_ticks = False, 0
+    b.use_sim_time, b.older_state_ticks, b._recorder_hold = False, 0, None
     # rclpy's logger writes from C (a dead output pipe does not raise there): kept in a list here
     b.logged = []
     b.get_logger = lambda: type("Log", (), {k: staticmethod(b.logged.append) for k in ("info", "warning", "error")})()
@@ -1728,7 +1729,7 @@ def test_a_failed_mcu_is_asked_once_and_the_ticks_go_on():
     node.cmd_pub = type("Pub", (), {"publish": lambda self, m: published.append(m)})()
     node._state_received_at, node._ticks, node._last, node._actuate_error = None, 0, ("", ""), ""
     node.latency, node._recorder_deadline = Percentiles(), None
-    node.use_sim_time, node.older_state_ticks = False, 0
+    node.use_sim_time, node.older_state_ticks, node._recorder_hold = False, 0, None
     node._publish_status = lambda cmd: statuses.append(cmd.mode)
     node.get_logger = lambda: type("Log", (), {"error": lambda self, m: errors.append(m)})()
     node.actuate = lambda cmd, now: glue.stop() or glue(obs)
@@ -1781,9 +1782,9 @@ def test_the_hil_failsafe_is_the_mcus_only_from_a_current_state_and_a_flying_glu
 
 
 def test_a_failed_mcu_refuses_arming_holds_auto_arm_and_says_so():
-    """firmware_bridge: once the emulated MCU has failed (dead, hung: GlueAdapter.failed), arming is refused,
-    auto_arm holds, and /status's link says why, as the real bridge does without a radio link; before it,
-    nothing is refused."""
+    """firmware_bridge: once the emulated MCU has failed (dead, hung: GlueAdapter.failed), arming is refused
+    and auto_arm holds, with the reason on /status; a disarm or stop is still delivered (the safety layer's
+    commands reach the simulator on rotor_cmd), so the link is not called broken. Before it, nothing is refused."""
     from deploy.firmware_bridge import FirmwareBridge, GlueAdapter
 
     class DeadMcu:
@@ -1793,17 +1794,26 @@ def test_a_failed_mcu_refuses_arming_holds_auto_arm_and_says_so():
     c = SafeController(FakePolicy(), SafetyConfig(auto_arm=True))
     b = object.__new__(FirmwareBridge)
     b.controller, b.glue = c, GlueAdapter(DeadMcu(), lambda: c.latest)
+    b.descent = OnboardDescent(c.cfg)
     b._now, b._report_change = lambda: 0.0, lambda always=False: None
-    b.get_logger = lambda: type("Log", (), {"info": staticmethod(lambda m: None)})()
-    assert b.link_problem() is None and c.auto_arm_hold is None
+    b.get_logger = lambda: type("Log", (), {k: staticmethod(lambda m: None) for k in ("info", "warning")})()
+    assert b.arm_problem() is None and b.link_problem() is None
     c.on_state(hover_state(), 0.0)
     with pytest.raises(TimeoutError):
         b.glue(observation(hover_state(), TARGET, np.zeros(4, np.float32)))
-    link = b.link_problem()
-    assert link.startswith("the emulated MCU failed (TimeoutError: no answer") and link.endswith("restart the bridge")
-    assert c.tick(0.0).mode is Mode.DISARMED and c.reason == f"auto_arm: {link}"
+    why = b.arm_problem()
+    assert why.startswith("the emulated MCU failed (TimeoutError: no answer") and why.endswith("restart the bridge")
+    assert b.link_problem() is None
+    b._recorder_hold, b._recorder_deadline, b.use_sim_time, b.older_state_ticks = None, None, False, 0
+    b._state_received_at, b._ticks, b._last, b._actuate_error = None, 0, ("", ""), ""
+    b.cmd_pub = type("Pub", (), {"publish": lambda self, m: None})()
+    b._publish_status, b._to_rpm, b.actuate = lambda cmd: None, lambda a: a, lambda cmd, now: None
+    b._tick()  # the node's tick: auto_arm holds
+    assert c.mode is Mode.DISARMED and c.reason == f"auto_arm: {why}"
     response = b._on_arm(type("Req", (), {"data": True})(), type("Res", (), {})())
-    assert not response.success and response.message == f"refused to arm: {link}" and c.mode is Mode.DISARMED
+    assert not response.success and response.message == f"refused to arm: {why}" and c.mode is Mode.DISARMED
+    response = b._on_arm(type("Req", (), {"data": False})(), type("Res", (), {})())
+    assert response.success and "NOT delivered" not in response.message
 
 
 def test_descent_setpoint_follows_the_simulated_failsafe():
