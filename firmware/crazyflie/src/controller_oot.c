@@ -60,8 +60,9 @@ _Static_assert(POLICY_PERIOD_MS == 10, "policy.h: period is not the contract's 1
 #endif
 
 /* The per-motor thrust (N) under which motors.c stops a motor: with the battery compensation it returns
- * 0 below THRUST_MIN (motorsCompensateBatteryVoltage); without it nothing is cut. */
-#ifdef CONFIG_ENABLE_THRUST_BAT_COMPENSATED
+ * 0 below THRUST_MIN (motorsCompensateBatteryVoltage); without it nothing is cut, nor by the older
+ * compensation that has no THRUST_MIN (the "65536 <==> 60 grams" fit, firmware/README.md). */
+#if defined(CONFIG_ENABLE_THRUST_BAT_COMPENSATED) && defined(THRUST_MIN)
 #define MOTOR_THRUST_CUT THRUST_MIN
 #else
 #define MOTOR_THRUST_CUT 0.0f
