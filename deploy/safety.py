@@ -9,7 +9,8 @@ Modes and rules, checked on every tick:
             a fresh, valid state inside the geofence, tilted no more than ``max_arm_tilt_deg``, and a
             steady clock (below). With ``auto_arm`` the first such state arms
             once after start-up (simulation and HIL launch files use it, real flights do not), unless
-            the caller holds it (``auto_arm_hold``: policy_node waits for the recorder).
+            the caller holds it (``auto_arm_hold``: policy_node while the recorder is not listening,
+            firmware_bridge with a failed MCU).
   ARMED     the policy flies, to a setpoint that starts where the vehicle is when the policy takes
             over (arming, recovery) and moves in a straight line to ``target`` at ``takeoff_speed``
             (a vehicle armed on the floor, as a real one is, would otherwise start 1 m and more from
@@ -179,7 +180,7 @@ class SafeController:
         self.failsafe_count = 0
         self._clock = -math.inf  # the latest time (s) on_state() or tick() was given
         self._operator_stop = False  # disarm() or estop() since the last arm(): no auto_arm after a restart
-        # Why auto_arm must wait, set by the caller (policy_node: the recorder has not subscribed yet), or None
+        # Why auto_arm must wait, set by the caller every tick (ControllerNode: arm_problem() or the recorder), or None
         self.auto_arm_hold: str | None = None
         self._clock_restarts: list[float] = []  # wall times (s) of the clock's restarts within the window
         self._unsteady_until = -math.inf  # wall time (s) until which the clock counts as unsteady
@@ -372,7 +373,7 @@ class SafeController:
         # The last valid state is current (inside the fence or not): its height and attitude can be used.
         fresh = self.state_fresh(now)
         if self.mode is Mode.DISARMED and self._auto_arm_pending and problem is None:
-            if self.auto_arm_hold is not None:  # the caller's reason to wait (the recorder not listening yet)
+            if self.auto_arm_hold is not None:  # the caller's reason to wait
                 self.reason = f"auto_arm: {self.auto_arm_hold}"
             else:
                 armed, why = self.arm(now)
