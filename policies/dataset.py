@@ -8,7 +8,8 @@ Format ``robolearn-demos-v1``, a directory with two files:
     sizes, number of episodes and of successful ones, the expert's noise, seed, control period
     (s), creation time and source revision.
 ``data.npz`` (NumPy, uncompressed), all episodes concatenated along the first axis (T steps):
-    ``obs`` [T, D] float32      policy observation at each step (as the policy saw it, noisy)
+    ``obs`` [T, D] float32      policy observation at each step (as the policy saw it, noisy; its
+                                 cube pose from the task config's ``obs_source``)
     ``critic`` [T, Dc] float32  privileged critic observation at the same step
     ``action`` [T, A] float32   action taken, in the action space's units ([-1, 1])
     ``reward`` [T] float32      reward received for that action
@@ -123,9 +124,11 @@ def save(path: str | Path, episodes: list[dict[str, np.ndarray]], meta: dict) ->
 
 
 def load(path: str | Path, task: str | None = None, obs_dim: int | None = None,
-         act_dim: int | None = None, critic_dim: int | None = None) -> Demonstrations:
+         act_dim: int | None = None, critic_dim: int | None = None, obs_source: str | None = None) -> Demonstrations:
     """Read a dataset; with ``task``/``obs_dim``/``act_dim``/``critic_dim`` given, refuse one made
-    for another task (or, for ``critic_dim``, another critic layout: with or without latency)."""
+    for another task (or, for ``critic_dim``, another critic layout: with or without latency); with
+    ``obs_source`` given, one whose observations hold the cube pose from another source (the
+    simulator's or the camera's estimate: the same floats, so only meta.json tells them apart)."""
     path = Path(path)
     if not (path / "meta.json").is_file() or not (path / "data.npz").is_file():
         empty = not path.is_dir() or not any(path.iterdir())  # collect writes only into a new or empty directory
@@ -164,4 +167,8 @@ def load(path: str | Path, task: str | None = None, obs_dim: int | None = None,
                            "collected with another?)")
     if act_dim is not None and demos.action.shape[1] != act_dim:
         raise DatasetError(f"{path}: actions have {demos.action.shape[1]} floats, the task has {act_dim}")
+    made = meta.get("task_config", {}).get("obs_source", "state")  # datasets from before perception: state
+    if obs_source is not None and made != obs_source:
+        raise DatasetError(f"{path} was collected with task.obs_source={made}, this run observes the cube with "
+                           f"task.obs_source={obs_source}: set task.obs_source={made} or collect with {obs_source}")
     return demos

@@ -297,7 +297,8 @@ class DiffusionBC:
             raise ValueError(f"ema_decay {cfg.ema_decay}: expected a value in [0, 1)")
         path = self.dataset_path = cfg.dataset or f"data/{env.cfg.name}"
         try:
-            demos = ds.load(path, task=env.cfg.name, obs_dim=obs_dim, act_dim=act_dim).first(cfg.max_episodes)
+            demos = ds.load(path, task=env.cfg.name, obs_dim=obs_dim, act_dim=act_dim,
+                            obs_source=getattr(env.cfg, "obs_source", None)).first(cfg.max_episodes)
         except ds.DatasetError as e:
             raise UserError(str(e)) from None
         self.dataset_digest = demos.digest()

@@ -253,7 +253,8 @@ class DSRL:
                             "no observation after an episode's last step to bootstrap from")
         try:
             d = ds.load(path, task=self.env.cfg.name, obs_dim=obs_dim, act_dim=act_dim,
-                        critic_dim=self.env.single_observation_space["critic"].shape[0])
+                        critic_dim=self.env.single_observation_space["critic"].shape[0],
+                        obs_source=getattr(self.env.cfg, "obs_source", None))
         except ds.DatasetError as e:
             raise UserError(str(e)) from None
         self.demos_digest = d.digest()

@@ -226,6 +226,13 @@ def test_bc_needs_a_matching_dataset(demos, tmp_path):
     r = cli("policies.train", "task=arm_pick_place", "algo=diffusion_bc", f"algo.dataset={demos}",
             f"run_dir={tmp_path / 'r'}", *FAST)
     assert r.returncode == 2 and "holds 'arm_push' demonstrations" in r.stderr and "Traceback" not in r.stderr
+    # The same floats from another source of the cube pose: a policy labelled perception but trained on
+    # the simulator's cube (or the reverse) would be exported and deployed with the wrong input.
+    r = cli("policies.train", "task=arm_push", "algo=diffusion_bc", f"algo.dataset={demos}", "task.obs_source=perception",
+            f"run_dir={tmp_path / 'p'}", *FAST)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert "collected with task.obs_source=state, this run observes the cube with task.obs_source=perception" in r.stderr
+    assert not (tmp_path / "p" / "checkpoints").exists()
 
 
 def test_bc_keeps_to_its_budget_and_refuses_a_changed_dataset_on_resume(demos, tmp_path):
@@ -1022,7 +1029,8 @@ def test_dsrl_na_loads_demonstrations(base_run, demos, monkeypatch):
     # Rewards and the critic's time feature must mean what they mean online.
     for override, message in (("task.episode_steps=77", "collected with episode_steps="),
                               ("task.reward_type=time", "collected with reward_type=sparse"),
-                              ("task.terminate_on_success=false", "collected with terminate_on_success=True")):
+                              ("task.terminate_on_success=false", "collected with terminate_on_success=True"),
+                              ("task.obs_source=perception", "collected with task.obs_source=state")):
         with pytest.raises(UserError, match=message):
             _dsrl(base_run, "na", [f"algo.demos={demos}", override])
     # An episode's last decision ends its return: refused where the task bootstraps its time-outs.
