@@ -132,9 +132,10 @@ class FirmwareBridge(ControllerNode):
         self.glue = GlueAdapter(self.mcu, lambda: self.controller.latest)
         return self.glue, onnx.contract
 
-    def arm_problem(self) -> str | None:
-        """A failed MCU (dead, hung, garbled: ``GlueAdapter.failed``) flies no policy: arming is refused. Its
-        commands still reach the simulator (the safety layer's, on rotor_cmd), so disarm and stop do too."""
+    def policy_problem(self) -> str | None:
+        """A failed MCU (dead, hung, garbled: ``GlueAdapter.failed``) flies no policy: arming is refused and a
+        failsafe lands without recovering. Its commands still reach the simulator (the safety layer's, on
+        rotor_cmd), so disarm and stop do too: not a link problem."""
         failed = self.glue.failed if self.glue is not None else None
         return None if failed is None else f"the emulated MCU failed ({failed}): restart the bridge"
 

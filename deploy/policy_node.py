@@ -243,9 +243,13 @@ class ControllerNode(Node):
         """Why commands cannot reach the vehicle (crazyflie_bridge: no radio link), or None."""
         return None
 
+    def policy_problem(self) -> str | None:
+        """Why the policy cannot fly at all (firmware_bridge: a failed MCU), or None: no arming, no recovery."""
+        return None
+
     def arm_problem(self) -> str | None:
-        """Why the vehicle must not be armed (firmware_bridge: a failed MCU), or None; a link problem is one."""
-        return self.link_problem()
+        """Why the vehicle must not be armed: a link problem or a policy problem, or None."""
+        return self.link_problem() or self.policy_problem()
 
     def _on_arm(self, request, response):
         now = self._now()
@@ -325,8 +329,10 @@ class ControllerNode(Node):
     def _tick(self) -> None:
         if self._recorder_deadline is not None:
             self._hold_for_recorder()
-        # auto_arm waits while the vehicle must not be armed (a failed MCU) or the recorder is not listening
+        # auto_arm waits while the vehicle must not be armed (a failed MCU) or the recorder is not listening;
+        # a failsafe lands instead of recovering while the policy cannot fly
         self.controller.auto_arm_hold = self.arm_problem() or self._recorder_hold
+        self.controller.recovery_hold = self.policy_problem()
         now = self._now()
         received = self._state_received_at
         latest = self.controller.latest

@@ -45,6 +45,8 @@ Modes and rules, checked on every tick:
             keeps coming back) would otherwise chatter between ARMED and FAILSAFE at the fence
             forever, as each new failsafe starts a new descent; once they are used up, a failsafe
             lands. Link gaps spread over a long flight do not add up (re-arming also clears them).
+            No recovery while the caller says the policy cannot fly (``recovery_hold``: firmware_bridge
+            with a failed MCU, whose every policy call fails): that failsafe lands.
   ESTOP     ``estop()`` (std_srvs/Trigger): rotors cut at once, latched until ``arm()``.
 A clock that goes back (a simulator reset or restart: /clock from 0 again) starts the controller up
 again, DISARMED (``auto_arm`` arms it again on the first valid state unless the operator disarmed or
@@ -182,6 +184,9 @@ class SafeController:
         self._operator_stop = False  # disarm() or estop() since the last arm(): no auto_arm after a restart
         # Why auto_arm must wait, set by the caller every tick (ControllerNode: arm_problem() or the recorder), or None
         self.auto_arm_hold: str | None = None
+        # Why the policy cannot fly again, set by the caller every tick (ControllerNode: policy_problem(), a
+        # failed MCU), or None: a failsafe descent then lands instead of handing back to a policy that fails
+        self.recovery_hold: str | None = None
         self._clock_restarts: list[float] = []  # wall times (s) of the clock's restarts within the window
         self._unsteady_until = -math.inf  # wall time (s) until which the clock counts as unsteady
         self._start_up("start-up")
@@ -466,6 +471,9 @@ class SafeController:
         return (v + math.sqrt(v * v + 2.0 * a * h)) / a + self.settle_s
 
     def _update_failsafe(self, problem: str | None, now: float, fresh: bool) -> None:
+        if self._may_recover and self.recovery_hold is not None:
+            self._may_recover = False
+            self.reason += f"; no recovery: {self.recovery_hold}"
         fresh_height = self.height() if fresh else None
         if fresh_height is not None and fresh_height >= self.cfg.landed_height:  # still in the air
             self._descent_end = min(max(self._descent_end, now + self._fall_time()), self._descent_cap)

@@ -1816,6 +1816,50 @@ def test_a_failed_mcu_refuses_arming_holds_auto_arm_and_says_so():
     assert response.success and "NOT delivered" not in response.message
 
 
+def test_a_mcu_that_fails_in_flight_is_a_failsafe_that_lands_without_recovering():
+    """firmware_bridge: the MCU dies in flight; the failsafe it starts lands although valid states keep
+    coming (they would hand the vehicle back to a policy that fails at once, counting a recovery and a new
+    failsafe each time, up to max_recoveries), and /status's reason says why."""
+    from deploy.firmware_bridge import FirmwareBridge, GlueAdapter
+    from firmware.pil import GLUE_MODES, GlueOutput
+
+    class Mcu:
+        boot = type("Boot", (), {"thrust_max": 0.1125})()
+        dead = False
+
+        def glue_step(self, *args, **kwargs):
+            if self.dead:
+                raise TimeoutError("no answer from the MCU within 1.0 s")
+            return GlueOutput(GLUE_MODES.index("policy"), 0, 0, np.zeros(4), np.full(4, 0.05), 0.0)
+
+    mcu, now = Mcu(), [0.0]
+    b = object.__new__(FirmwareBridge)
+    c = SafeController(lambda obs: b.glue(obs), SafetyConfig())
+    b.controller, b.glue, b.descent = c, GlueAdapter(mcu, lambda: c.latest), OnboardDescent(c.cfg)
+    b._now, b._report_change = lambda: now[0], lambda always=False: None
+    b.get_logger = lambda: type("Log", (), {k: staticmethod(lambda m: None) for k in ("info", "warning", "error")})()
+    b._recorder_hold, b._recorder_deadline, b.use_sim_time, b.older_state_ticks = None, None, False, 0
+    b._state_received_at, b._ticks, b._last, b._actuate_error = None, 0, ("", ""), ""
+    b.cmd_pub = type("Pub", (), {"publish": lambda self, m: None})()
+    b._publish_status, b._to_rpm, b.actuate = lambda cmd: None, lambda a: a, lambda cmd, now: None
+    c.on_state(hover_state(), 0.0)
+    assert c.arm(0.0) == (True, "armed")
+    b._tick()
+    assert c.mode is Mode.ARMED
+    mcu.dead = True
+    modes = []
+    for k in range(1, 40):  # valid states at 1 m every period: recover_count (3) of them would recover
+        now[0] = 0.01 * k
+        c.on_state(hover_state(now[0]), now[0])
+        b._tick()
+        modes.append(c.mode)
+    assert modes == [Mode.FAILSAFE] * len(modes), modes
+    st = c.status()
+    assert st["recoveries"] == 0 and st["failsafe_count"] == 1, st
+    assert "no recovery: the emulated MCU failed (TimeoutError: no answer" in st["reason"], st["reason"]
+    assert st["reason"].count("no recovery") == 1
+
+
 def test_descent_setpoint_follows_the_simulated_failsafe():
     assert descent_setpoint(1.0, 0.0, 0.9, 0.0) == 1.0
     assert descent_setpoint(1.0, 1.0, 0.9, 0.0) == pytest.approx(1.0 - 0.05 * GRAVITY)
