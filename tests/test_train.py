@@ -140,6 +140,23 @@ def test_one_reset_row_is_observed_bit_for_bit_like_the_batch():
         assert all(torch.equal(one[k][0], batch[k][i]) for k in batch), i
 
 
+def test_an_env_state_loaded_twice_replays_the_same_steps():
+    """load_state_dict copies: stepping after a load leaves the loaded dict as it was (it used to step the
+    dict's own tensors: a second load of it then started where the first run had stopped)."""
+    env = QuadHoverEnv(QuadTaskConfig(compile=False), 4, seed=0)
+    env.reset(seed=0)
+    hover = torch.full((4, 4), env.hover_action)
+    env.step(hover)
+    saved = env.state_dict()
+    frozen = {k: v.clone() for k, v in saved.items() if isinstance(v, torch.Tensor)}
+    runs = []
+    for _ in range(2):
+        env.load_state_dict(saved)
+        runs.append([env.step(hover)[0]["critic"] for _ in range(3)])
+    assert all(torch.equal(saved[k], v) for k, v in frozen.items())
+    assert all(torch.equal(a, b) for a, b in zip(*runs))
+
+
 def test_reset_observations_are_not_views():
     """A compiled function guards on whether its input is a view: the rollout's network step, first
     traced on reset()'s observations, was traced again at the next step's (a recompile per run)."""

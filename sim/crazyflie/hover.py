@@ -547,10 +547,11 @@ class QuadHoverEnv(gym.vector.VectorEnv):
         }
 
     def load_state_dict(self, d: dict) -> None:
+        """Continue from ``d`` (copied: the env's in-place updates must not change the caller's dict)."""
         for k, t in d["vehicle"].items():
-            setattr(self.vehicle, k, t.to(self.device))
+            setattr(self.vehicle, k, t.to(self.device, copy=True))
         for k in ("t", "episode_return", "phase", "prev_action", "action_hist", "latency", "force", "torque"):
-            setattr(self, k, d[k].to(self.device))
+            setattr(self, k, d[k].to(self.device, copy=True))
         self.gen.set_state(d["gen"])
         self.total_steps, self.nonfinite_resets = d["total_steps"], d["nonfinite_resets"]
         self.backend.set_state(torch.arange(self.num_envs, device=self.device), d["state"].to(self.device), self.vehicle)
