@@ -82,6 +82,10 @@ PAIR_TOLERANCE_MS = 5
 # information, then the log, memory and parameter tables of contents, fetched anew: no cache) has no
 # timeout of its own and waits for ever for an answer that does not come.
 OPEN_TIMEOUT_S = 15.0
+# s: a link that cflib has dropped but not marked closed for this long was never opened. cflib marks a
+# link closed microseconds after it reports the link's failure, but an open that fails inside open_link
+# (no link driver: the dongle busy with another program, unplugged, a USB error) leaves it INITIALIZED.
+UNCLOSED_S = 1.0
 # Consecutive rejected samples of the onboard estimate after which it counts as broken: a single
 # glitch is left to the failsafe and its recovery (the onboard policy flew on it for one sample anyway).
 BROKEN_ESTIMATE_SAMPLES = 3
@@ -204,6 +208,7 @@ class CrazyflieBridge(ControllerNode):
         self.connected = False
         self._link = "not connected yet"  # why commands cannot reach the vehicle
         self._opening_since: float | None = None  # when the open_link under way started (self._steady)
+        self._unclosed_since: float | None = None  # since when cflib has had no link but not marked it closed
         self._closing = False  # shutdown: no more attempts
         self._steady = time.monotonic  # the clock log arrivals are timed on (FirmwareClock)
 
@@ -228,13 +233,15 @@ class CrazyflieBridge(ControllerNode):
     # ------------------------------------------------------------------ radio (cflib threads)
     def _open_link(self) -> None:
         self._opening_since = self._steady()  # before the call: cflib may report a failure from inside it
+        self._unclosed_since = None
         self.get_logger().info(f"connecting to {self.uri}")
         self.cf.open_link(self.uri)
 
     def _retry_link(self) -> None:
         """Timer: open the link again when it is down, no attempt is under way and cflib has finished
-        with the last link (it reports a failure before it marks the link closed); close an attempt that
-        has hung for OPEN_TIMEOUT_S (the next call opens again)."""
+        with the last link (it reports a failure before it marks the link closed; one that failed to open
+        it never marks: UNCLOSED_S); close an attempt that has hung for OPEN_TIMEOUT_S (the next call
+        opens again)."""
         from cflib.crazyflie import State
 
         if self.connected or self._closing:
@@ -246,6 +253,11 @@ class CrazyflieBridge(ControllerNode):
             return
         if self.cf.state == State.DISCONNECTED:
             self._open_link()
+        elif self.cf.link is None:
+            if self._unclosed_since is None:
+                self._unclosed_since = self._steady()
+            elif self._steady() - self._unclosed_since >= UNCLOSED_S:
+                self._open_link()
 
     def _log_configs(self) -> list:
         """The two log blocks, new for each link: cflib marks a block added to a link, and the firmware
@@ -273,6 +285,9 @@ class CrazyflieBridge(ControllerNode):
         self.get_logger().info(f"connected to {uri}, streaming the state estimate every {LOG_PERIOD_MS} ms")
 
     def _on_link(self, what: str) -> None:
+        # cflib appends a traceback to a link driver's failure ("Couldn't load link driver: <why>\n\n<traceback>"):
+        # its first line goes to the log, /status and the services' answers
+        what = what.strip().split("\n", 1)[0]
         if what != self._link:  # a retry failing as the last one did (a dongle unplugged) is not logged again
             self.get_logger().error(what)
         self.connected, self._opening_since, self._link = False, None, what

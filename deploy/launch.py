@@ -238,6 +238,10 @@ def _where(el: ET.Element, scope: Scope) -> str:
     return f"{scope.file}: <{el.tag}{' ' + attrs if attrs else ''}>"
 
 
+# A ROS name (namespace): tokens of letters, digits and underscores, none starting with a digit, split by "/"
+ROS_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(/[A-Za-z_][A-Za-z0-9_]*)*")
+
+
 def _attrs(el: ET.Element, allowed: set[str], scope: Scope, required: set[str] = frozenset(),
            verbatim: set[str] = frozenset()) -> dict[str, str]:
     """The element's attributes (but if/unless), checked against ``allowed`` and ``required``, with their
@@ -268,7 +272,11 @@ def _node(el: ET.Element, scope: Scope) -> Process:
     if "name" in a:
         argv += ["-r", f"__node:={a['name']}"]
     if a.get("namespace"):
-        argv += ["-r", f"__ns:=/{a['namespace'].strip('/')}"]
+        ns = a["namespace"].strip("/")
+        if not ROS_NAME.fullmatch(ns):  # rcl would refuse it in every node, each with a traceback
+            raise LaunchError(f"{_where(el, scope)}: namespace '{ns}' is no ROS name (letters, digits and _, not "
+                              "starting with a digit, segments split by /): e.g. robot:=cf1")
+        argv += ["-r", f"__ns:=/{ns}"]
     for child in el:
         if child.tag not in NODE_CHILDREN:
             raise LaunchError(f"{_where(child, scope)} inside <node>: unsupported (supported: param, remap)")
@@ -285,7 +293,8 @@ def _node(el: ET.Element, scope: Scope) -> Process:
             argv += ["--params-file", str(path)]
         else:
             c = _attrs(child, {"name", "value"}, scope, {"name", "value"})
-            argv += ["-p", f"{c['name']}:={c['value']}"]
+            # rcl reads the value as YAML, and cannot parse nothing: an empty string is written ''
+            argv += ["-p", f"{c['name']}:={c['value'] or repr('')}"]
     return Process(a.get("name", a["exec"]), argv, dict(scope.env))
 
 

@@ -108,6 +108,8 @@ class Recorder(Node):
         super().__init__("recorder")
         robot = param(self, "robot", "cf1", "robot name, used in the default file name")
         where = param(self, "path", "bags", "a .mcap file or a directory")
+        import mcap.writer  # noqa: F401  (a missing package is one error line, before an empty file is made)
+
         self.path, self._file = open_new(bag_path(where, robot), numbered=Path(where).suffix != ".mcap")
         self.writer = new_writer(self._file)
         self.writer.start(profile="ros2", library="robolearn deploy.recorder")
@@ -159,7 +161,10 @@ class Recorder(Node):
         # The end of the run: what was still queued when Ctrl-C came, and what the other nodes still send
         # while they stop (a launch stops every node at once; the real vehicle's bridge flies its landing,
         # within crazyflie_bridge.LANDING_LIMIT_S, publishing odometry), until they go quiet.
-        drain(self, lambda: sum(self.counts.values()), limit_s=RECORD_AFTER_STOP_S, quiet_s=RECORD_QUIET_S)
+        try:
+            drain(self, lambda: sum(self.counts.values()), limit_s=RECORD_AFTER_STOP_S, quiet_s=RECORD_QUIET_S)
+        except KeyboardInterrupt:  # a second signal (the launch runner's SIGTERM): the file is finished all the same
+            print("recorder: stopped while taking the last messages", flush=True)
         self.writer.finish()
         self._file.close()
         print(f"recorder: {sum(self.counts.values())} messages on {len(self.counts)} topics -> {self.path}", flush=True)

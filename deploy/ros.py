@@ -19,6 +19,7 @@ import numpy as np
 try:
     import rclpy
     from rclpy.executors import ExternalShutdownException
+    from rclpy.impl.implementation_singleton import rclpy_implementation as _rclpy  # its RCLError: rcl's failures
     from rclpy.node import Node
     from rclpy.qos import HistoryPolicy, QoSProfile, ReliabilityPolicy
     from rclpy.signals import SignalHandlerOptions
@@ -167,18 +168,27 @@ def run_node(make: Callable[[], Node], user_errors: tuple[type[Exception], ...] 
              args: list[str] | None = None) -> int:
     """rclpy.init, build the node, spin until Ctrl-C / SIGTERM / shutdown, clean up.
 
-    ValueError, OSError or one of ``user_errors`` raised while building the node is a user
-    mistake (bad parameter, missing file, wrong model): printed as one line, exit code 2.
+    ValueError, OSError, a missing module or one of ``user_errors`` raised while building the node,
+    and ROS arguments rcl cannot parse, are user mistakes (bad parameter, missing file, wrong model):
+    printed as one line, exit code 2.
     A crash in native code (rclpy, the DDS layer, onnxruntime) prints the Python stack of every
     thread to stderr before the process dies."""
     faulthandler.enable()
     stop = stop_on_signals()  # before anything starts: a signal while the node is built stops it after
     ensure_ament_prefix()
-    rclpy.init(args=sys.argv if args is None else args, signal_handler_options=SignalHandlerOptions.NO)
+    try:
+        rclpy.init(args=sys.argv if args is None else args, signal_handler_options=SignalHandlerOptions.NO)
+    except _rclpy.RCLError as e:  # e.g. __ns:=/cf-1, no ROS name: rcl's reason, without its lexer's
+        print(f"error: the ROS arguments: {str(e).split('. Error:')[0]}", file=sys.stderr)
+        return 2
     node, code = None, 0
     try:
         try:
             node = make()
+        except ModuleNotFoundError as e:  # an optional package a node needs (mcap, cflib)
+            print(f"error: the Python module {e.name} is missing: install the project with bash install.sh",
+                  file=sys.stderr)
+            return 2
         except (ValueError, OSError, *user_errors) as e:
             print(f"error: {e}", file=sys.stderr)
             return 2

@@ -202,6 +202,20 @@ def test_bad_parameters_are_one_error_line(seeded_policy, params, message):
     assert f"error: {message}" in out and "Traceback" not in out, out
 
 
+@pytest.mark.parametrize("robot, params, message", [
+    # rcl refuses arguments in rclpy.init, before the node exists: it used to be a traceback
+    ("cf-1", {}, "error: the ROS arguments: failed to initialize rcl: Couldn't parse remap rule: '-r __ns:=/cf-1'"),
+    # an empty value as the launcher writes it (rcl cannot parse 'policy:='): the node's own message
+    ("cf1", dict(policy="''"), "error: parameter 'policy' is empty: pass policy:=<run_dir>/export/policy.onnx"),
+])
+def test_start_up_errors_before_the_node_are_one_error_line(robot, params, message):
+    with world() as w:
+        proc = w.start(*w.node_cmd("policy_node", robot=robot, **params), name="policy")
+        assert proc.wait(timeout=60) == 2, w.output(proc)
+        out = w.output(proc)
+    assert message in out and "Traceback" not in out, out
+
+
 @pytest.mark.parametrize("params, message", [
     # the onboard policy flies the motors (firmware/crazyflie clips to [-1, 1]): a lower max_action
     # would limit only the offboard shadow

@@ -731,6 +731,13 @@ def test_hover_launch_plans_the_documented_processes(ament_prefix):
     for arg, value, valid in (("backend", "sitl", "sim, hil, real"), ("physics", "bullet", "torch, mujoco, pybullet")):
         with pytest.raises(LaunchError, match=f"{arg}:={value} is not one of its choices \\({valid}\\)"):
             names(**{arg: value})
+    # rcl would refuse these in every node (each a traceback): one error line from the launcher
+    for robot in ("cf-1", "1cf", "cf 1"):
+        with pytest.raises(LaunchError, match=f"namespace '{robot}' is no ROS name"):
+            names(robot=robot)
+    assert "__ns:=/cf_1/a" in plan(REPO / "launch/hover.launch.xml", {"robot": "cf_1/a"})[1].argv
+    # an empty value is written as YAML's empty string (rcl cannot parse 'policy:=')
+    assert "policy:=''" in plan(REPO / "launch/hover.launch.xml", {"policy": ""})[1].argv
 
 
 def test_launch_semantics_scoping_conditions_and_errors(ament_prefix, tmp_path):
@@ -1056,6 +1063,28 @@ def _odom_bag(path: Path, n: int, finish: bool) -> None:
     f.close()
 
 
+def test_a_second_signal_while_the_recorder_takes_the_last_messages_still_finishes_the_file(tmp_path, monkeypatch):
+    """The launch runner's SIGTERM comes 5 s after Ctrl-C, and the recorder may still be taking the landing's
+    messages then: the KeyboardInterrupt it raises used to skip writer.finish(), leaving a file without its
+    summary."""
+    from mcap.reader import make_reader
+
+    import deploy.recorder as rec
+
+    node = object.__new__(rec.Recorder)
+    node.path, node._file = tmp_path / "r.mcap", (tmp_path / "r.mcap").open("xb")
+    node.writer, node.counts = rec.new_writer(node._file), {"/cf1/odom": 0}
+    node.writer.start(profile="ros2", library="test")
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(rec, "drain", interrupted)
+    node.close()
+    with node.path.open("rb") as f:
+        assert make_reader(f).get_summary() is not None
+
+
 def test_plot_reads_an_unfinished_or_cut_recording_up_to_where_it_ends(tmp_path):
     """A recorder killed before finishing its file (no summary) or a file cut short: the messages
     written are still plotted, flagged unfinished; a file with none is one error line."""
@@ -1236,6 +1265,7 @@ def fake_bridge(controller: SafeController, clock: FakeClock, connected: bool = 
     b.cf = type("Crazyflie", (), {"commander": Commander(), "close_link": lambda self: None})()
     b.connected, b._link, b.period, b.descent = connected, "test", 0.01, OnboardDescent(controller.cfg)
     b.uri, b.reconnect_s, b._opening_since, b._closing = "radio://0/80/2M/E7E7E7E7E7", 2.0, None, False
+    b._unclosed_since = None
     b._bad_samples, b._estimate_broken, b._last_odom = 0, None, None
     controller.settle_s = OnboardDescent.SETTLE_S  # as the bridge's own controller has it (ONBOARD_DESCENT)
     return b
@@ -1481,6 +1511,47 @@ def test_a_lost_radio_link_is_opened_again_with_new_log_blocks_and_arms_nothing(
     assert len(opened) == 4
     b.reconnect_s = 0.0
     assert b.link_problem().endswith("restart the bridge")
+
+
+def test_a_link_that_failed_to_open_is_opened_again_and_reported_in_one_line():
+    """An open that fails inside cflib's open_link (no link driver: the dongle busy with another program,
+    unplugged, a USB error) leaves cflib INITIALIZED with no link, never DISCONNECTED, and reports a
+    traceback. The bridge used to wait for DISCONNECTED for ever while /status said "reconnecting"; it now
+    opens again once UNCLOSED_S has shown the link never closed, and reports the failure's first line."""
+    from cflib.crazyflie import State
+
+    from deploy.crazyflie_bridge import UNCLOSED_S
+
+    c = SafeController(FakePolicy(), SafetyConfig())
+    clock = FakeClock()
+    b = fake_bridge(c, clock, connected=False)
+    cf, opened = b.cf, []
+
+    def open_link(uri):  # cflib's open_link when get_link_driver raises (checked against cflib 0.1.x)
+        opened.append(clock.t)
+        cf.state, cf.link = State.INITIALIZED, None
+        b._on_link(f"connection to {uri} failed: Couldn't load link driver: Cannot find a Crazyradio Dongle\n\n"
+                   "Traceback (most recent call last):\n  File \"crazyflie/__init__.py\", line 250, in open_link\n")
+
+    cf.open_link = open_link
+    b._open_link()
+    assert opened == [0.0]
+    assert b.link_problem() == (f"no radio link (connection to {b.uri} failed: Couldn't load link driver: Cannot "
+                                "find a Crazyradio Dongle); reconnecting every 2 s")
+    assert b.logged == [f"connecting to {b.uri}", b._link]  # one line, not the traceback
+    for t in (2.0, 2.0 + UNCLOSED_S - 0.01):  # the first look, then too soon to tell from a link still closing
+        clock.t = t
+        b._retry_link()
+    assert opened == [0.0]
+    clock.t = 2.0 + UNCLOSED_S
+    b._retry_link()
+    assert opened == [0.0, clock.t]
+    clock.t += 2.0
+    b._retry_link()
+    clock.t += 2.0
+    b._retry_link()
+    assert len(opened) == 3  # every other timer period, as long as the dongle is missing
+    assert b.logged.count(b._link) == 1  # the same failure again is not logged again
 
 
 def test_blocks_pair_by_firmware_timestamp():
