@@ -261,7 +261,9 @@ def ieee_float32_on(device: torch.device) -> None:
     diffusion policy's DDIM amplifies rounding up to ~100-fold (policies/diffusion.py), so the
     noise-to-action map DSRL steers (a U-Net base's) would be coarser on a GPU. Process-wide."""
     if device.type == "cuda":
-        torch.backends.cudnn.conv.fp32_precision = "ieee"
+        # cuDNN by its older flag: after the newer cudnn.*.fp32_precision, torch 2.13 raises on every read of
+        # cudnn.allow_tf32 (pytorch issue 179445), which inductor's convolution templates make
+        torch.backends.cudnn.allow_tf32 = False
         torch.backends.cuda.matmul.fp32_precision = "ieee"
 
 

@@ -217,6 +217,9 @@ class PPO:
         self.opt.load_state_dict(d["opt"])
         for g in self.opt.param_groups:  # a checkpoint of an older revision restores fused=None
             g["fused"] = True
+            for p in g["params"]:  # and leaves its step counts on the CPU, where fused CUDA Adam cannot read them
+                if "step" in self.opt.state.get(p, {}):
+                    self.opt.state[p]["step"] = self.opt.state[p]["step"].to(p.device, torch.float32)
         self.lr = d["lr"]
         self.gen.set_state(d["gen"])
         self.obs = d["obs"]

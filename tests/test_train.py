@@ -602,21 +602,45 @@ def test_optimizer_steps_are_left_to_the_optimizer_when_loaded_onto_another_devi
     assert all(s["step"].device.type == "cpu" for s in plain.state.values())
 
 
+def test_ppo_resumes_a_checkpoint_of_plain_adam_with_its_steps_on_the_parameters_device(tmp_path):
+    """A PPO checkpoint from before its Adam was fused holds fused=None: loaded onto a GPU (meta stands in),
+    its step counts stayed on the CPU, where the fused kernel PPO forces on cannot read them."""
+    net = torch.nn.Linear(3, 2)
+    old = torch.optim.Adam(net.parameters())  # as PPO's optimizer was before revision 2311453
+    net(torch.ones(1, 3)).sum().backward()
+    old.step()
+    ckpt.save_atomic({"opt": old.state_dict()}, tmp_path / "c.pt")
+    d = ckpt.load(tmp_path / "c.pt", device="meta")["opt"]
+    ppo = object.__new__(PPO)
+    ppo.actor, ppo.critic, ppo.value_norm, ppo.gen = (torch.nn.Identity(),) * 3 + (torch.Generator(),)
+    meta = torch.nn.Linear(3, 2, device="meta")
+    ppo.opt = torch.optim.Adam(meta.parameters(), fused=True)
+    ppo.load_state_dict({"actor": {}, "critic": {}, "value_norm": {}, "opt": d, "lr": 1e-3,
+                         "gen": torch.Generator().get_state(), "obs": None, "iteration": 3})
+    assert all(g["fused"] for g in ppo.opt.param_groups)
+    assert {s["step"].device.type for s in ppo.opt.state.values()} == {"meta"}
+
+
 def test_float32_is_ieee_on_cuda():
     """On a CUDA device cuDNN's convolutions (TF32 by default) and matrix products run in IEEE float32,
-    as on the CPU (these switches need no GPU to be set); a CPU device changes nothing."""
+    as on the CPU (these switches need no GPU to be set); a CPU device changes nothing. cuDNN's flag
+    stays readable (inductor's convolution templates read it; after the newer per-operator API torch
+    2.13 raised there)."""
     from policies.config import ieee_float32_on
 
-    conv, matmul = torch.backends.cudnn.conv, torch.backends.cuda.matmul
-    before = conv.fp32_precision, matmul.fp32_precision
+    cudnn, matmul = torch.backends.cudnn, torch.backends.cuda.matmul
+    flags = (cudnn, cudnn.conv, cudnn.rnn, matmul)
+    before = [f.fp32_precision for f in flags]
     try:
-        conv.fp32_precision = matmul.fp32_precision = "tf32"
+        assert cudnn.allow_tf32 and matmul.fp32_precision != "ieee"  # torch's defaults
         ieee_float32_on(torch.device("cpu"))
-        assert (conv.fp32_precision, matmul.fp32_precision) == ("tf32", "tf32")
+        assert cudnn.allow_tf32 and matmul.fp32_precision != "ieee"
         ieee_float32_on(torch.device("cuda"))
-        assert (conv.fp32_precision, matmul.fp32_precision) == ("ieee", "ieee")
+        assert cudnn.allow_tf32 is False and matmul.fp32_precision == "ieee" and not matmul.allow_tf32
+        assert cudnn.conv.fp32_precision != "tf32" and cudnn.rnn.fp32_precision != "tf32"
     finally:
-        conv.fp32_precision, matmul.fp32_precision = before
+        for f, value in zip(flags, before):
+            f.fp32_precision = value
 
 
 @pytest.mark.parametrize("task", ["quad_hover", "arm_reach"])
