@@ -208,7 +208,7 @@ class CrazyflieBridge(ControllerNode):
         self.connected = False
         self._link = "not connected yet"  # why commands cannot reach the vehicle
         self._opening_since: float | None = None  # when the open_link under way started (self._steady)
-        self._unclosed_since: float | None = None  # since when cflib has had no link but not marked it closed
+        self._unclosed_since: float | None = None  # when cflib last reported the link down (None: opened since)
         self._closing = False  # shutdown: no more attempts
         self._steady = time.monotonic  # the clock log arrivals are timed on (FirmwareClock)
 
@@ -253,11 +253,9 @@ class CrazyflieBridge(ControllerNode):
             return
         if self.cf.state == State.DISCONNECTED:
             self._open_link()
-        elif self.cf.link is None:
-            if self._unclosed_since is None:
-                self._unclosed_since = self._steady()
-            elif self._steady() - self._unclosed_since >= UNCLOSED_S:
-                self._open_link()
+        elif (self.cf.link is None and self._unclosed_since is not None
+              and self._steady() - self._unclosed_since >= UNCLOSED_S):
+            self._open_link()
 
     def _log_configs(self) -> list:
         """The two log blocks, new for each link: cflib marks a block added to a link, and the firmware
@@ -285,12 +283,15 @@ class CrazyflieBridge(ControllerNode):
         self.get_logger().info(f"connected to {uri}, streaming the state estimate every {LOG_PERIOD_MS} ms")
 
     def _on_link(self, what: str) -> None:
-        # cflib appends a traceback to a link driver's failure ("Couldn't load link driver: <why>\n\n<traceback>"):
-        # its first line goes to the log, /status and the services' answers
-        what = what.strip().split("\n", 1)[0]
+        # cflib's messages end in a traceback after a blank line ("Couldn't load link driver: <why>\n\n<traceback>",
+        # its drivers' "...unplugged!\nException: <why>\n\n<traceback>"): what comes before it, as one line, goes to
+        # the log, /status and the services' answers
+        head = what.strip().split("\n\n", 1)[0]
+        what = "; ".join(line.strip() for line in head.splitlines() if line.strip())
         if what != self._link:  # a retry failing as the last one did (a dongle unplugged) is not logged again
             self.get_logger().error(what)
         self.connected, self._opening_since, self._link = False, None, what
+        self._unclosed_since = self._steady()  # cflib has dropped the link: marked closed within microseconds, or never
 
     def link_problem(self) -> str | None:
         if self.connected:

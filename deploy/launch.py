@@ -272,10 +272,10 @@ def _node(el: ET.Element, scope: Scope) -> Process:
     if "name" in a:
         argv += ["-r", f"__node:={a['name']}"]
     if a.get("namespace"):
-        ns = a["namespace"].strip("/")
-        if not ROS_NAME.fullmatch(ns):  # rcl would refuse it in every node, each with a traceback
-            raise LaunchError(f"{_where(el, scope)}: namespace '{ns}' is no ROS name (letters, digits and _, not "
-                              "starting with a digit, segments split by /): e.g. robot:=cf1")
+        ns = a["namespace"].strip("/")  # "" : the root namespace
+        if ns and (not ROS_NAME.fullmatch(ns) or "__" in ns):  # rcl would refuse it in every node, with a traceback
+            raise LaunchError(f"{_where(el, scope)}: namespace '{ns}' is no ROS name (letters, digits and single _, "
+                              "not starting with a digit, segments split by /): e.g. robot:=cf1")
         argv += ["-r", f"__ns:=/{ns}"]
     for child in el:
         if child.tag not in NODE_CHILDREN:

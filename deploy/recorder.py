@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 from .launch import LaunchError, package_prefix
-from .ros import Node, drain, param, run_node
+from .ros import Node, drain, param, run_node, say
 
 PRIMITIVES = {"bool", "byte", "char", "float32", "float64", "int8", "uint8", "int16", "uint16", "int32", "uint32",
               "int64", "uint64", "string", "wstring"}
@@ -161,13 +161,15 @@ class Recorder(Node):
         # The end of the run: what was still queued when Ctrl-C came, and what the other nodes still send
         # while they stop (a launch stops every node at once; the real vehicle's bridge flies its landing,
         # within crazyflie_bridge.LANDING_LIMIT_S, publishing odometry), until they go quiet.
+        cut = False
         try:
             drain(self, lambda: sum(self.counts.values()), limit_s=RECORD_AFTER_STOP_S, quiet_s=RECORD_QUIET_S)
         except KeyboardInterrupt:  # a second signal (the launch runner's SIGTERM): the file is finished all the same
-            print("recorder: stopped while taking the last messages", flush=True)
+            cut = True
         self.writer.finish()
         self._file.close()
-        print(f"recorder: {sum(self.counts.values())} messages on {len(self.counts)} topics -> {self.path}", flush=True)
+        say(f"recorder: {sum(self.counts.values())} messages on {len(self.counts)} topics -> {self.path}"
+             + (" (stopped while taking the last messages)" if cut else ""))
 
 
 # s after Ctrl-C at most: past the real bridge's 4.5 s landing, inside the launch runner's 5 s to SIGTERM

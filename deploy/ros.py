@@ -43,6 +43,8 @@ ROTOR_LABEL = "rotor_rpm_M1_M2_M3_M4"
 CONTROL_QOS = QoSProfile(depth=1, reliability=ReliabilityPolicy.RELIABLE, history=HistoryPolicy.KEEP_LAST)
 STATE_QOS = QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE, history=HistoryPolicy.KEEP_LAST)
 CONTROL_PUB_QOS = QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE, history=HistoryPolicy.KEEP_LAST)
+# This project's own packages: a module of theirs that is missing is a bug, not an installation problem
+PROJECT_PACKAGES = ("benchmarks", "deploy", "export", "firmware", "policies", "sim")
 STATUS_QOS = QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE, history=HistoryPolicy.KEEP_LAST)
 
 
@@ -185,7 +187,10 @@ def run_node(make: Callable[[], Node], user_errors: tuple[type[Exception], ...] 
     try:
         try:
             node = make()
-        except ModuleNotFoundError as e:  # an optional package a node needs (mcap, cflib)
+        except ModuleNotFoundError as e:
+            if (e.name or "").split(".")[0] in PROJECT_PACKAGES:  # a bug of this project: its traceback
+                raise
+            # a package the node needs (mcap, cflib): an installation problem
             print(f"error: the Python module {e.name} is missing: install the project with bash install.sh",
                   file=sys.stderr)
             return 2
@@ -202,9 +207,9 @@ def run_node(make: Callable[[], Node], user_errors: tuple[type[Exception], ...] 
                 if close is not None:
                     close()
             except KeyboardInterrupt:  # a second signal cut the clean-up short (close() sends what must be sent)
-                _say(f"{node.get_name()}: clean-up interrupted")
+                say(f"{node.get_name()}: clean-up interrupted")
             except Exception as e:  # e.g. its output gone with a dead launch runner: destroy the node all the same
-                _say(f"{node.get_name()}: clean-up failed ({type(e).__name__}: {e})")
+                say(f"{node.get_name()}: clean-up failed ({type(e).__name__}: {e})")
                 code = 1
             node.destroy_node()
         if rclpy.ok():
@@ -212,7 +217,7 @@ def run_node(make: Callable[[], Node], user_errors: tuple[type[Exception], ...] 
     return code
 
 
-def _say(line: str) -> None:
+def say(line: str) -> None:
     """One line to stderr, if it still goes anywhere (a launch runner that died took the pipe with it)."""
     try:
         print(line, file=sys.stderr, flush=True)

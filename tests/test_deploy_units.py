@@ -732,7 +732,7 @@ def test_hover_launch_plans_the_documented_processes(ament_prefix):
         with pytest.raises(LaunchError, match=f"{arg}:={value} is not one of its choices \\({valid}\\)"):
             names(**{arg: value})
     # rcl would refuse these in every node (each a traceback): one error line from the launcher
-    for robot in ("cf-1", "1cf", "cf 1"):
+    for robot in ("cf-1", "1cf", "cf 1", "__x", "a__b"):
         with pytest.raises(LaunchError, match=f"namespace '{robot}' is no ROS name"):
             names(robot=robot)
     assert "__ns:=/cf_1/a" in plan(REPO / "launch/hover.launch.xml", {"robot": "cf_1/a"})[1].argv
@@ -752,6 +752,9 @@ def test_launch_semantics_scoping_conditions_and_errors(ament_prefix, tmp_path):
       <set_env name="FOO" value="bar"/>
       <node pkg="robolearn" exec="sim_bridge" name="d" if="$(eval '\\'$(var flag)\\' == \\'false\\'')"/>
     </launch>""")
+    root = write(tmp_path / "root.launch.xml",
+                 '<launch><node pkg="robolearn" exec="sim_bridge" namespace="/"/></launch>')
+    assert "__ns:=/" in plan(root, {})[0].argv  # the root namespace
     procs = plan(main, {})
     assert [p.name for p in procs] == ["b", "c", "d"]
     assert "odom:=x" in procs[0].argv and procs[2].env["FOO"] == "bar" and "FOO" not in procs[0].env
@@ -1517,7 +1520,8 @@ def test_a_link_that_failed_to_open_is_opened_again_and_reported_in_one_line():
     """An open that fails inside cflib's open_link (no link driver: the dongle busy with another program,
     unplugged, a USB error) leaves cflib INITIALIZED with no link, never DISCONNECTED, and reports a
     traceback. The bridge used to wait for DISCONNECTED for ever while /status said "reconnecting"; it now
-    opens again once UNCLOSED_S has shown the link never closed, and reports the failure's first line."""
+    opens again at the timer once UNCLOSED_S has passed since the failure without the link closed, and
+    reports what cflib said before the traceback, as one line."""
     from cflib.crazyflie import State
 
     from deploy.crazyflie_bridge import UNCLOSED_S
@@ -1539,19 +1543,19 @@ def test_a_link_that_failed_to_open_is_opened_again_and_reported_in_one_line():
     assert b.link_problem() == (f"no radio link (connection to {b.uri} failed: Couldn't load link driver: Cannot "
                                 "find a Crazyradio Dongle); reconnecting every 2 s")
     assert b.logged == [f"connecting to {b.uri}", b._link]  # one line, not the traceback
-    for t in (2.0, 2.0 + UNCLOSED_S - 0.01):  # the first look, then too soon to tell from a link still closing
-        clock.t = t
-        b._retry_link()
+    clock.t = UNCLOSED_S - 0.01  # too soon to tell from a link cflib is still closing
+    b._retry_link()
     assert opened == [0.0]
-    clock.t = 2.0 + UNCLOSED_S
-    b._retry_link()
-    assert opened == [0.0, clock.t]
-    clock.t += 2.0
-    b._retry_link()
-    clock.t += 2.0
-    b._retry_link()
-    assert len(opened) == 3  # every other timer period, as long as the dongle is missing
+    for k in range(1, 4):  # every timer period, as long as the dongle is missing
+        clock.t = 2.0 * k
+        b._retry_link()
+    assert opened == [0.0, 2.0, 4.0, 6.0]
     assert b.logged.count(b._link) == 1  # the same failure again is not logged again
+    # a driver's message: its lines before the traceback, joined
+    b._on_link("link to radio://0 lost: Error communicating with crazy radio ,it has probably been unplugged!\n"
+               "Exception:[Errno 19] No such device\n\nTraceback (most recent call last):\n  File \"x.py\"")
+    assert b._link == ("link to radio://0 lost: Error communicating with crazy radio ,it has probably been "
+                       "unplugged!; Exception:[Errno 19] No such device")
 
 
 def test_blocks_pair_by_firmware_timestamp():
@@ -1713,6 +1717,34 @@ def test_a_node_whose_clean_up_fails_is_destroyed_and_exits_non_zero(tmp_path):
     assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
     assert "closer: clean-up failed (BrokenPipeError: [Errno 32] Broken pipe)" in r.stderr, r.stderr
     assert log.read_text() == "destroyed\n"
+
+
+MISSING = """import sys
+sys.path.insert(0, {repo!r})
+from deploy.ros import run_node
+
+
+def make():
+    raise ModuleNotFoundError("No module named {name!r}", name={name!r})
+
+
+sys.exit(run_node(make, (), []))
+"""
+
+
+@pytest.mark.parametrize("name, code", [("mcap.writer", 2), ("policies.nope", 1)])
+def test_a_missing_package_is_one_error_line_a_missing_module_of_the_project_a_traceback(tmp_path, name, code):
+    """A node whose package is not installed (the recorder's mcap, the bridge's cflib) says so in one line;
+    a module of this project that is missing is a bug, and keeps its traceback."""
+    script = write(tmp_path / "missing.py", MISSING.format(repo=str(REPO), name=name))
+    env = {**os.environ, "ROS_DOMAIN_ID": "97", "ROS_AUTOMATIC_DISCOVERY_RANGE": "LOCALHOST"}
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60, env=env)
+    assert r.returncode == code, r.stderr
+    if code == 2:
+        assert r.stderr.strip() == (f"error: the Python module {name} is missing: install the project with "
+                                    "bash install.sh")
+    else:
+        assert "Traceback" in r.stderr and "policies.nope" in r.stderr, r.stderr
 
 
 def test_the_bridge_publishes_the_state_in_its_world_frame_parameter():

@@ -228,10 +228,11 @@ def test_bc_needs_a_matching_dataset(demos, tmp_path):
     assert r.returncode == 2 and "holds 'arm_push' demonstrations" in r.stderr and "Traceback" not in r.stderr
     # The same floats from another source of the cube pose: a policy labelled perception but trained on
     # the simulator's cube (or the reverse) would be exported and deployed with the wrong input.
-    r = cli("policies.train", "task=arm_push", "algo=diffusion_bc", f"algo.dataset={demos}", "task.obs_source=perception",
-            f"run_dir={tmp_path / 'p'}", *FAST)
+    r = cli("policies.train", "task=arm_push", "algo=diffusion_bc", f"algo.dataset={demos}",
+            "task.obs_source=perception", f"run_dir={tmp_path / 'p'}", *FAST)
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
-    assert "collected with task.obs_source=state, this run observes the cube with task.obs_source=perception" in r.stderr
+    assert ("collected with task.obs_source=state, this run observes the cube with task.obs_source=perception"
+            in r.stderr)
     assert not (tmp_path / "p" / "checkpoints").exists()
 
 

@@ -629,8 +629,7 @@ def test_float32_is_ieee_on_cuda():
     from policies.config import ieee_float32_on
 
     cudnn, matmul = torch.backends.cudnn, torch.backends.cuda.matmul
-    flags = (cudnn, cudnn.conv, cudnn.rnn, matmul)
-    before = [f.fp32_precision for f in flags]
+    before = cudnn.allow_tf32, matmul.fp32_precision
     try:
         assert cudnn.allow_tf32 and matmul.fp32_precision != "ieee"  # torch's defaults
         ieee_float32_on(torch.device("cpu"))
@@ -638,9 +637,8 @@ def test_float32_is_ieee_on_cuda():
         ieee_float32_on(torch.device("cuda"))
         assert cudnn.allow_tf32 is False and matmul.fp32_precision == "ieee" and not matmul.allow_tf32
         assert cudnn.conv.fp32_precision != "tf32" and cudnn.rnn.fp32_precision != "tf32"
-    finally:
-        for f, value in zip(flags, before):
-            f.fp32_precision = value
+    finally:  # each by the API ieee_float32_on used: cuDNN's older flag stays readable for later tests
+        cudnn.allow_tf32, matmul.fp32_precision = before
 
 
 @pytest.mark.parametrize("task", ["quad_hover", "arm_reach"])

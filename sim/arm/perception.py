@@ -538,10 +538,10 @@ class Perception:
         """Overwrite ``policy_obs[i, env.OBJECT_POS]`` (torch tensor or NumPy array [N, D], in place)
         for ``env_ids`` (all if None) and return the positions written, [len(env_ids), 3] (world, m)."""
         ids = np.arange(self.env.num_envs) if env_ids is None else np.asarray(env_ids, dtype=np.int64)
-        seen = policy_obs.detach().cpu().numpy() if hasattr(policy_obs, "detach") else policy_obs  # a CUDA tensor too
-        tcp = np.asarray(seen[:, self.env.TCP_POS], dtype=np.float64)
-        yaw = np.asarray(seen[:, self.env.TCP_YAW], dtype=np.float64).reshape(-1)
-        opening = np.asarray(seen[:, self.env.GRIPPER_OPENING], dtype=np.float64).reshape(-1)
+        obs = policy_obs.detach().cpu().numpy() if hasattr(policy_obs, "detach") else policy_obs  # a CUDA tensor too
+        tcp = np.asarray(obs[:, self.env.TCP_POS], dtype=np.float64)
+        yaw = np.asarray(obs[:, self.env.TCP_YAW], dtype=np.float64).reshape(-1)
+        opening = np.asarray(obs[:, self.env.GRIPPER_OPENING], dtype=np.float64).reshape(-1)
         for i in ids:
             est = self.estimate(int(i))
             self.estimates[i] = est
