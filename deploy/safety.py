@@ -6,7 +6,9 @@ wall time on hardware, simulated time under a simulator.
 
 Modes and rules, checked on every tick:
   DISARMED  rotors at idle (0 rpm). ``arm()`` (std_srvs/SetBool true) switches to ARMED only with
-            a fresh, valid state inside the geofence, tilted no more than ``max_arm_tilt_deg``, and a
+            a fresh, valid state inside the geofence, tilted no more than ``max_arm_tilt_deg`` (not
+            checked when arming from a failsafe descent, as for a recovery: in flight the policy flies a
+            tilted vehicle, which the descent's attitude-neutral command does not level), and a
             steady clock (below). With ``auto_arm`` the first such state arms
             once after start-up (simulation and HIL launch files use it, real flights do not), unless
             the caller holds it (``auto_arm_hold``: policy_node while the recorder is not listening,
@@ -20,9 +22,10 @@ Modes and rules, checked on every tick:
             range, outside the geofence) or a policy error (exception, non-finite or misshapen
             output) switches to FAILSAFE in the same tick. A rejected state counts at the next tick
             even if a valid one arrived after it. Actions are clipped to [-1, max_action].
-            A fresh state tilted beyond ``max_tilt_deg`` (upside down by default; ARMED or FAILSAFE)
-            cuts the rotors at once (DISARMED, counted in ``failsafe_count``): a descent's thrust
-            would drive a tumbled vehicle into the floor.
+            A current state (younger than ``stale_timeout``, even with a sample rejected after it)
+            tilted beyond ``max_tilt_deg`` (upside down by default; ARMED or FAILSAFE) cuts the rotors
+            at once (DISARMED, counted in ``failsafe_count``): a descent's thrust would drive a tumbled
+            vehicle into the floor.
             A vehicle whose valid states show it on the floor (below ``landed_height``) for
             ``ground_timeout`` without a break while ARMED did not take off, or came down and cannot
             leave the floor (tipped over, a broken rotor): the rotors are cut and the mode is DISARMED
@@ -339,8 +342,8 @@ class SafeController:
     def disarm(self, now: float) -> str:
         self._check_clock(now)
         self._auto_arm_pending, self._operator_stop = False, True
-        if self.mode is Mode.ARMED:
-            self._enter_failsafe("disarm requested", now, may_recover=False)
+        if self.mode is Mode.ARMED:  # the operator's descent: not counted as a failsafe
+            self._enter_failsafe("disarm requested", now, may_recover=False, counted=False)
         elif self.mode is Mode.FAILSAFE:  # the descent goes on as timed (and counted once): no recovery
             if self._may_recover:
                 self._may_recover = False
@@ -384,7 +387,10 @@ class SafeController:
                 armed, why = self.arm(now)
                 if not armed and "tilted" in why:  # without the angle: a status message per degree would flood /status
                     self.reason = f"auto_arm: tilted beyond {self.cfg.max_arm_tilt_deg:g} deg, arming once level"
-        if self.mode in (Mode.ARMED, Mode.FAILSAFE) and fresh and self.tilt_deg() > self.cfg.max_tilt_deg:
+        # A tumbled state is acted on while it is current, even with a sample rejected after it (a tumbling
+        # vehicle's next samples exceed the body-rate limit): descent thrust would drive it into the floor.
+        current = self._latest is not None and now - self._latest_time <= self.cfg.stale_timeout
+        if self.mode in (Mode.ARMED, Mode.FAILSAFE) and current and self.tilt_deg() > self.cfg.max_tilt_deg:
             self.failsafe_count += 1
             self._set(Mode.DISARMED, f"tumbled: tilted {self.tilt_deg():.0f} deg (limit {self.cfg.max_tilt_deg:g} "
                                      "deg): rotors cut, re-arm to fly")
@@ -449,8 +455,8 @@ class SafeController:
             return None
         return np.clip(out, -1.0, self.cfg.max_action)
 
-    def _enter_failsafe(self, why: str, now: float, may_recover: bool = True) -> None:
-        self.failsafe_count += 1
+    def _enter_failsafe(self, why: str, now: float, may_recover: bool = True, counted: bool = True) -> None:
+        self.failsafe_count += counted
         self._may_recover = may_recover and len(self._recovered_at) < self.cfg.max_recoveries
         if may_recover and not self._may_recover:
             why += f"; {len(self._recovered_at)} recoveries in the last {self.cfg.recovery_window:g} s, no more"

@@ -588,6 +588,7 @@ def test_arming_in_flight_keeps_the_previous_action():
 def test_disarm_in_flight_descends_without_recovery():
     c, _ = armed_controller()
     c.disarm(0.0)
+    assert c.status()["failsafe_count"] == 0  # the operator's descent is no failsafe
     for k in range(1, 6):
         c.on_state(hover_state(), 0.01 * k)
         assert c.tick(0.01 * k).mode is Mode.FAILSAFE
@@ -1181,6 +1182,11 @@ def test_arming_is_refused_tilted_and_a_tumbled_vehicle_is_cut():
     assert c.tick(0.1).mode is Mode.FAILSAFE  # stale
     c.on_state(make_state([2.0, 0.0, 1.0], [0.0, 1.0, 0, 0], [0, 0, 0], [0, 0, 0], 0.1), 0.1)  # upside down
     assert c.tick(0.1).mode is Mode.DISARMED and "tumbled" in c.reason and c.status()["failsafe_count"] == 2
+    c, _ = armed_controller()  # ... also where a rejected sample follows it before the tick (a tumbling
+    c.on_state(tilted_state(150.0, 0.005, z=1.0), 0.005)  # vehicle's next samples exceed the body-rate limit)
+    c.on_state(None, 0.006, "out_of_range: body rate 40 rad/s")
+    cmd = c.tick(0.01)
+    assert cmd.mode is Mode.DISARMED and cmd.reason.startswith("tumbled: tilted 150 deg"), cmd.reason
     c, _ = armed_controller()  # ... but not on a stale state: a latched fence breach does not make it current
     c.on_state(make_state([2.0, 0.0, 1.0], [0.0, 1.0, 0, 0], [0, 0, 0], [0, 0, 0], 0.0), 0.1, age=0.045)
     cmd = c.tick(0.11)
