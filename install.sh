@@ -14,7 +14,8 @@ python3 -c 'import sys; sys.exit(sys.version_info < (3, 11))' || {
 }
 APT_PACKAGES=(
   libosmesa6 libegl1 libgl1   # headless MuJoCo rendering (EGL / OSMesa)
-  gcc clang libclang-rt-14-dev  # host build of the exported C policy, sanitizers, libFuzzer
+  gcc clang libclang-rt-dev  # host build of the exported C policy, sanitizers, libFuzzer (clang's runtime)
+  make  # firmware/build.py builds the images with make
   g++  # torch.compile (inductor) builds the fused simulator step and PPO loss as C++
   gcc-arm-none-eabi libnewlib-arm-none-eabi qemu-system-arm  # Cortex-M4 cross-build, emulated STM32F405
 )

@@ -34,12 +34,13 @@ class RosWorld:
     def __init__(self, domain_id: int | None = None):
         ensure_ament_prefix()
         self.domain_id = free_domain_id() if domain_id is None else domain_id
+        self._tmp = tempfile.TemporaryDirectory(prefix="deploy_test_")
+        # ROS_LOG_DIR: each node's rcl log file goes with this world, not into ~/.ros/log (one per process)
         self.env = {**os.environ, "ROS_DOMAIN_ID": str(self.domain_id), "ROS_AUTOMATIC_DISCOVERY_RANGE": "LOCALHOST",
                     "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
-                    "PYTHONUNBUFFERED": "1"}
+                    "PYTHONUNBUFFERED": "1", "ROS_LOG_DIR": self._tmp.name}
         self.procs: list[subprocess.Popen] = []
         self.logs: list[Path] = []
-        self._tmp = tempfile.TemporaryDirectory(prefix="deploy_test_")
         self.context = None
         self.node = None
         self.executor = None

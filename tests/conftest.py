@@ -4,6 +4,8 @@ end to end without training."""
 from __future__ import annotations
 
 import math
+import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -14,6 +16,11 @@ from policies import checkpoint as ckpt
 from policies.config import compose_config
 from policies.networks import Actor
 from sim.crazyflie.params import NOMINAL
+
+# rcl writes a log file per ROS process (this one's and every node a test starts) into ~/.ros/log unless told
+# otherwise: the test run's go to a directory of their own (deploy.testing.RosWorld gives each world one)
+_ROS_LOGS = tempfile.TemporaryDirectory(prefix="robolearn_test_ros_logs_")
+os.environ.setdefault("ROS_LOG_DIR", _ROS_LOGS.name)
 
 HOVER_ACTION = NOMINAL.hover_action  # the action that hovers the nominal Crazyflie, as the trainer initialises it
 
