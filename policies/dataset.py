@@ -123,12 +123,18 @@ def save(path: str | Path, episodes: list[dict[str, np.ndarray]], meta: dict) ->
     return path
 
 
+# Task config fields a dataset's meta.json may lack (collected before they existed), with the value it had then
+FIELDS_BEFORE = {"obs_source": "state"}
+
+
 def load(path: str | Path, task: str | None = None, obs_dim: int | None = None,
-         act_dim: int | None = None, critic_dim: int | None = None, obs_source: str | None = None) -> Demonstrations:
+         act_dim: int | None = None, critic_dim: int | None = None,
+         collected_with: dict | None = None) -> Demonstrations:
     """Read a dataset; with ``task``/``obs_dim``/``act_dim``/``critic_dim`` given, refuse one made
     for another task (or, for ``critic_dim``, another critic layout: with or without latency); with
-    ``obs_source`` given, one whose observations hold the cube pose from another source (the
-    simulator's or the camera's estimate: the same floats, so only meta.json tells them apart)."""
+    ``collected_with`` ({task config field: value}), one collected with another value of a field, e.g.
+    ``obs_source``: the cube pose from the simulator or the camera's estimate, the same floats, so only
+    meta.json tells them apart."""
     path = Path(path)
     if not (path / "meta.json").is_file() or not (path / "data.npz").is_file():
         empty = not path.is_dir() or not any(path.iterdir())  # collect writes only into a new or empty directory
@@ -167,8 +173,10 @@ def load(path: str | Path, task: str | None = None, obs_dim: int | None = None,
                            "collected with another?)")
     if act_dim is not None and demos.action.shape[1] != act_dim:
         raise DatasetError(f"{path}: actions have {demos.action.shape[1]} floats, the task has {act_dim}")
-    made = meta.get("task_config", {}).get("obs_source", "state")  # datasets from before perception: state
-    if obs_source is not None and made != obs_source:
-        raise DatasetError(f"{path} was collected with task.obs_source={made}, this run observes the cube with "
-                           f"task.obs_source={obs_source}: set task.obs_source={made} or collect with {obs_source}")
+    made = meta.get("task_config", {})
+    for key, value in (collected_with or {}).items():
+        was = made.get(key, FIELDS_BEFORE.get(key))
+        if was != value:
+            raise DatasetError(f"{path} was collected with task.{key}={was}, this run has task.{key}={value}: "
+                               f"set task.{key}={was} or collect with {value}")
     return demos

@@ -298,7 +298,8 @@ class DiffusionBC:
         path = self.dataset_path = cfg.dataset or f"data/{env.cfg.name}"
         try:
             demos = ds.load(path, task=env.cfg.name, obs_dim=obs_dim, act_dim=act_dim,
-                            obs_source=getattr(env.cfg, "obs_source", None)).first(cfg.max_episodes)
+                            collected_with={"obs_source": env.cfg.obs_source} if hasattr(env.cfg, "obs_source")
+                            else None).first(cfg.max_episodes)
         except ds.DatasetError as e:
             raise UserError(str(e)) from None
         self.dataset_digest = demos.digest()

@@ -254,16 +254,13 @@ class DSRL:
         try:
             d = ds.load(path, task=self.env.cfg.name, obs_dim=obs_dim, act_dim=act_dim,
                         critic_dim=self.env.single_observation_space["critic"].shape[0],
-                        obs_source=getattr(self.env.cfg, "obs_source", None))
+                        # rewards and the critic's time feature (t / episode_steps) must mean what they mean
+                        # online, and the observation's cube pose must come from the same source
+                        collected_with={k: getattr(self.env.cfg, k) for k in
+                                        ("reward_type", "episode_steps", "terminate_on_success", "obs_source")})
         except ds.DatasetError as e:
-            raise UserError(str(e)) from None
+            raise UserError(f"algo.demos: {e}") from None
         self.demos_digest = d.digest()
-        # Rewards and the critic's time feature (t / episode_steps) must mean what they mean online.
-        made = d.meta.get("task_config", {})
-        for key in ("reward_type", "episode_steps", "terminate_on_success"):
-            if made.get(key) != getattr(self.env.cfg, key):
-                raise UserError(f"algo.demos={path}: collected with {key}={made.get(key)}, this run uses "
-                                f"{getattr(self.env.cfg, key)}")
         h, g, n_step = self.exec_horizon, self.cfg.gamma, self.cfg.n_step
         rows = {k: [] for k in ("obs", "critic", "chunk", "reward", "next_obs", "next_critic", "done", "discount")}
         for s in d.episode_slices():

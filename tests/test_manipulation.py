@@ -231,8 +231,7 @@ def test_bc_needs_a_matching_dataset(demos, tmp_path):
     r = cli("policies.train", "task=arm_push", "algo=diffusion_bc", f"algo.dataset={demos}",
             "task.obs_source=perception", f"run_dir={tmp_path / 'p'}", *FAST)
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
-    assert ("collected with task.obs_source=state, this run observes the cube with task.obs_source=perception"
-            in r.stderr)
+    assert "collected with task.obs_source=state, this run has task.obs_source=perception" in r.stderr
     assert not (tmp_path / "p" / "checkpoints").exists()
 
 
@@ -1028,9 +1027,9 @@ def test_dsrl_na_loads_demonstrations(base_run, demos, monkeypatch):
     with pytest.raises(UserError, match=f"privileged observations have {CRITIC_DIM} floats, the task has {latency_critic}"):
         _dsrl(base_run, "na", [f"algo.demos={demos}", "task.randomization.max_latency_steps=1"])
     # Rewards and the critic's time feature must mean what they mean online.
-    for override, message in (("task.episode_steps=77", "collected with episode_steps="),
-                              ("task.reward_type=time", "collected with reward_type=sparse"),
-                              ("task.terminate_on_success=false", "collected with terminate_on_success=True"),
+    for override, message in (("task.episode_steps=77", "collected with task.episode_steps="),
+                              ("task.reward_type=time", "collected with task.reward_type=sparse"),
+                              ("task.terminate_on_success=false", "collected with task.terminate_on_success=True"),
                               ("task.obs_source=perception", "collected with task.obs_source=state")):
         with pytest.raises(UserError, match=message):
             _dsrl(base_run, "na", [f"algo.demos={demos}", override])
