@@ -247,8 +247,10 @@ static void test_engage_and_hold(void)
   CHECK(fake_last_obs[CFP_OBS_PREV] == c.action_max);
   /* An action below the one of THRUST_MIN (-0.267) stops the motor, on the vehicle (motors.c) as here,
    * and is fed back as -1, what the motor got; one just above it is applied and fed back as it is. */
-  CHECK_NEAR(c.action_min, 2.0f * sqrtf(config.thrust_min / config.kf) / config.rpm_max - 1.0f, 1e-6f);
-  CHECK_NEAR(c.action_min, -0.2667f, 1e-3f);
+  const float action_min = 2.0f * sqrtf(config.thrust_min / config.kf) / config.rpm_max - 1.0f;
+  CHECK_NEAR(action_min, -0.2667f, 1e-3f);
+  CHECK(cfp_action_to_force(&config, action_min - 1e-4f) == 0.0f);
+  CHECK(cfp_action_to_force(&config, action_min + 1e-4f) > 0.0f);
   fake_action0 = -0.5f;
   in = hover_input(1043);
   CHECK(cfp_update(&c, &in) == CFP_POLICY);

@@ -19,8 +19,6 @@ void cfp_init(cfp_t *c, const cfp_config_t *cfg)
   /* rpm at which kf rpm^2 = thrust_max, as an action: (a + 1) / 2 * rpm_max = rpm */
   const float action_max = 2.0f * sqrtf(cfg->thrust_max / cfg->kf) / cfg->rpm_max - 1.0f;
   c->action_max = action_max < 1.0f ? action_max : 1.0f;
-  /* and at which kf rpm^2 = thrust_min: below it the firmware gives the motor 0 */
-  c->action_min = cfg->thrust_min > 0.0f ? 2.0f * sqrtf(cfg->thrust_min / cfg->kf) / cfg->rpm_max - 1.0f : -1.0f;
   c->fallback_takeover = false;
   for (int i = 0; i < CFP_OBS_DIM; ++i) {
     c->obs[i] = 0.0f;
@@ -106,7 +104,7 @@ static bool run_policy(cfp_t *c, const cfp_input_t *in)
   for (int i = 0; i < CFP_ACT_DIM; ++i) {
     /* The previous action the policy observes is the one the motors got, as in training (there the
      * clip to [-1, 1]; here also the firmware's limits: actions above action_max saturate at its force,
-     * and below action_min the firmware stops the motor, rotor speed 0, action -1). */
+     * and below the action of thrust_min the firmware stops the motor, rotor speed 0, action -1). */
     const float a = action[i] > 1.0f ? 1.0f : (action[i] < -1.0f ? -1.0f : action[i]);
     c->motor_force[i] = cfp_action_to_force(&c->cfg, action[i]);
     c->action[i] = c->motor_force[i] == 0.0f ? -1.0f : (a > c->action_max ? c->action_max : a);

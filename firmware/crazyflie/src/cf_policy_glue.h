@@ -107,8 +107,6 @@ typedef struct {
   float action[CFP_ACT_DIM];    /* last action as applied (saturated at action_max), held between periods */
   float action_max;             /* the action whose rotor speed gives normalized force 1 (thrust_max): a
                                  * larger one saturates there, and is fed back as this one */
-  float action_min;             /* the action whose rotor speed gives thrust_min: a smaller one stops the
-                                 * motor (force 0), and is fed back as -1 */
   float motor_force[CFP_ACT_DIM]; /* normalized force 0..1 per motor, valid in IDLE and POLICY */
   bool fallback_takeover; /* true on the step FALLBACK begins: the adapter resets the stock PID then */
 } cfp_t;
