@@ -149,7 +149,8 @@ class ControllerNode(Node):
         if not 0.0 <= wait_s < math.inf:
             raise ValueError(f"parameter wait_for_recorder_s={wait_s}: expected a finite time >= 0 s (0: do not wait)")
         self._recorder_deadline: float | None = None  # counted from when the publishers exist (below)
-        self._recorder_hold = f"waiting for the recorder (at most {wait_s:g} s)" if wait_s > 0.0 and cfg.auto_arm else None
+        self._recorder_hold = (f"waiting for the recorder (at most {wait_s:g} s)" if wait_s > 0.0 and cfg.auto_arm
+                               else None)
         self.clock_timeout = float(param(self, "clock_timeout", 0.5, "sim time: wall s without /clock = dead"))
         if not self.clock_timeout > 0.0 or not math.isfinite(self.clock_timeout):  # NaN would never fire
             raise ValueError(f"parameter clock_timeout={self.clock_timeout}: expected a positive time (s)")

@@ -43,9 +43,9 @@ ROTOR_LABEL = "rotor_rpm_M1_M2_M3_M4"
 CONTROL_QOS = QoSProfile(depth=1, reliability=ReliabilityPolicy.RELIABLE, history=HistoryPolicy.KEEP_LAST)
 STATE_QOS = QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE, history=HistoryPolicy.KEEP_LAST)
 CONTROL_PUB_QOS = QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE, history=HistoryPolicy.KEEP_LAST)
+STATUS_QOS = QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE, history=HistoryPolicy.KEEP_LAST)
 # This project's own packages: a module of theirs that is missing is a bug, not an installation problem
 PROJECT_PACKAGES = ("benchmarks", "deploy", "export", "firmware", "policies", "sim")
-STATUS_QOS = QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE, history=HistoryPolicy.KEEP_LAST)
 
 
 def ensure_ament_prefix() -> None:

@@ -283,7 +283,11 @@ class SafeController:
     def state_fresh(self, now: float) -> bool:
         """Whether the last valid state is current at ``now`` (its height and attitude can be used,
         inside the fence or not): no sample rejected after it, and no older than ``stale_timeout``."""
-        return self._input_error is None and now - self._latest_time <= self.cfg.stale_timeout
+        return self._input_error is None and self._current(now)
+
+    def _current(self, now: float) -> bool:
+        """Whether the last valid state is no older than ``stale_timeout`` at ``now`` (False without one)."""
+        return now - self._latest_time <= self.cfg.stale_timeout
 
     @staticmethod
     def _fence_problem(pos: np.ndarray) -> str:
@@ -389,8 +393,7 @@ class SafeController:
                     self.reason = f"auto_arm: tilted beyond {self.cfg.max_arm_tilt_deg:g} deg, arming once level"
         # A tumbled state is acted on while it is current, even with a sample rejected after it (a tumbling
         # vehicle's next samples exceed the body-rate limit): descent thrust would drive it into the floor.
-        current = self._latest is not None and now - self._latest_time <= self.cfg.stale_timeout
-        if self.mode in (Mode.ARMED, Mode.FAILSAFE) and current and self.tilt_deg() > self.cfg.max_tilt_deg:
+        if self.mode in (Mode.ARMED, Mode.FAILSAFE) and self._current(now) and self.tilt_deg() > self.cfg.max_tilt_deg:
             self.failsafe_count += 1
             self._set(Mode.DISARMED, f"tumbled: tilted {self.tilt_deg():.0f} deg (limit {self.cfg.max_tilt_deg:g} "
                                      "deg): rotors cut, re-arm to fly")

@@ -150,7 +150,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     meta = {"task": task_cfg.name, "task_config": OmegaConf.to_container(cfg.task, resolve=True),
-            "expert_noise": o["noise"], "seed": o["seed"], "num_envs": o["num_envs"], "successful_only": o["successful_only"],
+            "expert_noise": o["noise"], "seed": o["seed"], "num_envs": o["num_envs"],
+            "successful_only": o["successful_only"],
             "control_period_s": period, "source_revision": source_revision()}
     try:
         path = ds.save(Path(o["out"]), eps, meta)
