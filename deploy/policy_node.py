@@ -140,6 +140,9 @@ class ControllerNode(Node):
             ground_timeout=float(param(self, "ground_timeout", d.ground_timeout, "s on the floor while armed: cut")),
             max_arm_tilt_deg=float(param(self, "max_arm_tilt_deg", d.max_arm_tilt_deg, "deg: no arming above it")),
             max_tilt_deg=float(param(self, "max_tilt_deg", d.max_tilt_deg, "deg: tumbled above it, rotors cut")),
+            max_jump=float(param(self, "max_jump", d.max_jump, "m beyond max speed: a sample farther is rejected")),
+            max_attitude_jump_deg=float(param(self, "max_attitude_jump_deg", d.max_attitude_jump_deg,
+                                              "deg beyond max body rate: a sample turned further is rejected")),
             auto_arm=bool(param(self, "auto_arm", d.auto_arm, "arm on the first valid state")),
         )
         # Recording a simulated flight (hover.launch.xml record:=true): the flight starts once the recorder
@@ -230,15 +233,25 @@ class ControllerNode(Node):
                 raise InvalidState("stale", f"header stamp {-age * 1e3:.0f} ms ahead of this node's clock")
         except InvalidState as e:
             self.rejected[e.reason] = self.rejected.get(e.reason, 0) + 1
-            self.controller.on_state(None, now, str(e))
+            problem = str(e)
+            self.controller.on_state(None, now, problem)
         except Exception as e:  # anything else a message can do to the conversion: reject, never crash
             self.rejected["malformed"] = self.rejected.get("malformed", 0) + 1
-            self.controller.on_state(None, now, f"malformed: {type(e).__name__}")
+            problem = f"malformed: {type(e).__name__}"
+            self.controller.on_state(None, now, problem)
         else:
-            self._state_received_at = time.perf_counter()
-            self.accepted += 1
-            self.controller.on_state(state, now, age=age)  # stale from its stamp on, not from its receipt
+            problem = self.controller.on_state(state, now, age=age)  # stale from its stamp on, not from its receipt
+            if problem is None:
+                self._state_received_at = time.perf_counter()
+                self.accepted += 1
+            else:  # a jump from the last valid state (deploy/safety.py, "Implausible samples")
+                self.rejected["implausible"] = self.rejected.get("implausible", 0) + 1
+        self.sample_checked(problem)
         self._report_change()
+
+    def sample_checked(self, problem: str | None) -> None:
+        """Called for every state sample that reached the safety layer: ``problem`` is why it was rejected,
+        None if it was accepted (crazyflie_bridge counts its onboard estimate's rejections in a row)."""
 
     def link_problem(self) -> str | None:
         """Why commands cannot reach the vehicle (crazyflie_bridge: no radio link), or None."""

@@ -19,7 +19,7 @@ Modes and rules, checked on every tick:
             its target, farther than the hover training's initial states: the heaviest, weakest
             vehicles of the randomization then tipped over on the floor instead of taking off).
             A state problem (older than ``stale_timeout`` by its stamp, non-finite, out of
-            range, outside the geofence) or a policy error (exception, non-finite or misshapen
+            range, implausible (below), outside the geofence) or a policy error (exception, non-finite or misshapen
             output) switches to FAILSAFE in the same tick. A rejected state counts at the next tick
             even if a valid one arrived after it. Actions are clipped to [-1, max_action].
             A current state (younger than ``stale_timeout``, even with a sample rejected after it)
@@ -51,6 +51,17 @@ Modes and rules, checked on every tick:
             No recovery while the caller says the policy cannot fly (``recovery_hold``: firmware_bridge
             with a failed MCU, whose every policy call fails): that failsafe lands.
   ESTOP     ``estop()`` (std_srvs/Trigger): rotors cut at once, latched until ``arm()``.
+Implausible samples: a valid sample whose position lies farther from the last valid state's than
+that state, if current when the sample was taken (no older than ``stale_timeout``), could have moved at
+StateLimits.max_speed in the time between their stamps, plus ``max_jump``, or whose attitude turned
+further than StateLimits.max_rate on every axis allows, plus ``max_attitude_jump_deg``, is rejected
+(a glitch of the estimator or the motion capture: a swapped marker, an outlier): it is flown on no
+more than a non-finite sample is. Believed, one sample below the fence's floor would cut the rotors
+in the air, and one upside down would too (tumbled), and a failsafe would descend from it. The
+rejection is a failsafe descent from the last valid state, which recovers on the samples after the
+glitch; an estimate that jumped and stays is believed from the first sample after the last valid
+state has gone stale (there is nothing left to compare it with), as any sample after a gap is.
+Velocity and body rates are not compared between samples (a jump there is flown on for one sample).
 A clock that goes back (a simulator reset or restart: /clock from 0 again) starts the controller up
 again, DISARMED (``auto_arm`` arms it again on the first valid state unless the operator disarmed or
 stopped it since the last arming; an emergency stop stays latched): its kept times would lie ahead.
@@ -76,7 +87,7 @@ import numpy as np
 from sim.crazyflie.contract import ACT_DIM
 from sim.crazyflie.params import GRAVITY, NOMINAL, CrazyflieParams, rpm_to_action
 
-from .state import State, observation
+from .state import State, StateLimits, observation
 
 IDLE_ACTION = -1.0  # action -1 = 0 rpm (contract: rpm = (a + 1) / 2 * rpm_max)
 SPIN_DOWN_S = 0.3  # s added to a failsafe descent's fall time: the rotors' spin-down
@@ -117,6 +128,12 @@ class SafetyConfig:
     # go up to 30 deg (issue #2's criterion), so a vehicle tilted further is outside what the policy learnt from.
     max_arm_tilt_deg: float = 30.0
     max_tilt_deg: float = 90.0  # deg: a fresh state tilted beyond this (upside down) cuts the rotors
+    # m: how far a sample may lie beyond where the last valid state could have moved at StateLimits.max_speed
+    # (the estimate's noise and corrections: a few mm from motion capture, ~1-2 cm from the Crazyflie's
+    # Lighthouse and ~10 cm from its UWB positioning by Bitcraze's figures); farther is a glitch, rejected
+    max_jump: float = 0.3
+    # deg: how much further a sample's attitude may have turned than StateLimits.max_rate allows
+    max_attitude_jump_deg: float = 30.0
     auto_arm: bool = False
 
     def __post_init__(self):
@@ -156,6 +173,10 @@ class SafetyConfig:
         if not (0.0 <= self.max_arm_tilt_deg <= self.max_tilt_deg < 180.0):  # 180: no state is ever beyond it
             raise ValueError(f"max_arm_tilt_deg {self.max_arm_tilt_deg}, max_tilt_deg {self.max_tilt_deg}: expected "
                              "0 <= max_arm_tilt_deg <= max_tilt_deg < 180")
+        if not self.max_jump > 0.0 or not math.isfinite(self.max_jump):
+            raise ValueError(f"max_jump {self.max_jump}: expected a positive distance (m)")
+        if not 0.0 < self.max_attitude_jump_deg < 180.0:  # 180: no attitude is ever beyond it
+            raise ValueError(f"max_attitude_jump_deg {self.max_attitude_jump_deg}: expected a value in (0, 180)")
         if not (-1.0 < self.max_action <= 1.0):
             raise ValueError(f"max_action {self.max_action}: expected a value in (-1, 1]")
 
@@ -172,12 +193,14 @@ class SafeController:
 
     def __init__(self, policy: Callable[[np.ndarray], np.ndarray], cfg: SafetyConfig,
                  params: CrazyflieParams = NOMINAL, wall: Callable[[], float] = time.monotonic,
-                 settle_s: float = SPIN_DOWN_S):
-        """``wall``: steady wall time (s), which only the clock-restart rate is counted on. ``settle_s``:
+                 settle_s: float = SPIN_DOWN_S, limits: StateLimits = StateLimits()):
+        """``limits``: the bounds the samples were checked against (make_state), whose speed and body rate
+        bound how far a sample can be from the last. ``wall``: steady wall time (s), which only the
+        clock-restart rate is counted on. ``settle_s``:
         time (s) a failsafe descent's timer adds to the fall time before the rotors are cut: the rotors'
         spin-down for this layer's own open-loop descent command; more where the descent is flown by
         something that lags it (crazyflie_bridge: the onboard policy following a sinking setpoint)."""
-        self.policy, self.cfg, self.wall, self.settle_s = policy, cfg, wall, settle_s
+        self.policy, self.cfg, self.wall, self.settle_s, self.limits = policy, cfg, wall, settle_s, limits
         self.target = np.asarray(cfg.target, dtype=np.float64)
         self.hover_action = params.hover_action
         self.descent_action = rpm_to_action(params.hover_rpm * math.sqrt(cfg.descent_thrust_ratio), params.rpm_max)
@@ -219,6 +242,8 @@ class SafeController:
         does): every time kept (state age, descent end, recoveries, ramp, floor timer) would be wrong, so
         the controller starts up again, DISARMED (re-armed on the first valid state with auto_arm, once
         the clock is steady: ``clock_unsteady``)."""
+        if not math.isfinite(now):  # every comparison with NaN is false: no state would ever be stale
+            raise ValueError(f"time {now}: expected a finite time (s)")
         if now < self._clock:
             t = self.wall()
             was_unsteady = t < self._unsteady_until
@@ -249,15 +274,18 @@ class SafeController:
                 "(more than one /clock publisher?)")
 
     # ------------------------------------------------------------------ inputs
-    def on_state(self, state: State | None, now: float, error: str | None = None, age: float = 0.0) -> None:
+    def on_state(self, state: State | None, now: float, error: str | None = None, age: float = 0.0) -> str | None:
         """A received state sample: a valid State, or None with ``error`` ("nonfinite: ..."). ``age`` (s):
-        how old the sample already is at ``now`` (by its stamp); its staleness counts from then."""
+        how old the sample already is at ``now`` (by its stamp); its staleness counts from then. Returns
+        why this layer rejected a valid State (an implausible jump), else None."""
         self._check_clock(now)
-        if state is None:
-            self._input_error, self._good_streak = error or "invalid state", 0
+        sampled = now - max(age, 0.0)
+        jump = None if state is None else self._jump(state, sampled)
+        if state is None or jump is not None:
+            self._input_error, self._good_streak = jump or error or "invalid state", 0
             self._rejected = self._rejected or self._input_error
-            return
-        self._latest, self._latest_time, self._input_error = state, now - max(age, 0.0), None
+            return jump
+        self._latest, self._latest_time, self._input_error = state, sampled, None
         # Recovery counts consecutive valid states inside the geofence; tick() restarts the count
         # at a stale gap.
         if self._inside(state.pos):
@@ -265,6 +293,25 @@ class SafeController:
         else:
             self._good_streak = 0
             self._rejected = self._rejected or self._fence_problem(state.pos)
+        return None
+
+    def _jump(self, state: State, sampled: float) -> str | None:
+        """Why ``state``, taken at ``sampled`` (s), cannot follow the last valid state (module docstring,
+        "Implausible samples"), or None (also when that state was not current at ``sampled``)."""
+        dt = max(sampled - self._latest_time, 0.0)
+        if dt > self.cfg.stale_timeout:
+            return None
+        ref = self._latest
+        moved, reach = float(np.linalg.norm(state.pos - ref.pos)), self.limits.max_speed * dt + self.cfg.max_jump
+        if moved > reach:
+            return (f"implausible: position {np.round(state.pos, 2).tolist()} m, {moved:.2f} m from the last valid "
+                    f"state {dt * 1e3:.0f} ms before (limit {reach:.2f} m)")
+        # angle between the two attitudes; the fastest turn within the gyro's range is max_rate on every axis
+        turned = math.degrees(2.0 * math.acos(min(abs(float(np.dot(state.quat, ref.quat))), 1.0)))
+        turn = math.degrees(math.sqrt(3.0) * self.limits.max_rate * dt) + self.cfg.max_attitude_jump_deg
+        if turned > turn:
+            return f"implausible: attitude turned {turned:.0f} deg in {dt * 1e3:.0f} ms (limit {turn:.0f} deg)"
+        return None
 
     def state_problem(self, now: float) -> str | None:
         """Why the current state must not be flown on (or a sample rejected since the last tick), or None."""

@@ -42,6 +42,7 @@ from deploy.safety import (
 from deploy.state import (
     InvalidState,
     State,
+    StateLimits,
     fill_odometry,
     make_state,
     observation,
@@ -162,10 +163,11 @@ class FakePolicy:
         return self.out
 
 
-def armed_controller(**cfg) -> tuple[SafeController, FakePolicy]:
+def armed_controller(at=(0.0, 0.0, 1.0), **cfg) -> tuple[SafeController, FakePolicy]:
+    """A controller armed at time 0 on a state at rest at ``at`` (world, m)."""
     policy = FakePolicy()
     c = SafeController(policy, SafetyConfig(**cfg))
-    c.on_state(hover_state(), 0.0)
+    c.on_state(hover_state(pos=list(at)), 0.0)
     assert c.arm(0.0) == (True, "armed")
     return c, policy
 
@@ -312,7 +314,7 @@ def test_a_policy_that_keeps_leaving_the_fence_lands_after_max_recoveries():
     assert c.mode is Mode.DISARMED, (t, z, c.failsafe_count)
     assert c.status()["recoveries"] == c.cfg.max_recoveries == 3 and c.failsafe_count == 4
     assert "3 recoveries in the last 30 s, no more" in c.reason and "rotors cut" in c.reason
-    c.on_state(hover_state(t), t)
+    c.on_state(hover_state(t, z=z), t)
     assert c.arm(t) == (True, "armed") and c.status()["recoveries"] == 0  # re-arming grants them again
 
 
@@ -337,7 +339,8 @@ def test_recoveries_far_apart_do_not_add_up():
                                  dict(recover_count=0), dict(recover_count=2.5), dict(max_recoveries=-1),
                                  dict(max_recoveries=math.nan), dict(recovery_window=0.0), dict(takeoff_speed=0.0),
                                  dict(takeoff_speed=math.inf), dict(ground_timeout=0.0),
-                                 dict(ground_timeout=math.nan)])
+                                 dict(ground_timeout=math.nan), dict(max_jump=0.0), dict(max_jump=math.inf),
+                                 dict(max_attitude_jump_deg=0.0), dict(max_attitude_jump_deg=180.0)])
 def test_safety_config_refuses_limits_that_would_switch_a_rule_off(bad):
     with pytest.raises(ValueError, match=next(iter(bad))):
         SafetyConfig(**bad)
@@ -558,8 +561,7 @@ def test_a_vehicle_that_stays_on_the_floor_while_armed_is_cut():
 
 
 def test_failsafe_on_the_ground_cuts_at_once_and_estop_latches():
-    c, _ = armed_controller()
-    c.on_state(hover_state(z=0.01), 0.0)
+    c, _ = armed_controller(at=(0.0, 0.0, 0.01))
     c.on_state(None, 0.0, "nonfinite: NaN")
     assert c.tick(0.0).mode is Mode.DISARMED
     c, _ = armed_controller()
@@ -571,18 +573,18 @@ def test_failsafe_on_the_ground_cuts_at_once_and_estop_latches():
 
 
 def test_arming_in_flight_keeps_the_previous_action():
-    c, policy = armed_controller()
+    c, policy = armed_controller(at=(1.45, 0.0, 1.0))  # 5 cm inside the fence
     policy.out = np.full(4, 0.3)
     c.tick(0.0)
     assert c.arm(0.0) == (True, "already armed") and np.allclose(c.prev_action, 0.3)
-    c.on_state(hover_state(pos=[2.0, 0.0, 1.0]), 0.01)
+    c.on_state(hover_state(pos=[1.55, 0.0, 1.0]), 0.01)
     assert c.tick(0.01).mode is Mode.FAILSAFE
-    c.on_state(hover_state(), 0.02)
+    c.on_state(hover_state(pos=[1.45, 0.0, 1.0]), 0.02)
     assert c.arm(0.02)[0] and np.allclose(c.prev_action, c.descent_action)  # the rotors' last command
     c.disarm(0.03)
-    c.on_state(hover_state(z=0.0), 0.04)
-    assert c.tick(0.04).mode is Mode.DISARMED
-    assert c.arm(0.04)[0] and np.allclose(c.prev_action, c.hover_action)  # from the ground: as in training
+    c.on_state(hover_state(pos=[1.45, 0.0, 0.0]), 0.2)  # landed
+    assert c.tick(0.2).mode is Mode.DISARMED
+    assert c.arm(0.2)[0] and np.allclose(c.prev_action, c.hover_action)  # from the ground: as in training
 
 
 def test_disarm_in_flight_descends_without_recovery():
@@ -1121,17 +1123,18 @@ def test_pyproject_registers_the_ament_package():
 def test_a_bad_sample_fails_safe_even_when_a_valid_one_follows_it_within_the_period(bad):
     """Two states in one period (a radio burst): a rejected or out-of-fence sample followed by a good
     one still fails safe at the tick."""
-    c, _ = armed_controller()
+    at = [1.45, 0.0, 1.0]  # 5 cm inside the fence
+    c, _ = armed_controller(at=at)
     assert c.tick(0.0).mode is Mode.ARMED
     if bad == "nonfinite":
         c.on_state(None, 0.005, "nonfinite: NaN")
     else:
-        c.on_state(hover_state(0.005, pos=[2.0, 0.0, 1.0]), 0.005)
-    c.on_state(hover_state(0.008), 0.008)
+        c.on_state(hover_state(0.005, pos=[1.52, 0.0, 1.0]), 0.005)
+    c.on_state(hover_state(0.008, pos=at), 0.008)
     cmd = c.tick(0.01)
     assert cmd.mode is Mode.FAILSAFE and cmd.reason.startswith(bad), cmd.reason
     for k in range(2, 5):  # recover_count = 3 valid states after the failsafe began
-        c.on_state(hover_state(0.01 * k), 0.01 * k)
+        c.on_state(hover_state(0.01 * k, pos=at), 0.01 * k)
         assert c.tick(0.01 * k).mode is (Mode.ARMED if k == 4 else Mode.FAILSAFE), k
 
 
@@ -1167,10 +1170,10 @@ def tilted_state(deg: float, t: float = 0.0, z: float = 0.0) -> State:
 
 def test_arming_is_refused_tilted_and_a_tumbled_vehicle_is_cut():
     c = SafeController(FakePolicy(), SafetyConfig())  # max_arm_tilt_deg 30, max_tilt_deg 90
-    c.on_state(tilted_state(45.0), 0.0)
+    c.on_state(tilted_state(45.0, z=1.0), 0.0)
     ok, msg = c.arm(0.0)
     assert not ok and "tilted 45 deg" in msg, msg
-    c.on_state(tilted_state(20.0, 0.01), 0.01)
+    c.on_state(tilted_state(20.0, 0.01, z=1.0), 0.01)
     assert c.arm(0.01) == (True, "armed")
     c.on_state(tilted_state(80.0, 0.02, z=1.0), 0.02)  # steep, but not over: the policy flies on
     assert c.tick(0.02).mode is Mode.ARMED
@@ -1183,16 +1186,90 @@ def test_arming_is_refused_tilted_and_a_tumbled_vehicle_is_cut():
     c.on_state(make_state([2.0, 0.0, 1.0], [0.0, 1.0, 0, 0], [0, 0, 0], [0, 0, 0], 0.1), 0.1)  # upside down
     assert c.tick(0.1).mode is Mode.DISARMED and "tumbled" in c.reason and c.status()["failsafe_count"] == 2
     c, _ = armed_controller()  # ... also where a rejected sample follows it before the tick (a tumbling
-    c.on_state(tilted_state(150.0, 0.005, z=1.0), 0.005)  # vehicle's next samples exceed the body-rate limit)
-    c.on_state(None, 0.006, "out_of_range: body rate 40 rad/s")
-    cmd = c.tick(0.01)
-    assert cmd.mode is Mode.DISARMED and cmd.reason.startswith("tumbled: tilted 150 deg"), cmd.reason
+    c.on_state(tilted_state(60.0, 0.01, z=1.0), 0.01)  # vehicle's next samples exceed the body-rate limit)
+    assert c.tick(0.01).mode is Mode.ARMED
+    c.on_state(tilted_state(120.0, 0.02, z=1.0), 0.02)
+    c.on_state(None, 0.025, "out_of_range: body rate 40 rad/s")
+    cmd = c.tick(0.03)
+    assert cmd.mode is Mode.DISARMED and cmd.reason.startswith("tumbled: tilted 120 deg"), cmd.reason
     c, _ = armed_controller()  # ... but not on a stale state: a latched fence breach does not make it current
     c.on_state(make_state([2.0, 0.0, 1.0], [0.0, 1.0, 0, 0], [0, 0, 0], [0, 0, 0], 0.0), 0.1, age=0.045)
     cmd = c.tick(0.11)
     assert cmd.mode is Mode.FAILSAFE and cmd.reason.startswith("stale"), cmd.reason
     with pytest.raises(ValueError, match="max_tilt_deg"):
         SafetyConfig(max_arm_tilt_deg=40.0, max_tilt_deg=30.0)
+
+
+def upside_down(t: float, z: float = 1.0) -> State:
+    return make_state([0.0, 0.0, z], [0.0, 1.0, 0.0, 0.0], [0, 0, 0], [0, 0, 0], t)
+
+
+@pytest.mark.parametrize("glitch, why", [(hover_state(0.01, z=-0.5), "implausible: position [0.0, 0.0, -0.5] m"),
+                                         (upside_down(0.01), "implausible: attitude turned 180 deg")])
+def test_a_single_glitch_in_flight_is_rejected_not_flown_on(glitch, why):
+    """One sample of a vehicle hovering at 1 m jumps (an estimator's outlier, a swapped motion-capture marker):
+    below the fence's floor, or upside down. Believed, either would cut the rotors in the air (a geofence
+    failsafe on the ground; tumbled), as it does after a gap, when there is nothing to compare it with.
+    Rejected, it is a failsafe descent from the last valid state, and the samples after it recover."""
+    c, _ = armed_controller()
+    assert c.tick(0.0).mode is Mode.ARMED
+    assert c.on_state(glitch, 0.01).startswith(why)
+    cmd = c.tick(0.01)
+    assert cmd.mode is Mode.FAILSAFE and cmd.reason.startswith(why), cmd.reason
+    assert "controlled descent from 1.00 m" in cmd.reason and c.latest.pos[2] == 1.0  # (OnboardDescent's anchor)
+    for k in range(2, 5):  # recover_count = 3 valid states
+        assert c.on_state(hover_state(0.01 * k), 0.01 * k) is None
+        assert c.tick(0.01 * k).mode is (Mode.ARMED if k == 4 else Mode.FAILSAFE), k
+    assert c.status()["failsafe_count"] == 1 and c.reason.startswith("recovered")
+    c, _ = armed_controller()  # the same sample after a gap longer than stale_timeout is believed
+    assert c.tick(0.0).mode is Mode.ARMED
+    assert c.on_state(glitch, 0.06) is None
+    assert c.tick(0.06).mode is Mode.DISARMED and "rotors cut" in c.reason, c.reason
+
+
+def test_an_estimate_that_jumped_and_stays_is_believed_once_the_last_valid_state_is_stale():
+    """The estimate moves 0.8 m at once and stays there (a re-converged filter): rejected while the last
+    valid state is current, a failsafe descent from that state meanwhile; believed from the first sample
+    after it went stale, and flown on again after recover_count of them, from where it now says it is."""
+    c, _ = armed_controller()
+    assert c.tick(0.0).mode is Mode.ARMED
+    moved = [0.0, 0.8, 1.0]
+    for k in range(1, 5):  # 10-40 ms after the last valid state (stale_timeout 50 ms; none at 50 ms, the boundary)
+        assert c.on_state(hover_state(0.01 * k, pos=moved), 0.01 * k).startswith("implausible: position"), k
+        assert c.tick(0.01 * k).mode is Mode.FAILSAFE and c.latest.pos.tolist() == [0.0, 0.0, 1.0]
+    for k in range(6, 9):
+        assert c.on_state(hover_state(0.01 * k, pos=moved), 0.01 * k) is None, k
+        assert c.tick(0.01 * k).mode is (Mode.ARMED if k == 8 else Mode.FAILSAFE), (k, c.reason)
+    assert c.setpoint(0.08).tolist() == moved and c.status()["failsafe_count"] == 1
+
+
+def test_a_time_that_is_not_finite_is_refused():
+    """A NaN time would compare false with every limit: no state would ever be stale again."""
+    c, _ = armed_controller()
+    for call in (lambda: c.tick(math.nan), lambda: c.on_state(hover_state(0.01), math.inf), lambda: c.arm(math.nan)):
+        with pytest.raises(ValueError, match="expected a finite time"):
+            call()
+    assert c.tick(0.1).mode is Mode.FAILSAFE and c.reason.startswith("stale"), c.reason
+
+
+def test_fast_but_possible_motion_and_noise_are_not_taken_for_a_glitch():
+    """A vehicle at 95 % of StateLimits.max_speed, turning at 95 % of max_rate about every body axis, with
+    samples missing (up to stale_timeout between two) and one sample off by 0.25 m (max_jump 0.3 m):
+    every sample is accepted. The same sample off by 0.4 m is not."""
+    limits = StateLimits()
+    speed, rate = 0.95 * limits.max_speed, 0.95 * limits.max_rate
+    axis = np.ones(3) / math.sqrt(3.0)
+
+    def sample(t: float, off: float = 0.0) -> State:
+        half = 0.5 * rate * math.sqrt(3.0) * t  # rotation angle / 2 about the diagonal axis
+        q = [math.cos(half), *(math.sin(half) * axis)]
+        return make_state([-1.4 + speed * t + off, 0.0, 1.0], q, [speed, 0, 0], [rate] * 3, t)
+
+    c = SafeController(FakePolicy(), SafetyConfig())
+    times = [0.0, 0.01, 0.02, 0.07, 0.08, 0.13, 0.14, 0.15]  # 50 ms gaps
+    for t in times:
+        assert c.on_state(sample(t, off=0.25 if t == 0.08 else 0.0), t) is None, t
+    assert c.on_state(sample(0.16, off=0.4), 0.16).startswith("implausible: position"), c.reason
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1293,7 +1370,8 @@ def stream(bridge, fw_ms: int, arrival: float, subscribed: bool = True, **log) -
 
 
 @pytest.mark.parametrize("bad, reason", [(dict(gyro_dps=(math.nan, 0, 0)), "nonfinite"),
-                                         (dict(q_xyzw=(0.0, 0.0, 0.0, 0.5)), "out_of_range")])
+                                         (dict(q_xyzw=(0.0, 0.0, 0.0, 0.5)), "out_of_range"),
+                                         (dict(pos=(0.5, -0.25, -0.6)), "implausible")])  # 1.6 m down in 10 ms
 def test_a_bad_onboard_estimate_is_published_rejected_by_the_odom_check_and_fails_safe(bad, reason):
     """The bridge publishes every sample; its odom subscription rejects a bad one, and the safety
     layer fails safe at the next tick although a good sample followed it within the period."""
@@ -1436,7 +1514,7 @@ def test_a_lost_radio_link_is_opened_again_with_new_log_blocks_and_arms_nothing(
 
     from deploy.crazyflie_bridge import OPEN_TIMEOUT_S
 
-    c, _ = armed_controller()
+    c, _ = armed_controller(at=(0.5, -0.25, 1.0))  # where log_pair's states are
     clock = FakeClock()
     b = fake_bridge(c, clock)
     cf = b.cf
