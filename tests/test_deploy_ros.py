@@ -137,6 +137,7 @@ def hover(backend: str, prefix: Path) -> dict:
     flying = [s for _, s in rec.status if s.get("t", 0.0) > t_release]
     ticks, span = flying[-1]["ticks"] - flying[0]["ticks"], flying[-1]["t"] - flying[0]["t"]
     assert span > 3.0 and abs(ticks - span / 0.01) <= 1, (ticks, span)
+    assert "implausible" not in flying[-1]["rejected"], flying[-1]["rejected"]  # no sample taken for a glitch
     assert worst < 0.05, f"{backend}: {worst * 100:.1f} cm from the target 3 s after release (limit 5 cm)\n{out}"
     check_commands(rec.cmd)
     return lat
@@ -481,7 +482,7 @@ def test_stale_nan_out_of_range_states_failsafe_and_recover(seeded_policy):
         from nav_msgs.msg import Odometry
 
         pub = node.create_publisher(Odometry, "/cf1/odom", 10)
-        # four faults in a few seconds, each to recover from: more than the default 3 recoveries per 30 s
+        # five faults in a few seconds, each to recover from: more than the default 3 recoveries per 30 s
         # (that limit: test_a_policy_that_keeps_leaving_the_fence_lands_after_max_recoveries)
         policy = w.start(*w.node_cmd("policy_node", policy=seeded_policy, auto_arm=True, max_recoveries=10),
                          name="policy")
@@ -493,14 +494,17 @@ def test_stale_nan_out_of_range_states_failsafe_and_recover(seeded_policy):
             if kind == "stale":
                 return
             msg = {"nan": odom_msg(pos=(math.nan, 0.0, 1.0), stamp_ns=now),
-                   "out_of_range": odom_msg(vel=(40.0, 0.0, 0.0), stamp_ns=now)}.get(kind, odom_msg(stamp_ns=now))
+                   "out_of_range": odom_msg(vel=(40.0, 0.0, 0.0), stamp_ns=now),
+                   "implausible": odom_msg(pos=(0.0, 0.0, -0.5), stamp_ns=now)}.get(kind, odom_msg(stamp_ns=now))
             if kind == "malformed":  # a twist in another frame than the body's
                 msg.child_frame_id = "world"
+            if kind == "implausible":  # one glitch below the fence's floor, at 1 m: not a cut in the air
+                fault["kind"] = None
             pub.publish(msg)
 
         node.create_timer(PERIOD, publish)
         w.spin_until(lambda: rec.mode() == "armed", 60, "the policy node to arm")
-        for kind in ("stale", "nan", "out_of_range", "malformed"):
+        for kind in ("stale", "nan", "out_of_range", "malformed", "implausible"):
             fault["kind"] = kind
             t0 = time.monotonic()
             w.spin_until(lambda: rec.seen_mode("failsafe", t0), 2, f"failsafe on {kind} states")
@@ -510,6 +514,7 @@ def test_stale_nan_out_of_range_states_failsafe_and_recover(seeded_policy):
             t1 = time.monotonic()
             w.spin_until(lambda: rec.seen_mode("armed", t1), 2, f"recovery after {kind}")
         assert policy.poll() is None
+        assert rec.status[-1][1]["rejected"]["implausible"] == 1, rec.status[-1][1]["rejected"]
         check_commands(rec.cmd)
 
 
