@@ -139,6 +139,8 @@ class ControllerNode(Node):
             takeoff_speed=float(param(self, "takeoff_speed", d.takeoff_speed, "m/s: setpoint from take-over to target")),
             ground_timeout=float(param(self, "ground_timeout", d.ground_timeout, "s on the floor while armed: cut")),
             max_arm_tilt_deg=float(param(self, "max_arm_tilt_deg", d.max_arm_tilt_deg, "deg: no arming above it")),
+            max_arm_speed=float(param(self, "max_arm_speed", d.max_arm_speed, "m/s per axis: no arming above it")),
+            max_arm_rate=float(param(self, "max_arm_rate", d.max_arm_rate, "rad/s per axis: no arming above it")),
             max_tilt_deg=float(param(self, "max_tilt_deg", d.max_tilt_deg, "deg: tumbled above it, rotors cut")),
             max_jump=float(param(self, "max_jump", d.max_jump, "m beyond max speed: a sample farther is rejected")),
             max_attitude_jump_deg=float(param(self, "max_attitude_jump_deg", d.max_attitude_jump_deg,

@@ -6,10 +6,12 @@ wall time on hardware, simulated time under a simulator.
 
 Modes and rules, checked on every tick:
   DISARMED  rotors at idle (0 rpm). ``arm()`` (std_srvs/SetBool true) switches to ARMED only with
-            a fresh, valid state inside the geofence, tilted no more than ``max_arm_tilt_deg`` (not
-            checked when arming from a failsafe descent, as for a recovery: in flight the policy flies a
-            tilted vehicle, which the descent's attitude-neutral command does not level), and a
-            steady clock (below). With ``auto_arm`` the first such state arms
+            a fresh, valid state inside the geofence, tilted no more than ``max_arm_tilt_deg``, moving
+            no faster than ``max_arm_speed`` and turning no faster than ``max_arm_rate`` on any axis
+            (the hover training's initial states: a vehicle carried or thrown is outside what the policy
+            learnt from; none of these is checked when arming from a failsafe descent, as for a recovery:
+            in flight the policy flies a tilted, moving vehicle, which the descent's attitude-neutral
+            command does not level), and a steady clock (below). With ``auto_arm`` the first such state arms
             once after start-up (simulation and HIL launch files use it, real flights do not), unless
             the caller holds it (``auto_arm_hold``: policy_node while the recorder is not listening,
             firmware_bridge with a failed MCU).
@@ -127,6 +129,10 @@ class SafetyConfig:
     # deg: arming is refused above this tilt (body z from world z): the hover training's initial attitudes
     # go up to 30 deg (issue #2's criterion), so a vehicle tilted further is outside what the policy learnt from.
     max_arm_tilt_deg: float = 30.0
+    # m/s per axis (world) and rad/s per axis (body): arming is refused faster, the hover training's initial
+    # velocities and body rates (sim/crazyflie/hover.py InitConfig, not imported: it would load torch here)
+    max_arm_speed: float = 0.5
+    max_arm_rate: float = 1.0
     max_tilt_deg: float = 90.0  # deg: a fresh state tilted beyond this (upside down) cuts the rotors
     # m: how far a sample may lie beyond where the last valid state could have moved at StateLimits.max_speed
     # (the estimate's noise and corrections: a few mm from motion capture, ~1-2 cm from the Crazyflie's
@@ -177,6 +183,10 @@ class SafetyConfig:
             raise ValueError(f"max_jump {self.max_jump}: expected a positive distance (m)")
         if not 0.0 < self.max_attitude_jump_deg < 180.0:  # 180: no attitude is ever beyond it
             raise ValueError(f"max_attitude_jump_deg {self.max_attitude_jump_deg}: expected a value in (0, 180)")
+        for name in ("max_arm_speed", "max_arm_rate"):
+            value = getattr(self, name)
+            if not value > 0.0 or not math.isfinite(value):
+                raise ValueError(f"{name} {value}: expected a positive value")
         if not (-1.0 < self.max_action <= 1.0):
             raise ValueError(f"max_action {self.max_action}: expected a value in (-1, 1]")
 
@@ -370,9 +380,9 @@ class SafeController:
         problem = self.state_problem(now)
         if problem is not None:
             return False, f"refused to arm: {problem}"
-        if self.mode is not Mode.FAILSAFE and self.tilt_deg() > self.cfg.max_arm_tilt_deg:
-            return False, (f"refused to arm: tilted {self.tilt_deg():.0f} deg (limit "
-                           f"{self.cfg.max_arm_tilt_deg:g} deg): level the vehicle")
+        unsettled = None if self.mode is Mode.FAILSAFE else self._unsettled()
+        if unsettled is not None:
+            return False, f"refused to arm: {unsettled[0]}"
         if self.mode is not Mode.FAILSAFE:  # rotors idle: as at the start of a training episode
             self.prev_action = np.full(ACT_DIM, self.hover_action)
         # (from a failsafe descent the rotors still turn: the previous action is the descent command)
@@ -435,9 +445,10 @@ class SafeController:
             if self.auto_arm_hold is not None:  # the caller's reason to wait
                 self.reason = f"auto_arm: {self.auto_arm_hold}"
             else:
-                armed, why = self.arm(now)
-                if not armed and "tilted" in why:  # without the angle: a status message per degree would flood /status
-                    self.reason = f"auto_arm: tilted beyond {self.cfg.max_arm_tilt_deg:g} deg, arming once level"
+                armed, _ = self.arm(now)
+                unsettled = None if armed else self._unsettled()
+                if unsettled is not None:  # without the figure: a status message per degree would flood /status
+                    self.reason = f"auto_arm: {unsettled[1]}"
         # A tumbled state is acted on while it is current, even with a sample rejected after it (a tumbling
         # vehicle's next samples exceed the body-rate limit): descent thrust would drive it into the floor.
         if self.mode in (Mode.ARMED, Mode.FAILSAFE) and self._current(now) and self.tilt_deg() > self.cfg.max_tilt_deg:
@@ -478,6 +489,22 @@ class SafeController:
     def _command(self, action: np.ndarray) -> Command:
         self.prev_action = action
         return Command(action.copy(), self.mode, self.reason)
+
+    def _unsettled(self) -> tuple[str, str] | None:
+        """Why the last valid state is outside the hover training's initial states for arming, in full and
+        without its figure (tilt, then velocity, then body rates), or None."""
+        cfg, s = self.cfg, self._latest
+        if self.tilt_deg() > cfg.max_arm_tilt_deg:
+            return (f"tilted {self.tilt_deg():.0f} deg (limit {cfg.max_arm_tilt_deg:g} deg): level the vehicle",
+                    f"tilted beyond {cfg.max_arm_tilt_deg:g} deg, arming once level")
+        speed, rate = float(np.abs(s.vel).max()), float(np.abs(s.omega).max())
+        if speed > cfg.max_arm_speed:
+            return (f"moving at {speed:.2f} m/s (limit {cfg.max_arm_speed:g} m/s per axis): hold the vehicle still",
+                    f"moving faster than {cfg.max_arm_speed:g} m/s, arming once still")
+        if rate > cfg.max_arm_rate:
+            return (f"turning at {rate:.2f} rad/s (limit {cfg.max_arm_rate:g} rad/s per axis): hold the vehicle "
+                    "still", f"turning faster than {cfg.max_arm_rate:g} rad/s, arming once still")
+        return None
 
     def _take_over(self, now: float) -> None:
         """The policy takes over (arming, recovery): the setpoint ramp starts where the vehicle is."""

@@ -50,7 +50,7 @@ from deploy.state import (
     stamp_seconds,
     state_from_odometry,
 )
-from sim.crazyflie.hover import QuadHoverEnv, QuadTaskConfig
+from sim.crazyflie.hover import InitConfig, QuadHoverEnv, QuadTaskConfig
 from sim.crazyflie.params import GRAVITY, NOMINAL, action_to_rpm
 
 REPO = Path(__file__).resolve().parents[1]
@@ -340,7 +340,8 @@ def test_recoveries_far_apart_do_not_add_up():
                                  dict(max_recoveries=math.nan), dict(recovery_window=0.0), dict(takeoff_speed=0.0),
                                  dict(takeoff_speed=math.inf), dict(ground_timeout=0.0),
                                  dict(ground_timeout=math.nan), dict(max_jump=0.0), dict(max_jump=math.inf),
-                                 dict(max_attitude_jump_deg=0.0), dict(max_attitude_jump_deg=180.0)])
+                                 dict(max_attitude_jump_deg=0.0), dict(max_attitude_jump_deg=180.0),
+                                 dict(max_arm_speed=0.0), dict(max_arm_rate=math.nan)])
 def test_safety_config_refuses_limits_that_would_switch_a_rule_off(bad):
     with pytest.raises(ValueError, match=next(iter(bad))):
         SafetyConfig(**bad)
@@ -1272,6 +1273,34 @@ def test_fast_but_possible_motion_and_noise_are_not_taken_for_a_glitch():
     assert c.on_state(sample(0.16, off=0.4), 0.16).startswith("implausible: position"), c.reason
 
 
+def test_arming_is_refused_for_a_vehicle_moving_or_turning_faster_than_the_training_started_from():
+    """Carried, thrown, or spinning on the floor: outside the hover training's initial states (the limits are
+    InitConfig's), refused with the figure; auto_arm waits with a reason that does not change with the figure,
+    and arms once the vehicle is still. From a failsafe descent (in flight) arming does not check them."""
+    init = InitConfig()
+    d = SafetyConfig()
+    assert (d.max_arm_tilt_deg, d.max_arm_speed, d.max_arm_rate) == (init.tilt_deg, init.vel, init.omega)
+    moving = make_state([0, 0, 0], [1, 0, 0, 0], [0.0, -0.6, 0.0], [0, 0, 0], 0.0)
+    turning = make_state([0, 0, 0], [1, 0, 0, 0], [0, 0, 0], [0.0, 0.0, 1.5], 0.0)
+    for state, refusal in [(moving, "moving at 0.60 m/s (limit 0.5 m/s per axis)"),
+                           (turning, "turning at 1.50 rad/s (limit 1 rad/s per axis)")]:
+        c = SafeController(FakePolicy(), SafetyConfig())
+        c.on_state(state, 0.0)
+        ok, why = c.arm(0.0)
+        assert not ok and why.startswith(f"refused to arm: {refusal}"), why
+    c = SafeController(FakePolicy(), SafetyConfig(auto_arm=True))
+    for k, v in enumerate([0.9, 0.7, 0.55]):
+        c.on_state(make_state([0, 0, 0], [1, 0, 0, 0], [v, 0, 0], [0, 0, 0], 0.01 * k), 0.01 * k)
+        assert c.tick(0.01 * k).mode is Mode.DISARMED
+        assert c.reason == "auto_arm: moving faster than 0.5 m/s, arming once still", c.reason
+    c.on_state(make_state([0, 0, 0], [1, 0, 0, 0], [0.1, 0, 0], [0, 0, 0], 0.03), 0.03)
+    assert c.tick(0.03).mode is Mode.ARMED
+    c, _ = armed_controller()
+    assert c.tick(0.1).mode is Mode.FAILSAFE  # stale
+    c.on_state(make_state([0, 0, 0.5], [1, 0, 0, 0], [0, 0, -2.0], [0, 0, 2.0], 0.1), 0.1)
+    assert c.arm(0.1) == (True, "armed")
+
+
 # ---------------------------------------------------------------------------------------------
 # Crazyflie log conversion (no radio)
 
@@ -1281,7 +1310,7 @@ def test_log_blocks_fit_one_radio_packet():
         assert sum(LOG_TYPE_BYTES[t] for _, t in variables) <= MAX_LOG_BLOCK_BYTES, block
 
 
-def log_pair(q_xyzw=(0.0, 0.0, 0.0, 1.0), gyro_dps=(90.0, -180.0, 45.0), pos=(0.5, -0.25, 1.0), vel=(0.1, 0.2, -0.3)):
+def log_pair(q_xyzw=(0.0, 0.0, 0.0, 1.0), gyro_dps=(9.0, -18.0, 4.5), pos=(0.5, -0.25, 1.0), vel=(0.1, 0.2, -0.3)):
     pose = {f"stateEstimate.{a}": v for a, v in zip("xyz", pos)}
     pose |= {f"stateEstimate.v{a}": v for a, v in zip("xyz", vel)}
     att = {f"stateEstimate.q{a}": v for a, v in zip("xyzw", q_xyzw)}
@@ -1291,7 +1320,7 @@ def log_pair(q_xyzw=(0.0, 0.0, 0.0, 1.0), gyro_dps=(90.0, -180.0, 45.0), pos=(0.
 
 def test_log_packets_become_si_state():
     s = math.sqrt(0.5)
-    pose, att = log_pair(q_xyzw=(0.0, 0.0, s, s))
+    pose, att = log_pair(q_xyzw=(0.0, 0.0, s, s), gyro_dps=(90.0, -180.0, 45.0))
     st = state_from_log(pose, att, stamp=3.0)
     assert np.allclose(st.pos, [0.5, -0.25, 1.0]) and np.allclose(st.vel, [0.1, 0.2, -0.3])  # world, m, m/s
     assert np.allclose(st.quat, [s, 0.0, 0.0, s])  # (w, x, y, z) from the firmware's qx, qy, qz, qw
@@ -2077,8 +2106,9 @@ def test_the_bridges_failsafe_setpoint_reaches_the_floor_before_the_stop(vz):
     bridge.controller = c = SafeController(FakePolicy(), SafetyConfig(), settle_s=OnboardDescent.SETTLE_S)
     bridge.cf = type("Crazyflie", (), {"commander": Commander()})()
     bridge.connected, bridge.descent, bridge._estimate_broken = True, OnboardDescent(c.cfg), None
+    c.on_state(make_state([0.0, 0.0, 1.0], [1, 0, 0, 0], [0.0, 0.0, 0.0], [0, 0, 0], 0.0), 0.0)
+    assert c.arm(0.0)[0]  # (at rest: arming is refused at more than 0.5 m/s)
     c.on_state(make_state([0.0, 0.0, 1.0], [1, 0, 0, 0], [0.0, 0.0, vz], [0, 0, 0], 0.0), 0.0)
-    assert c.arm(0.0)[0]
     for k in range(400):  # no state after t = 0
         now = 0.01 * k
         bridge.actuate(c.tick(now), now)
