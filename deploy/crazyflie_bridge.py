@@ -21,8 +21,8 @@ this bridge streams setpoints, chosen by the same safety layer (deploy/safety.py
              When the radio link itself is lost nothing reaches the vehicle and the firmware's own
              dead-man (300 ms, then the stock controller, then the supervisor's 2 s stop) takes over.
              When the onboard estimate itself is broken (BROKEN_ESTIMATE_SAMPLES rejected in a row:
-             non-finite, out of range, or a jump from the last valid state) the onboard policy would
-             fly any setpoint on it: the rotors are cut instead (DISARMED)
+             non-finite or out of range) the onboard policy would fly any setpoint on it: the rotors
+             are cut instead (DISARMED)
   DISARMED / ESTOP  stop setpoint (motors off)
   shutdown   (Ctrl-C, SIGTERM) in flight: the descent of a disarm first, the newest states still fed to
              the safety layer (the executor has stopped) and /status and rotor_cmd published as in flight,
@@ -35,11 +35,12 @@ most 26 bytes of log data):
             (gyro: body frame FLU, deg/s -> rad/s here)
 Blocks sampled in the same firmware tick (timestamps within 5 ms) form one state, published as
 odom (nav_msgs/Odometry, pose world, twist body per REP 105) whatever its values, which this node's
-subscription then checks like any other state: a non-finite or implausible estimate fails safe in the
-same tick, and the recording shows it. The stamp is the time the firmware sampled it (FirmwareClock,
-on a steady clock), put on this node's clock: a packet the radio delivered late (retries under
-interference come in bursts) is as old as it is, so the safety layer's stale check holds it back; a
-sample no newer than the last one is dropped (counted in ``status`` as ``rejected``: ``out_of_order``).
+subscription then checks like any other state: a non-finite or out-of-range estimate fails safe in
+the same tick (one that jumped is dropped, deploy/safety.py), and the recording shows it. The stamp is
+the time the firmware sampled it (FirmwareClock, on a steady clock), put on this node's clock: a packet
+the radio delivered late (retries under interference come in bursts) is as old as it is, so the safety
+layer's stale check holds it back; a sample no newer than the last one is dropped (counted in ``status``
+as ``rejected``: ``out_of_order``).
 The radio link's state is in ``status`` (``link``: null, or why commands cannot reach the vehicle);
 without a link, arming is refused and a disarm or emergency stop answers success = false (the safety
 layer still takes it). A lost or failed link is opened again every ``reconnect_s`` seconds (0: never;
@@ -67,7 +68,7 @@ import numpy as np
 from .policy_node import ControllerNode, load_onnx_policy
 from .ros import CONTROL_PUB_QOS, ODOM, param, run_node
 from .safety import Command, Mode
-from .state import State, fill_odometry, unit_quat
+from .state import InvalidState, State, fill_odometry, make_state, unit_quat
 
 LOG_PERIOD_MS = 10
 LOG_BLOCKS: dict[str, list[tuple[str, str]]] = {
@@ -307,23 +308,20 @@ class CrazyflieBridge(ControllerNode):
             if self._assembler.dropped > dropped:
                 self.rejected["out_of_order"] = self.rejected.get("out_of_order", 0) + 1
         if state is not None:  # checked where every odom is, on the executor (ControllerNode._on_odom)
+            try:
+                make_state(state.pos, state.quat, state.vel, state.omega, state.stamp)
+                self._bad_samples = 0
+                if self.controller.mode is not Mode.FAILSAFE:  # a latch from before a new flight goes
+                    self._estimate_broken = None
+            except InvalidState as e:
+                self._bad_samples += 1
+                if self._bad_samples >= BROKEN_ESTIMATE_SAMPLES and self._estimate_broken is None:
+                    self._estimate_broken = f"{self._bad_samples} samples in a row, the last: {e}"
             age = self._steady() - state.stamp  # its stamp onto this node's clock, which that check compares it with
             state = dataclasses.replace(state, stamp=self.get_clock().now().nanoseconds * 1e-9 - age)
             msg = fill_odometry(self._odom_msg(), state, self.world_frame, self.robot)
             self._last_odom = msg
             self._odom_pub.publish(msg)
-
-    def sample_checked(self, problem: str | None) -> None:
-        """Count the onboard estimate's samples rejected in a row (non-finite, out of range, or a jump
-        from the last valid state): BROKEN_ESTIMATE_SAMPLES of them make it broken while the failsafe lasts."""
-        if problem is None:
-            self._bad_samples = 0
-            if self.controller.mode is not Mode.FAILSAFE:  # a latch from before a new flight goes
-                self._estimate_broken = None
-            return
-        self._bad_samples += 1
-        if self._bad_samples >= BROKEN_ESTIMATE_SAMPLES and self._estimate_broken is None:
-            self._estimate_broken = f"{self._bad_samples} samples in a row, the last: {problem}"
 
     # ------------------------------------------------------------------ actuation
     def actuate(self, cmd: Command, now: float) -> None:

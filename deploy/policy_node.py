@@ -15,7 +15,8 @@ Rules        deploy/safety.py. Every received state is checked (finite, plausibl
              not ahead of this node's clock by more than stale_timeout, pose in the world frame, twist in
              the body frame named by the robot parameter) before it can reach the policy. A state
              stamped more than stale_timeout ago arrived late: it is dropped (counted as rejected
-             "stale"), and the failsafe follows from the last valid state's age if nothing newer comes.
+             "stale"), as is one that jumped from the last valid state ("implausible", deploy/safety.py),
+             and the failsafe follows from the last valid state's age if nothing newer comes.
 
 Timing: one control tick per policy period (contract, 10 ms) on the node's clock: a steady wall
 clock, or /clock with use_sim_time:=true. The safety layer runs on that clock too: under sim time a
@@ -142,9 +143,9 @@ class ControllerNode(Node):
             max_arm_speed=float(param(self, "max_arm_speed", d.max_arm_speed, "m/s per axis: no arming above it")),
             max_arm_rate=float(param(self, "max_arm_rate", d.max_arm_rate, "rad/s per axis: no arming above it")),
             max_tilt_deg=float(param(self, "max_tilt_deg", d.max_tilt_deg, "deg: tumbled above it, rotors cut")),
-            max_jump=float(param(self, "max_jump", d.max_jump, "m beyond max speed: a sample farther is rejected")),
+            max_jump=float(param(self, "max_jump", d.max_jump, "m beyond max speed: a sample farther is dropped")),
             max_attitude_jump_deg=float(param(self, "max_attitude_jump_deg", d.max_attitude_jump_deg,
-                                              "deg beyond max body rate: a sample turned further is rejected")),
+                                              "deg beyond the body rates: a sample turned further is dropped")),
             auto_arm=bool(param(self, "auto_arm", d.auto_arm, "arm on the first valid state")),
         )
         # Recording a simulated flight (hover.launch.xml record:=true): the flight starts once the recorder
@@ -235,25 +236,18 @@ class ControllerNode(Node):
                 raise InvalidState("stale", f"header stamp {-age * 1e3:.0f} ms ahead of this node's clock")
         except InvalidState as e:
             self.rejected[e.reason] = self.rejected.get(e.reason, 0) + 1
-            problem = str(e)
-            self.controller.on_state(None, now, problem)
+            self.controller.on_state(None, now, str(e))
         except Exception as e:  # anything else a message can do to the conversion: reject, never crash
             self.rejected["malformed"] = self.rejected.get("malformed", 0) + 1
-            problem = f"malformed: {type(e).__name__}"
-            self.controller.on_state(None, now, problem)
+            self.controller.on_state(None, now, f"malformed: {type(e).__name__}")
         else:
-            problem = self.controller.on_state(state, now, age=age)  # stale from its stamp on, not from its receipt
-            if problem is None:
+            # stale from its stamp on, not from its receipt
+            if self.controller.on_state(state, now, age=age) is None:
                 self._state_received_at = time.perf_counter()
                 self.accepted += 1
-            else:  # a jump from the last valid state (deploy/safety.py, "Implausible samples")
+            else:  # dropped: a jump from the last valid state (deploy/safety.py, "Implausible samples")
                 self.rejected["implausible"] = self.rejected.get("implausible", 0) + 1
-        self.sample_checked(problem)
         self._report_change()
-
-    def sample_checked(self, problem: str | None) -> None:
-        """Called for every state sample that reached the safety layer: ``problem`` is why it was rejected,
-        None if it was accepted (crazyflie_bridge counts its onboard estimate's rejections in a row)."""
 
     def link_problem(self) -> str | None:
         """Why commands cannot reach the vehicle (crazyflie_bridge: no radio link), or None."""

@@ -21,7 +21,7 @@ Modes and rules, checked on every tick:
             its target, farther than the hover training's initial states: the heaviest, weakest
             vehicles of the randomization then tipped over on the floor instead of taking off).
             A state problem (older than ``stale_timeout`` by its stamp, non-finite, out of
-            range, implausible (below), outside the geofence) or a policy error (exception, non-finite or misshapen
+            range, outside the geofence) or a policy error (exception, non-finite or misshapen
             output) switches to FAILSAFE in the same tick. A rejected state counts at the next tick
             even if a valid one arrived after it. Actions are clipped to [-1, max_action].
             A current state (younger than ``stale_timeout``, even with a sample rejected after it)
@@ -53,17 +53,21 @@ Modes and rules, checked on every tick:
             No recovery while the caller says the policy cannot fly (``recovery_hold``: firmware_bridge
             with a failed MCU, whose every policy call fails): that failsafe lands.
   ESTOP     ``estop()`` (std_srvs/Trigger): rotors cut at once, latched until ``arm()``.
-Implausible samples: a valid sample whose position lies farther from the last valid state's than
-that state, if current when the sample was taken (no older than ``stale_timeout``), could have moved at
-StateLimits.max_speed in the time between their stamps, plus ``max_jump``, or whose attitude turned
-further than StateLimits.max_rate on every axis allows, plus ``max_attitude_jump_deg``, is rejected
-(a glitch of the estimator or the motion capture: a swapped marker, an outlier): it is flown on no
-more than a non-finite sample is. Believed, one sample below the fence's floor would cut the rotors
-in the air, and one upside down would too (tumbled), and a failsafe would descend from it. The
-rejection is a failsafe descent from the last valid state, which recovers on the samples after the
-glitch; an estimate that jumped and stays is believed from the first sample after the last valid
-state has gone stale (there is nothing left to compare it with), as any sample after a gap is.
-Velocity and body rates are not compared between samples (a jump there is flown on for one sample).
+Implausible samples (a glitch of the estimator or the motion capture: an outlier, a swapped marker) are
+dropped, as a sample that arrived late is: the policy flies on the last valid state, and only if no
+plausible sample follows within ``stale_timeout`` does the stale rule fail safe. A sample is implausible
+when the last valid state was current when it was taken (no older than ``stale_timeout``) and it lies
+farther from that state than StateLimits.max_speed covers in the time between their stamps, plus
+``max_jump``, or its attitude turned further than its own or that state's body rate, sped up at
+``max_angular_accel``, covers in that time, plus ``max_attitude_jump_deg``. Believed, one sample below the
+fence's floor would cut the rotors of a vehicle in the air, and one upside down would too (tumbled). An
+estimate that jumped and stays (a re-converged filter) is believed once the time since the last valid
+state covers the jump at max_speed, or that state has gone stale (nothing current is left to compare
+with); the sample believed, agreeing with the last one dropped, counts as a rejected one (a failsafe, from
+the state it gives), so that the policy takes over again by a recovery, its setpoint ramp starting where
+the vehicle now is, not with a step of its position error. A glitch that outlasts that time goes the same
+way (two failsafes and recoveries: to it, and back). A dropped sample restarts the recovery count. Velocities are not compared between samples (a collision changes
+them at once).
 A clock that goes back (a simulator reset or restart: /clock from 0 again) starts the controller up
 again, DISARMED (``auto_arm`` arms it again on the first valid state unless the operator disarmed or
 stopped it since the last arming; an emergency stop stays latched): its kept times would lie ahead.
@@ -136,9 +140,9 @@ class SafetyConfig:
     max_tilt_deg: float = 90.0  # deg: a fresh state tilted beyond this (upside down) cuts the rotors
     # m: how far a sample may lie beyond where the last valid state could have moved at StateLimits.max_speed
     # (the estimate's noise and corrections: a few mm from motion capture, ~1-2 cm from the Crazyflie's
-    # Lighthouse and ~10 cm from its UWB positioning by Bitcraze's figures); farther is a glitch, rejected
+    # Lighthouse and ~10 cm from its UWB positioning by Bitcraze's figures); farther is a glitch, dropped
     max_jump: float = 0.3
-    # deg: how much further a sample's attitude may have turned than StateLimits.max_rate allows
+    # deg: how much further a sample's attitude may have turned than the body rates allow; further is dropped
     max_attitude_jump_deg: float = 30.0
     auto_arm: bool = False
 
@@ -204,8 +208,8 @@ class SafeController:
     def __init__(self, policy: Callable[[np.ndarray], np.ndarray], cfg: SafetyConfig,
                  params: CrazyflieParams = NOMINAL, wall: Callable[[], float] = time.monotonic,
                  settle_s: float = SPIN_DOWN_S, limits: StateLimits = StateLimits()):
-        """``limits``: the bounds the samples were checked against (make_state), whose speed and body rate
-        bound how far a sample can be from the last. ``wall``: steady wall time (s), which only the
+        """``limits``: the bounds the samples were checked against (make_state), whose speed bounds how far a
+        sample can be from the last. ``wall``: steady wall time (s), which only the
         clock-restart rate is counted on. ``settle_s``:
         time (s) a failsafe descent's timer adds to the fall time before the rotors are cut: the rotors'
         spin-down for this layer's own open-loop descent command; more where the descent is flown by
@@ -215,6 +219,10 @@ class SafeController:
         self.hover_action = params.hover_action
         self.descent_action = rpm_to_action(params.hover_rpm * math.sqrt(cfg.descent_thrust_ratio), params.rpm_max)
         self.descent_accel = (1.0 - cfg.descent_thrust_ratio) * GRAVITY  # m/s^2, downwards
+        # rad/s^2: twice the roll or pitch acceleration of two rotors on one side at full speed, the others
+        # stopped (503 rad/s^2 for the nominal vehicle): for heavier, longer-armed variants and knocks
+        arm = max(abs(c) for xy in params.rotor_xy for c in xy)
+        self.max_angular_accel = 2.0 * 2.0 * params.kf * params.rpm_max ** 2 * arm / min(params.inertia[:2])
         self.failsafe_count = 0
         self._clock = -math.inf  # the latest time (s) on_state() or tick() was given
         self._operator_stop = False  # disarm() or estop() since the last arm(): no auto_arm after a restart
@@ -241,6 +249,8 @@ class SafeController:
         # after it, before the tick, must not hide it (several states can arrive within one period).
         self._rejected: str | None = None
         self._good_streak = 0
+        self._dropped = 0  # implausible samples dropped since the last valid state
+        self._last_dropped: tuple[State, float] | None = None  # the last of them and when it was taken (s)
         self._descent_end = self._descent_cap = math.inf
         self._may_recover = True
         self._auto_arm_pending = self.cfg.auto_arm and not self._operator_stop
@@ -287,14 +297,22 @@ class SafeController:
     def on_state(self, state: State | None, now: float, error: str | None = None, age: float = 0.0) -> str | None:
         """A received state sample: a valid State, or None with ``error`` ("nonfinite: ..."). ``age`` (s):
         how old the sample already is at ``now`` (by its stamp); its staleness counts from then. Returns
-        why this layer rejected a valid State (an implausible jump), else None."""
+        why a valid State was dropped as implausible (module docstring), else None."""
         self._check_clock(now)
-        sampled = now - max(age, 0.0)
-        jump = None if state is None else self._jump(state, sampled)
-        if state is None or jump is not None:
-            self._input_error, self._good_streak = jump or error or "invalid state", 0
+        if state is None:
+            self._input_error, self._good_streak = error or "invalid state", 0
             self._rejected = self._rejected or self._input_error
+            return None
+        sampled = now - max(age, 0.0)
+        jump = self._jump(state, sampled, self._latest, self._latest_time)
+        if jump is not None:  # as if it had not arrived; a recovery needs consecutive plausible states
+            self._good_streak, self._dropped, self._last_dropped = 0, self._dropped + 1, (state, sampled)
             return jump
+        if self._last_dropped is not None and self._jump(state, sampled, *self._last_dropped) is None:
+            # it agrees with the samples dropped before it, not (only) with the last valid state: the estimate jumped
+            self._rejected = self._rejected or (f"estimate jumped: believed after {self._dropped} samples dropped "
+                                                f"as implausible, at {np.round(state.pos, 2).tolist()} m")
+        self._dropped, self._last_dropped = 0, None
         self._latest, self._latest_time, self._input_error = state, sampled, None
         # Recovery counts consecutive valid states inside the geofence; tick() restarts the count
         # at a stale gap.
@@ -305,20 +323,20 @@ class SafeController:
             self._rejected = self._rejected or self._fence_problem(state.pos)
         return None
 
-    def _jump(self, state: State, sampled: float) -> str | None:
-        """Why ``state``, taken at ``sampled`` (s), cannot follow the last valid state (module docstring,
-        "Implausible samples"), or None (also when that state was not current at ``sampled``)."""
-        dt = max(sampled - self._latest_time, 0.0)
-        if dt > self.cfg.stale_timeout:
+    def _jump(self, state: State, sampled: float, ref: State | None, ref_time: float) -> str | None:
+        """Why ``state``, taken at ``sampled`` (s), cannot follow ``ref``, taken at ``ref_time`` (module
+        docstring, "Implausible samples"), or None (also when ``ref`` was not current at ``sampled``)."""
+        dt = abs(sampled - ref_time)  # (a sample may be stamped before the reference)
+        if ref is None or dt > self.cfg.stale_timeout:
             return None
-        ref = self._latest
         moved, reach = float(np.linalg.norm(state.pos - ref.pos)), self.limits.max_speed * dt + self.cfg.max_jump
         if moved > reach:
             return (f"implausible: position {np.round(state.pos, 2).tolist()} m, {moved:.2f} m from the last valid "
-                    f"state {dt * 1e3:.0f} ms before (limit {reach:.2f} m)")
-        # angle between the two attitudes; the fastest turn within the gyro's range is max_rate on every axis
+                    f"state {dt * 1e3:.0f} ms apart (limit {reach:.2f} m)")
+        # the angle between the two attitudes (q and -q are the same one)
         turned = math.degrees(2.0 * math.acos(min(abs(float(np.dot(state.quat, ref.quat))), 1.0)))
-        turn = math.degrees(math.sqrt(3.0) * self.limits.max_rate * dt) + self.cfg.max_attitude_jump_deg
+        rate = max(float(np.linalg.norm(state.omega)), float(np.linalg.norm(ref.omega)))  # rad/s
+        turn = math.degrees(rate * dt + 0.5 * self.max_angular_accel * dt * dt) + self.cfg.max_attitude_jump_deg
         if turned > turn:
             return f"implausible: attitude turned {turned:.0f} deg in {dt * 1e3:.0f} ms (limit {turn:.0f} deg)"
         return None
