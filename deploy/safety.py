@@ -54,20 +54,20 @@ Modes and rules, checked on every tick:
             with a failed MCU, whose every policy call fails): that failsafe lands.
   ESTOP     ``estop()`` (std_srvs/Trigger): rotors cut at once, latched until ``arm()``.
 Implausible samples (a glitch of the estimator or the motion capture: an outlier, a swapped marker) are
-dropped, as a sample that arrived late is: the policy flies on the last valid state, and only if no
-plausible sample follows within ``stale_timeout`` does the stale rule fail safe. A sample is implausible
-when the last valid state was current when it was taken (no older than ``stale_timeout``) and it lies
-farther from that state than StateLimits.max_speed covers in the time between their stamps, plus
-``max_jump``, or its attitude turned further than its own or that state's body rate, sped up at
-``max_angular_accel``, covers in that time, plus ``max_attitude_jump_deg``. Believed, one sample below the
-fence's floor would cut the rotors of a vehicle in the air, and one upside down would too (tumbled). An
-estimate that jumped and stays (a re-converged filter) is believed once the time since the last valid
-state covers the jump at max_speed, or that state has gone stale (nothing current is left to compare
-with); the sample believed, agreeing with the last one dropped, counts as a rejected one (a failsafe, from
-the state it gives), so that the policy takes over again by a recovery, its setpoint ramp starting where
-the vehicle now is, not with a step of its position error. A glitch that outlasts that time goes the same
-way (two failsafes and recoveries: to it, and back). A dropped sample restarts the recovery count. Velocities are not compared between samples (a collision changes
-them at once).
+dropped, as a sample that arrived late is: the policy flies on the last valid state, and the stale rule
+fails safe if no plausible sample follows within ``stale_timeout``. A sample is implausible when it lies
+farther from the last valid state than StateLimits.max_speed covers in the time between the two (each
+taken at its receipt minus its age), plus ``max_jump``, or its tilt (the body z axis from the last valid
+state's) changed more than the two samples' mean roll and pitch rate, sped up at ``max_angular_accel``,
+covers in that time, plus ``max_attitude_jump_deg`` (yaw is not compared: no rule depends on it).
+Believed, one sample below the fence's floor would cut the rotors of a vehicle in the air, and one upside
+down would too (tumbled). An estimate that jumped and stays (a re-converged filter) is believed once the
+time since the last valid state covers the jump at max_speed: a jump of up to ``max_jump`` plus
+max_speed x ``stale_timeout`` (0.8 m by default) reaches the policy as a step of its position error, as
+without this rule; a larger one comes after the stale rule's failsafe, so the policy takes over again by
+a recovery, its setpoint ramp starting where the estimate now puts the vehicle. A glitch that lasts that
+long is believed as well. A dropped sample restarts the recovery count. Velocities are not compared
+between samples (a collision changes them at once).
 A clock that goes back (a simulator reset or restart: /clock from 0 again) starts the controller up
 again, DISARMED (``auto_arm`` arms it again on the first valid state unless the operator disarmed or
 stopped it since the last arming; an emergency stop stays latched): its kept times would lie ahead.
@@ -93,7 +93,7 @@ import numpy as np
 from sim.crazyflie.contract import ACT_DIM
 from sim.crazyflie.params import GRAVITY, NOMINAL, CrazyflieParams, rpm_to_action
 
-from .state import State, StateLimits, observation
+from .state import State, StateLimits, observation, quat_to_rotmat
 
 IDLE_ACTION = -1.0  # action -1 = 0 rpm (contract: rpm = (a + 1) / 2 * rpm_max)
 SPIN_DOWN_S = 0.3  # s added to a failsafe descent's fall time: the rotors' spin-down
@@ -142,7 +142,7 @@ class SafetyConfig:
     # (the estimate's noise and corrections: a few mm from motion capture, ~1-2 cm from the Crazyflie's
     # Lighthouse and ~10 cm from its UWB positioning by Bitcraze's figures); farther is a glitch, dropped
     max_jump: float = 0.3
-    # deg: how much further a sample's attitude may have turned than the body rates allow; further is dropped
+    # deg: how much further a sample's tilt may have changed than its roll and pitch rates allow; further is dropped
     max_attitude_jump_deg: float = 30.0
     auto_arm: bool = False
 
@@ -249,8 +249,6 @@ class SafeController:
         # after it, before the tick, must not hide it (several states can arrive within one period).
         self._rejected: str | None = None
         self._good_streak = 0
-        self._dropped = 0  # implausible samples dropped since the last valid state
-        self._last_dropped: tuple[State, float] | None = None  # the last of them and when it was taken (s)
         self._descent_end = self._descent_cap = math.inf
         self._may_recover = True
         self._auto_arm_pending = self.cfg.auto_arm and not self._operator_stop
@@ -304,15 +302,10 @@ class SafeController:
             self._rejected = self._rejected or self._input_error
             return None
         sampled = now - max(age, 0.0)
-        jump = self._jump(state, sampled, self._latest, self._latest_time)
+        jump = self._jump(state, sampled)
         if jump is not None:  # as if it had not arrived; a recovery needs consecutive plausible states
-            self._good_streak, self._dropped, self._last_dropped = 0, self._dropped + 1, (state, sampled)
+            self._good_streak = 0
             return jump
-        if self._last_dropped is not None and self._jump(state, sampled, *self._last_dropped) is None:
-            # it agrees with the samples dropped before it, not (only) with the last valid state: the estimate jumped
-            self._rejected = self._rejected or (f"estimate jumped: believed after {self._dropped} samples dropped "
-                                                f"as implausible, at {np.round(state.pos, 2).tolist()} m")
-        self._dropped, self._last_dropped = 0, None
         self._latest, self._latest_time, self._input_error = state, sampled, None
         # Recovery counts consecutive valid states inside the geofence; tick() restarts the count
         # at a stale gap.
@@ -323,22 +316,24 @@ class SafeController:
             self._rejected = self._rejected or self._fence_problem(state.pos)
         return None
 
-    def _jump(self, state: State, sampled: float, ref: State | None, ref_time: float) -> str | None:
-        """Why ``state``, taken at ``sampled`` (s), cannot follow ``ref``, taken at ``ref_time`` (module
-        docstring, "Implausible samples"), or None (also when ``ref`` was not current at ``sampled``)."""
-        dt = abs(sampled - ref_time)  # (a sample may be stamped before the reference)
-        if ref is None or dt > self.cfg.stale_timeout:
+    def _jump(self, state: State, sampled: float) -> str | None:
+        """Why ``state``, taken at ``sampled`` (s), cannot follow the last valid state (module docstring,
+        "Implausible samples"), or None (also without a valid state since start-up)."""
+        ref = self._latest
+        if ref is None:
             return None
+        dt = abs(sampled - self._latest_time)  # (a sample may have been taken before the last valid one)
         moved, reach = float(np.linalg.norm(state.pos - ref.pos)), self.limits.max_speed * dt + self.cfg.max_jump
         if moved > reach:
             return (f"implausible: position {np.round(state.pos, 2).tolist()} m, {moved:.2f} m from the last valid "
                     f"state {dt * 1e3:.0f} ms apart (limit {reach:.2f} m)")
-        # the angle between the two attitudes (q and -q are the same one)
-        turned = math.degrees(2.0 * math.acos(min(abs(float(np.dot(state.quat, ref.quat))), 1.0)))
-        rate = max(float(np.linalg.norm(state.omega)), float(np.linalg.norm(ref.omega)))  # rad/s
-        turn = math.degrees(rate * dt + 0.5 * self.max_angular_accel * dt * dt) + self.cfg.max_attitude_jump_deg
-        if turned > turn:
-            return f"implausible: attitude turned {turned:.0f} deg in {dt * 1e3:.0f} ms (limit {turn:.0f} deg)"
+        # the angle between the two body z axes (column 2 of R body->world: the body z axis in world coordinates)
+        z_new, z_ref = quat_to_rotmat(state.quat)[:, 2], quat_to_rotmat(ref.quat)[:, 2]
+        tilted = math.degrees(math.acos(min(max(float(np.dot(z_new, z_ref)), -1.0), 1.0)))
+        rate = 0.5 * (float(np.linalg.norm(state.omega[:2])) + float(np.linalg.norm(ref.omega[:2])))  # rad/s
+        bound = math.degrees(rate * dt + 0.5 * self.max_angular_accel * dt * dt) + self.cfg.max_attitude_jump_deg
+        if tilted > bound:
+            return f"implausible: tilt changed {tilted:.0f} deg in {dt * 1e3:.0f} ms (limit {bound:.0f} deg)"
         return None
 
     def state_problem(self, now: float) -> str | None:
@@ -464,8 +459,11 @@ class SafeController:
                 self.reason = f"auto_arm: {self.auto_arm_hold}"
             else:
                 armed, _ = self.arm(now)
-                unsettled = None if armed else self._unsettled()
-                if unsettled is not None:  # without the figure: a status message per degree would flood /status
+                unsteady, unsettled = (None, None) if armed else (self.clock_unsteady(), self._unsettled())
+                # without the figures arm() gives (a countdown, a tilt): a new status message per period
+                if unsteady is not None:  # (as the clock's restart said)
+                    self.reason = f"{unsteady}: rotors idle, arming once it has run steadily"
+                elif unsettled is not None:
                     self.reason = f"auto_arm: {unsettled[1]}"
         # A tumbled state is acted on while it is current, even with a sample rejected after it (a tumbling
         # vehicle's next samples exceed the body-rate limit): descent thrust would drive it into the floor.

@@ -1217,13 +1217,13 @@ def upside_down(t: float, z: float = 1.0) -> State:
 
 
 @pytest.mark.parametrize("glitch, why", [(hover_state(0.01, z=-0.5), "implausible: position [0.0, 0.0, -"),
-                                         (upside_down(0.01), "implausible: attitude turned 180 deg")])
+                                         (upside_down(0.01), "implausible: tilt changed 180 deg")])
 @pytest.mark.parametrize("z", [1.0, 0.0])
 def test_a_single_glitch_is_dropped_not_flown_on(glitch, why, z):
     """One sample of an armed vehicle, hovering at 1 m or taking off from the floor, jumps (an estimator's
     outlier, a swapped motion-capture marker): below the fence's floor, or upside down. Believed, either
-    would cut the rotors (a geofence failsafe on the ground; tumbled), as it does after a gap, where there
-    is nothing to compare it with. Dropped, the policy flies on as if it had not arrived."""
+    would cut the rotors (a geofence failsafe on the ground; tumbled), as it does once the time since the
+    last valid state covers it. Dropped, the policy flies on as if it had not arrived."""
     glitch = dataclasses.replace(glitch, pos=glitch.pos + [0.0, 0.0, z - 1.0])
     c, policy = armed_controller(at=(0.0, 0.0, z))
     assert c.tick(0.0).mode is Mode.ARMED
@@ -1235,10 +1235,11 @@ def test_a_single_glitch_is_dropped_not_flown_on(glitch, why, z):
         assert c.on_state(hover_state(0.01 * k, z=z), 0.01 * k) is None
         assert c.tick(0.01 * k).mode is Mode.ARMED, k
     assert c.status()["failsafe_count"] == 0
-    c, _ = armed_controller(at=(0.0, 0.0, z))  # the same sample after a gap longer than stale_timeout is believed
-    assert c.tick(0.0).mode is Mode.ARMED
-    assert c.on_state(glitch, 0.06) is None
-    assert c.tick(0.06).mode is Mode.DISARMED and "rotors cut" in c.reason, c.reason
+    c, _ = armed_controller(at=(0.0, 0.0, z))  # the same sample 130 ms after the last valid state is believed:
+    assert c.tick(0.0).mode is Mode.ARMED  # 10 m/s covers 1.5 m; the rotors' angular acceleration, 180 deg
+    glitch = dataclasses.replace(glitch, stamp=0.13)
+    assert c.on_state(glitch, 0.13) is None
+    assert c.tick(0.13).mode is Mode.DISARMED and "rotors cut" in c.reason, c.reason
 
 
 @pytest.mark.parametrize("gap, deg", [(0.02, 95.0), (0.03, 130.0), (0.05, 179.0)])
@@ -1247,8 +1248,20 @@ def test_an_attitude_glitch_after_lost_samples_is_dropped(gap, deg):
     turned it there (the rotors' angular acceleration bounds the rest): dropped, not a tumble's cut."""
     c, _ = armed_controller()
     assert c.tick(0.0).mode is Mode.ARMED
-    assert c.on_state(tilted_state(deg, gap, z=1.0), gap).startswith(f"implausible: attitude turned {deg:.0f} deg")
+    assert c.on_state(tilted_state(deg, gap, z=1.0), gap).startswith(f"implausible: tilt changed {deg:.0f} deg")
     assert c.tick(gap).mode is Mode.ARMED and c.status()["failsafe_count"] == 0
+
+
+def test_a_glitch_to_the_floor_lasting_a_few_samples_does_not_cut_an_armed_vehicle():
+    """Taking off at 0.5 m, the estimate reads 2 cm for 40 ms, then the true height again: the first sample
+    is dropped, the next ones believed (10 m/s covers 0.48 m in 20 ms), as is the true height after them.
+    The policy flies on them; nothing cuts the rotors (the floor's rule waits ground_timeout)."""
+    c, _ = armed_controller(at=(0.0, 0.0, 0.5))
+    for k in range(1, 8):
+        z = 0.02 if k <= 4 else 0.5
+        c.on_state(hover_state(0.01 * k, z=z), 0.01 * k)
+        assert c.tick(0.01 * k).mode is Mode.ARMED, (k, c.reason)
+    assert c.status()["failsafe_count"] == 0 and c.latest.pos[2] == 0.5
 
 
 def test_glitches_that_keep_coming_are_a_failsafe_when_the_last_valid_state_goes_stale():
@@ -1264,25 +1277,30 @@ def test_glitches_that_keep_coming_are_a_failsafe_when_the_last_valid_state_goes
     assert cmd.reason.startswith("stale") and "controlled descent from 1.00 m" in cmd.reason, cmd.reason
 
 
-def test_an_estimate_that_jumped_and_stays_is_believed_through_a_failsafe_and_a_recovery():
-    """The estimate moves 1.2 m at once and stays there (a re-converged filter): dropped while the last valid
-    state is current; believed from the first sample after it went stale, as a rejected sample (a failsafe),
-    and flown on again by a recovery, whose setpoint ramp starts from where it now says the vehicle is (not a
-    1.2 m step of the policy's position error). A stale_timeout of 1/16 s: the boundary is exact in binary."""
-    c, _ = armed_controller(stale_timeout=0.0625)
+def test_an_estimate_that_jumped_and_stays_is_believed_once_max_speed_covers_the_jump():
+    """The estimate moves at once and stays there (a re-converged filter): dropped until 10 m/s over the time
+    since the last valid state, plus max_jump (0.3 m), covers the jump. 0.5 m: believed 20 ms on, flown on
+    at once. 1.2 m: the last valid state goes stale first (a failsafe descent from it); believed 90 ms on,
+    and flown on again by a recovery, whose setpoint ramp starts where the estimate now puts the vehicle."""
+    c, _ = armed_controller()
     assert c.tick(0.0).mode is Mode.ARMED
-    moved = [0.0, 1.2, 1.0]  # farther than max_speed covers within stale_timeout, plus max_jump: 0.925 m
-    for t in (0.015625, 0.03125, 0.046875, 0.0625):  # up to stale_timeout after the last valid state, included
-        assert c.on_state(hover_state(t, pos=moved), t).startswith("implausible: position"), t
-        assert c.tick(t).mode is Mode.ARMED and c.latest.pos.tolist() == [0.0, 0.0, 1.0]
-    for k, t in enumerate((0.0625 + 1 / 1024, 0.078125, 0.09375, 0.109375)):  # recover_count 3 after the failsafe
-        assert c.on_state(hover_state(t, pos=moved), t) is None, t
-        cmd = c.tick(t)
-        assert cmd.mode is (Mode.ARMED if k == 3 else Mode.FAILSAFE), (k, cmd.reason)
-        if k == 0:
-            assert cmd.reason.startswith("estimate jumped: believed after 4 samples dropped as implausible, "
-                                         "at [0.0, 1.2, 1.0] m; controlled descent from 1.00 m"), cmd.reason
-    assert c.setpoint(0.109375).tolist() == moved and c.status()["failsafe_count"] == 1
+    assert c.on_state(hover_state(0.01, pos=[0.0, 0.5, 1.0]), 0.01).startswith("implausible: position")
+    assert c.on_state(hover_state(0.02, pos=[0.0, 0.5, 1.0]), 0.02) is None
+    assert c.tick(0.02).mode is Mode.ARMED and c.latest.pos[1] == 0.5
+    c, _ = armed_controller()
+    assert c.tick(0.0).mode is Mode.ARMED
+    moved = [0.0, 1.2, 1.0]
+    for k in range(1, 9):  # up to 80 ms after the last valid state: reach 1.1 m
+        assert c.on_state(hover_state(0.01 * k, pos=moved), 0.01 * k).startswith("implausible: position"), k
+        cmd = c.tick(0.01 * k)
+        assert cmd.mode is (Mode.ARMED if k <= 5 else Mode.FAILSAFE) and c.latest.pos[1] == 0.0, (k, cmd.reason)
+    assert cmd.reason.startswith("stale") and "controlled descent from 1.00 m" in cmd.reason, cmd.reason
+    for k in range(9, 13):  # 90 ms on: reach 1.2 m; recover_count 3 more
+        assert c.on_state(hover_state(0.01 * k, pos=moved), 0.01 * k) is None, k
+        assert c.tick(0.01 * k).mode is (Mode.ARMED if k == 11 else Mode.FAILSAFE), (k, c.reason)
+        if k == 11:
+            break
+    assert c.setpoint(0.11).tolist() == moved and c.status()["failsafe_count"] == 1
 
 
 def test_a_time_that_is_not_finite_is_refused():
@@ -1343,6 +1361,15 @@ def test_arming_is_refused_for_a_vehicle_moving_or_turning_faster_than_the_train
     assert c.tick(0.1).mode is Mode.FAILSAFE  # stale
     c.on_state(make_state([0, 0, 0.5], [1, 0, 0, 0], [0, 0, -2.0], [0, 0, 2.0], 0.1), 0.1)
     assert c.arm(0.1) == (True, "armed")
+    wall = [0.0]  # auto_arm with a clock that went back three times and a moving vehicle: the clock's reason
+    c = SafeController(FakePolicy(), SafetyConfig(auto_arm=True), wall=lambda: wall[0])
+    for t in (1.0, 0.0, 1.0, 0.0, 1.0, 0.0):
+        c.tick(t)
+    c.on_state(make_state([0, 0, 0], [1, 0, 0, 0], [0.9, 0, 0], [0, 0, 0], 0.0), 0.0)
+    assert c.tick(0.0).mode is Mode.DISARMED and c.reason.startswith("clock went back 3 times"), c.reason
+    wall[0] = 3.0  # steady since: the vehicle's reason
+    c.on_state(make_state([0, 0, 0], [1, 0, 0, 0], [0.9, 0, 0], [0, 0, 0], 0.01), 0.01)
+    assert c.tick(0.01).mode is Mode.DISARMED and c.reason == "auto_arm: moving faster than 0.5 m/s, arming once still"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1479,26 +1506,28 @@ def test_a_bad_onboard_estimate_is_published_rejected_by_the_odom_check_and_fail
     assert b._estimate_broken is None
 
 
-def test_an_onboard_estimate_that_jumps_and_stays_is_flown_on_again_not_cut():
-    """The real vehicle's onboard estimate moves 0.65 m and stays (a Lighthouse or UWB estimate re-converging):
-    the onboard policy flies on it whatever this layer does, so cutting the rotors would turn a correction
-    into a fall. Its samples are dropped as implausible (not counted as a broken estimate), then believed
-    through a failsafe (a descent setpoint from the new estimate) and a recovery."""
+@pytest.mark.parametrize("jump, dropped, failsafes", [(0.65, 3, 0), (1.5, 11, 1)])
+def test_an_onboard_estimate_that_jumps_and_stays_is_flown_on_again_not_cut(jump, dropped, failsafes):
+    """The real vehicle's onboard estimate moves and stays (a Lighthouse or UWB estimate re-converging): the
+    onboard policy flies on it whatever this layer does, so cutting the rotors would turn a correction into
+    a fall. Its samples are dropped as implausible (not counted as a broken estimate) until 10 m/s covers the
+    jump: 0.65 m is then flown on at once; 1.5 m after the stale rule's failsafe (a descent setpoint) and a
+    recovery."""
     c = SafeController(FakePolicy(), SafetyConfig())
     b = fake_bridge(c, FakeClock(100.0))
     stream(b, 1000, 100.0)
     assert c.arm(100.0)[0] and c.tick(100.0).mode is Mode.ARMED
     modes = []
-    for k in range(1, 11):
+    for k in range(1, 21):
         t = 100.0 + 0.01 * k
-        stream(b, 1000 + 10 * k, t, pos=(1.15, -0.25, 1.0))
+        stream(b, 1000 + 10 * k, t, pos=(0.5, -0.25 + jump, 1.0))
         cmd = c.tick(t + 0.001)
         b.actuate(cmd, t + 0.001)
         modes.append(cmd.mode)
     assert "stop" not in [z for _, z in b.cf.commander.sent] and b._estimate_broken is None
-    assert Mode.FAILSAFE in modes and modes[-1] is Mode.ARMED and c.latest.pos[0] == 1.15, modes
-    # dropped until 10 m/s over the time since the last valid state, plus max_jump, covers 0.65 m: 40 ms
-    assert b.rejected == {"implausible": 3} and c.status()["failsafe_count"] == 1, b.rejected
+    assert (Mode.FAILSAFE in modes) == (failsafes > 0) and modes[-1] is Mode.ARMED, modes
+    assert c.latest.pos[1] == pytest.approx(-0.25 + jump) and c.status()["failsafe_count"] == failsafes
+    assert b.rejected == {"implausible": dropped}, b.rejected
 
 
 def test_a_late_state_is_dropped_without_failing_safe_but_one_from_the_future_fails_safe():
