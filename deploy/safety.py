@@ -37,8 +37,9 @@ Modes and rules, checked on every tick:
             nothing to close a loop on), so the vehicle sinks at (1 - ratio) g, for the time the
             last valid height and vertical velocity take to reach the floor at that acceleration
             (a vehicle climbing when the failsafe starts rises first) plus ``settle_s`` (the rotors'
-            spin-down; the bridges whose onboard policy flies the descent add its lag), or until a valid state shows
-            it below ``landed_height``; then the rotors are cut and the mode is DISARMED: flying
+            spin-down; the bridges whose onboard policy flies the descent add its lag), or until
+            ``LANDED_SAMPLES`` valid states in a row show it below ``landed_height`` (one could be a
+            glitch); then the rotors are cut and the mode is DISARMED: flying
             again needs re-arming. Valid states that still show it in the air (a geofence failsafe
             keeps receiving them) extend the descent to their own fall time, up to twice the first
             estimate (a state that is fresh but wrong must not keep the rotors spinning forever).
@@ -102,6 +103,10 @@ SPIN_DOWN_S = 0.3  # s added to a failsafe descent's fall time: the rotors' spin
 # two simulators at 10 ms steps).
 CLOCK_RESTARTS_MAX = 3  # clock restarts within the window that mark the clock as unsteady
 CLOCK_RESTART_WINDOW_S = 2.0  # s, steady wall time; also how long the clock must then go without going back
+# Valid states in a row below landed_height that end a failsafe descent: a glitch to the floor that is believed
+# (near the floor, or lasting as long as 10 m/s takes to cover it) is one or two; a landed vehicle adds 20 ms
+# of descent thrust on the floor at 100 Hz.
+LANDED_SAMPLES = 3
 
 
 class Mode(str, Enum):
@@ -249,6 +254,7 @@ class SafeController:
         # after it, before the tick, must not hide it (several states can arrive within one period).
         self._rejected: str | None = None
         self._good_streak = 0
+        self._floor_streak = 0  # valid states in a row below landed_height
         self._descent_end = self._descent_cap = math.inf
         self._may_recover = True
         self._auto_arm_pending = self.cfg.auto_arm and not self._operator_stop
@@ -307,6 +313,7 @@ class SafeController:
             self._good_streak = 0
             return jump
         self._latest, self._latest_time, self._input_error = state, sampled, None
+        self._floor_streak = self._floor_streak + 1 if self.height() < self.cfg.landed_height else 0
         # Recovery counts consecutive valid states inside the geofence; tick() restarts the count
         # at a stale gap.
         if self._inside(state.pos):
@@ -576,7 +583,8 @@ class SafeController:
         fresh_height = self.height() if fresh else None
         if fresh_height is not None and fresh_height >= self.cfg.landed_height:  # still in the air
             self._descent_end = min(max(self._descent_end, now + self._fall_time()), self._descent_cap)
-        if now >= self._descent_end or (fresh_height is not None and fresh_height < self.cfg.landed_height):
+        landed = fresh_height is not None and fresh_height < self.cfg.landed_height
+        if now >= self._descent_end or (landed and self._floor_streak >= LANDED_SAMPLES):
             self._set(Mode.DISARMED, f"{self.reason}; landed: rotors cut, re-arm to fly")
         elif self._may_recover and problem is None and self._good_streak >= self.cfg.recover_count:
             self._recovered_at.append(now)
