@@ -38,12 +38,15 @@ Modes and rules, checked on every tick:
             last valid height and vertical velocity take to reach the floor at that acceleration
             (a vehicle climbing when the failsafe starts rises first) plus ``settle_s`` (the rotors'
             spin-down; the bridges whose onboard policy flies the descent add its lag), or until
-            ``LANDED_SAMPLES`` valid states in a row show it below ``landed_height`` (one could be a
-            glitch); then the rotors are cut and the mode is DISARMED: flying
-            again needs re-arming. Valid states that still show it in the air (a geofence failsafe
+            it has landed: ``LANDED_SAMPLES`` valid states below ``landed_height`` with none above twice
+            that between them (a vehicle resting near the threshold, a noisy estimate), no sooner than
+            it could have fallen freely from the last valid state at least twice that high (a glitch to
+            the floor may be believed: see "Implausible samples"); then the rotors are cut and the mode
+            is DISARMED: flying again needs re-arming. Valid states that still show it in the air (a geofence failsafe
             keeps receiving them) extend the descent to their own fall time, up to twice the first
             estimate (a state that is fresh but wrong must not keep the rotors spinning forever).
-            On the ground (or with no valid state ever) the rotors are cut at once.
+            On the ground (landed by the rule above, or below ``landed_height`` having never been
+            in the air since start-up) or with no valid state ever, the rotors are cut at once.
             Recovery: while still descending, ``recover_count`` consecutive valid states inside
             the geofence (a stale gap or a state outside starts the count again) hand control
             back to the policy without re-arming, at most ``max_recoveries`` times within
@@ -56,7 +59,10 @@ Modes and rules, checked on every tick:
   ESTOP     ``estop()`` (std_srvs/Trigger): rotors cut at once, latched until ``arm()``.
 Implausible samples (a glitch of the estimator or the motion capture: an outlier, a swapped marker) are
 dropped, as a sample that arrived late is: the policy flies on the last valid state, and the stale rule
-fails safe if no plausible sample follows within ``stale_timeout``. A sample is implausible when it lies
+fails safe if no plausible sample follows within ``stale_timeout``; implausible samples that keep coming
+for longer than ``stale_timeout`` (a second source of states interleaved with the vehicle's, which could
+otherwise keep a wrong last valid state current) are a state problem at every tick while they last (a
+failsafe without recovery). A sample is implausible when it lies
 farther from the last valid state than StateLimits.max_speed covers in the time between the two (each
 taken at its receipt minus its age), plus ``max_jump``, or its tilt (the body z axis from the last valid
 state's) changed more than the two samples' mean roll and pitch rate, sped up at ``max_angular_accel``,
@@ -67,7 +73,8 @@ time since the last valid state covers the jump at max_speed: a jump of up to ``
 max_speed x ``stale_timeout`` (0.8 m by default) reaches the policy as a step of its position error, as
 without this rule; a larger one comes after the stale rule's failsafe, so the policy takes over again by
 a recovery, its setpoint ramp starting where the estimate now puts the vehicle. A glitch that lasts that
-long is believed as well. A dropped sample restarts the recovery count. Velocities are not compared
+long is believed as well (a glitch to the floor then does not end a failsafe descent sooner than a free
+fall from the last valid height could have). A dropped sample restarts the recovery count. Velocities are not compared
 between samples (a collision changes them at once).
 A clock that goes back (a simulator reset or restart: /clock from 0 again) starts the controller up
 again, DISARMED (``auto_arm`` arms it again on the first valid state unless the operator disarmed or
@@ -103,9 +110,7 @@ SPIN_DOWN_S = 0.3  # s added to a failsafe descent's fall time: the rotors' spin
 # two simulators at 10 ms steps).
 CLOCK_RESTARTS_MAX = 3  # clock restarts within the window that mark the clock as unsteady
 CLOCK_RESTART_WINDOW_S = 2.0  # s, steady wall time; also how long the clock must then go without going back
-# Valid states in a row below landed_height that end a failsafe descent: a glitch to the floor that is believed
-# (near the floor, or lasting as long as 10 m/s takes to cover it) is one or two; a landed vehicle adds 20 ms
-# of descent thrust on the floor at 100 Hz.
+# Valid states below landed_height (none above twice that between them) that end a failsafe descent
 LANDED_SAMPLES = 3
 
 
@@ -254,7 +259,11 @@ class SafeController:
         # after it, before the tick, must not hide it (several states can arrive within one period).
         self._rejected: str | None = None
         self._good_streak = 0
-        self._floor_streak = 0  # valid states in a row below landed_height
+        self._floor_streak = 0  # valid states below landed_height, none above twice that between them
+        # the last valid state at least twice landed_height up: when it was taken (s), its height (m), its vz (m/s)
+        self._in_air: tuple[float, float, float] | None = None
+        self._drops_since = -math.inf  # when (s) the implausible samples arriving now started
+        self._last_drop = -math.inf  # when (s) the last implausible sample arrived
         self._descent_end = self._descent_cap = math.inf
         self._may_recover = True
         self._auto_arm_pending = self.cfg.auto_arm and not self._operator_stop
@@ -311,9 +320,19 @@ class SafeController:
         jump = self._jump(state, sampled)
         if jump is not None:  # as if it had not arrived; a recovery needs consecutive plausible states
             self._good_streak = 0
+            if now - self._last_drop > self.cfg.stale_timeout:  # a new run of them
+                self._drops_since = now
+            self._last_drop = now
+            if now - self._drops_since > self.cfg.stale_timeout:
+                self._rejected = self._rejected or (f"implausible samples for {(now - self._drops_since) * 1e3:.0f} ms "
+                                                    f"(a second source of states?), the last: {jump}")
             return jump
         self._latest, self._latest_time, self._input_error = state, sampled, None
-        self._floor_streak = self._floor_streak + 1 if self.height() < self.cfg.landed_height else 0
+        h = self.height()
+        if h < self.cfg.landed_height:
+            self._floor_streak += 1
+        elif h >= 2.0 * self.cfg.landed_height:
+            self._floor_streak, self._in_air = 0, (sampled, h, float(state.vel[2]))
         # Recovery counts consecutive valid states inside the geofence; tick() restarts the count
         # at a stale gap.
         if self._inside(state.pos):
@@ -562,19 +581,38 @@ class SafeController:
             why += f"; {len(self._recovered_at)} recoveries in the last {self.cfg.recovery_window:g} s, no more"
         self._good_streak = 0
         h = self.height()
-        if h is None or h < self.cfg.landed_height:
+        if h is None or self._on_floor(now):
             self._set(Mode.DISARMED, f"{why}; on the ground: rotors cut, re-arm to fly")
             return
-        fall = self._fall_time()
+        fall = self._fall_time(now)
         self._descent_end, self._descent_cap = now + fall, now + 2.0 * fall
         self._set(Mode.FAILSAFE, f"{why}; controlled descent from {h:.2f} m")
 
-    def _fall_time(self) -> float:
-        """Time (s) from the last valid state to the floor, sinking at the descent acceleration from
-        its height h and vertical velocity v (world z, m/s; up > 0): the root of h + v t - a t^2 / 2 = 0,
-        plus ``settle_s``."""
-        h, v, a = max(self.height(), 0.0), float(self._latest.vel[2]), self.descent_accel
-        return (v + math.sqrt(v * v + 2.0 * a * h)) / a + self.settle_s
+    def _on_floor(self, now: float) -> bool:
+        """Whether the valid states show the vehicle on the floor: the last below landed_height, and, if one
+        was in the air since start-up, ``LANDED_SAMPLES`` of them and time enough for a free fall from it."""
+        if self.height() >= self.cfg.landed_height:
+            return False
+        return self._in_air is None or (self._floor_streak >= LANDED_SAMPLES and now >= self._earliest_landing())
+
+    def _fall_time(self, now: float) -> float:
+        """Time (s) from ``now`` to the floor, sinking at the descent acceleration from the last valid state's
+        height h and vertical velocity v (world z, m/s; up > 0): the root of h + v t - a t^2 / 2 = 0, plus
+        ``settle_s``. A state near the floor that a free fall could not have reached yet may be a believed
+        glitch: then from the last valid state in the air (twice landed_height up or more), less the time since."""
+        h, v, a, since = max(self.height(), 0.0), float(self._latest.vel[2]), self.descent_accel, 0.0
+        if self._in_air is not None and h < 2.0 * self.cfg.landed_height and now < self._earliest_landing():
+            t, h, v = self._in_air
+            since = now - t
+        return max((v + math.sqrt(v * v + 2.0 * a * h)) / a - since, 0.0) + self.settle_s
+
+    def _earliest_landing(self) -> float:
+        """The earliest time (s) the vehicle can be on the floor: a free fall from the last valid state at least
+        twice landed_height up, from its height h and vertical velocity v (up > 0): h + v t - g t^2 / 2 = 0."""
+        if self._in_air is None:
+            return -math.inf
+        t, h, v = self._in_air
+        return t + (v + math.sqrt(v * v + 2.0 * GRAVITY * h)) / GRAVITY
 
     def _update_failsafe(self, problem: str | None, now: float, fresh: bool) -> None:
         if self._may_recover and self.recovery_hold is not None:
@@ -582,9 +620,8 @@ class SafeController:
             self.reason += f"; no recovery: {self.recovery_hold}"
         fresh_height = self.height() if fresh else None
         if fresh_height is not None and fresh_height >= self.cfg.landed_height:  # still in the air
-            self._descent_end = min(max(self._descent_end, now + self._fall_time()), self._descent_cap)
-        landed = fresh_height is not None and fresh_height < self.cfg.landed_height
-        if now >= self._descent_end or (landed and self._floor_streak >= LANDED_SAMPLES):
+            self._descent_end = min(max(self._descent_end, now + self._fall_time(now)), self._descent_cap)
+        if now >= self._descent_end or (fresh_height is not None and self._on_floor(now)):
             self._set(Mode.DISARMED, f"{self.reason}; landed: rotors cut, re-arm to fly")
         elif self._may_recover and problem is None and self._good_streak >= self.cfg.recover_count:
             self._recovered_at.append(now)
