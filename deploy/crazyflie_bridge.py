@@ -17,7 +17,8 @@ this bridge streams setpoints, chosen by the same safety layer (deploy/safety.py
              climbing one's starts down at once, so it reaches the floor before the safety layer's
              descent timer sends the stop: without states that timer runs the fall time, the
              spin-down and the onboard descent's lag behind its setpoint (ONBOARD_DESCENT_LAG_S),
-             with them the descent ends on the first state on the floor; at the last valid x, y.
+             with them the descent ends once they show it landed (deploy/safety.py: LANDED_SAMPLES
+             on the floor); at the last valid x, y.
              When the radio link itself is lost nothing reaches the vehicle and the firmware's own
              dead-man (300 ms, then the stock controller, then the supervisor's 2 s stop) takes over.
              When the onboard estimate itself is broken (BROKEN_ESTIMATE_SAMPLES rejected in a row:

@@ -38,12 +38,12 @@ Modes and rules, checked on every tick:
             last valid height and vertical velocity take to reach the floor at that acceleration
             (a vehicle climbing when the failsafe starts rises first) plus ``settle_s`` (the rotors'
             spin-down; the bridges whose onboard policy flies the descent add its lag), or until
-            it has landed: ``LANDED_SAMPLES`` valid states below ``landed_height`` with none above twice
-            that between them (a vehicle resting near the threshold, a noisy estimate), no sooner than
-            it could have fallen freely from the last valid state at least twice that high (a glitch to
-            the floor may be believed: see "Implausible samples"); then the rotors are cut and the mode
-            is DISARMED: flying again needs re-arming. Valid states that still show it in the air (a geofence failsafe
-            keeps receiving them) extend the descent to their own fall time, up to twice the first
+            it has landed: ``LANDED_SAMPLES`` valid states below ``landed_height`` with none in the air
+            between them (in the air: ``LANDED_SAMPLES`` in a row at least twice that high; fewer may be
+            the estimate's noise, as near the threshold), no sooner than it could have fallen freely from
+            the last state in the air (a glitch to the floor may be believed: see "Implausible samples");
+            then the rotors are cut and the mode is DISARMED: flying again needs re-arming. Valid states
+            that still show it in the air (a geofence failsafe keeps receiving them) extend the descent to their own fall time, up to twice the first
             estimate (a state that is fresh but wrong must not keep the rotors spinning forever).
             On the ground (landed by the rule above, or below ``landed_height`` having never been
             in the air since start-up) or with no valid state ever, the rotors are cut at once.
@@ -59,10 +59,11 @@ Modes and rules, checked on every tick:
   ESTOP     ``estop()`` (std_srvs/Trigger): rotors cut at once, latched until ``arm()``.
 Implausible samples (a glitch of the estimator or the motion capture: an outlier, a swapped marker) are
 dropped, as a sample that arrived late is: the policy flies on the last valid state, and the stale rule
-fails safe if no plausible sample follows within ``stale_timeout``; implausible samples that keep coming
-for longer than ``stale_timeout`` (a second source of states interleaved with the vehicle's, which could
-otherwise keep a wrong last valid state current) are a state problem at every tick while they last (a
-failsafe without recovery). A sample is implausible when it lies
+fails safe if no plausible sample follows within ``stale_timeout``. Implausible samples that have kept
+coming for twice ``stale_timeout`` (none more than ``stale_timeout`` after the one before), as many as the
+valid ones among them, are a state problem while they go on (a failsafe, no recovery, no arming): a second
+source of states interleaved with the vehicle's would otherwise keep a wrong last valid state current;
+fewer (an intermittent glitch) are only dropped. A sample is implausible when it lies
 farther from the last valid state than StateLimits.max_speed covers in the time between the two (each
 taken at its receipt minus its age), plus ``max_jump``, or its tilt (the body z axis from the last valid
 state's) changed more than the two samples' mean roll and pitch rate, sped up at ``max_angular_accel``,
@@ -110,7 +111,8 @@ SPIN_DOWN_S = 0.3  # s added to a failsafe descent's fall time: the rotors' spin
 # two simulators at 10 ms steps).
 CLOCK_RESTARTS_MAX = 3  # clock restarts within the window that mark the clock as unsteady
 CLOCK_RESTART_WINDOW_S = 2.0  # s, steady wall time; also how long the clock must then go without going back
-# Valid states below landed_height (none above twice that between them) that end a failsafe descent
+# Valid states below landed_height that end a failsafe descent (none in the air between them), and valid states
+# in a row at least twice landed_height up that put the vehicle in the air again
 LANDED_SAMPLES = 3
 
 
@@ -259,11 +261,14 @@ class SafeController:
         # after it, before the tick, must not hide it (several states can arrive within one period).
         self._rejected: str | None = None
         self._good_streak = 0
-        self._floor_streak = 0  # valid states below landed_height, none above twice that between them
-        # the last valid state at least twice landed_height up: when it was taken (s), its height (m), its vz (m/s)
+        self._floor_streak = 0  # valid states below landed_height, none in the air (below) between them
+        self._air_streak = 0  # valid states in a row at least twice landed_height up
+        # the last valid state in the air: when it was taken (s), its height (m), its vz (m/s)
         self._in_air: tuple[float, float, float] | None = None
-        self._drops_since = -math.inf  # when (s) the implausible samples arriving now started
-        self._last_drop = -math.inf  # when (s) the last implausible sample arrived
+        # The run of implausible samples arriving now (none more than stale_timeout after the one before): when
+        # it started and its last came (s), and how many samples of it were dropped and accepted
+        self._drops_since = self._last_drop = -math.inf
+        self._run_dropped = self._run_accepted = 0
         self._descent_end = self._descent_cap = math.inf
         self._may_recover = True
         self._auto_arm_pending = self.cfg.auto_arm and not self._operator_stop
@@ -321,17 +326,16 @@ class SafeController:
         if jump is not None:  # as if it had not arrived; a recovery needs consecutive plausible states
             self._good_streak = 0
             if now - self._last_drop > self.cfg.stale_timeout:  # a new run of them
-                self._drops_since = now
-            self._last_drop = now
-            if now - self._drops_since > self.cfg.stale_timeout:
-                self._rejected = self._rejected or (f"implausible samples for {(now - self._drops_since) * 1e3:.0f} ms "
-                                                    f"(a second source of states?), the last: {jump}")
+                self._drops_since, self._run_dropped, self._run_accepted = now, 0, 0
+            self._last_drop, self._run_dropped = now, self._run_dropped + 1
             return jump
+        self._run_accepted += 1
         self._latest, self._latest_time, self._input_error = state, sampled, None
         h = self.height()
+        self._air_streak = self._air_streak + 1 if h >= 2.0 * self.cfg.landed_height else 0
         if h < self.cfg.landed_height:
             self._floor_streak += 1
-        elif h >= 2.0 * self.cfg.landed_height:
+        elif self._air_streak >= LANDED_SAMPLES:  # in the air (one sample up could be the estimate's noise)
             self._floor_streak, self._in_air = 0, (sampled, h, float(state.vel[2]))
         # Recovery counts consecutive valid states inside the geofence; tick() restarts the count
         # at a stale gap.
@@ -366,6 +370,9 @@ class SafeController:
         """Why the current state must not be flown on (or a sample rejected since the last tick), or None."""
         if self._input_error is not None:
             return self._input_error
+        if (now - self._last_drop <= self.cfg.stale_timeout and self._last_drop - self._drops_since
+                > 2.0 * self.cfg.stale_timeout and self._run_dropped >= self._run_accepted):
+            return "implausible samples keep coming, as many as valid ones (a second source of states?)"
         age = now - self._latest_time
         if age > self.cfg.stale_timeout:
             return f"stale: last state {age * 1e3:.0f} ms old (limit {self.cfg.stale_timeout * 1e3:.0f} ms)"
@@ -599,7 +606,7 @@ class SafeController:
         """Time (s) from ``now`` to the floor, sinking at the descent acceleration from the last valid state's
         height h and vertical velocity v (world z, m/s; up > 0): the root of h + v t - a t^2 / 2 = 0, plus
         ``settle_s``. A state near the floor that a free fall could not have reached yet may be a believed
-        glitch: then from the last valid state in the air (twice landed_height up or more), less the time since."""
+        glitch: then from the last valid state in the air (see LANDED_SAMPLES), less the time since."""
         h, v, a, since = max(self.height(), 0.0), float(self._latest.vel[2]), self.descent_accel, 0.0
         if self._in_air is not None and h < 2.0 * self.cfg.landed_height and now < self._earliest_landing():
             t, h, v = self._in_air
@@ -607,8 +614,8 @@ class SafeController:
         return max((v + math.sqrt(v * v + 2.0 * a * h)) / a - since, 0.0) + self.settle_s
 
     def _earliest_landing(self) -> float:
-        """The earliest time (s) the vehicle can be on the floor: a free fall from the last valid state at least
-        twice landed_height up, from its height h and vertical velocity v (up > 0): h + v t - g t^2 / 2 = 0."""
+        """The earliest time (s) the vehicle can be on the floor: a free fall from the last valid state in the air
+        (see LANDED_SAMPLES), from its height h and vertical velocity v (up > 0): h + v t - g t^2 / 2 = 0."""
         if self._in_air is None:
             return -math.inf
         t, h, v = self._in_air
