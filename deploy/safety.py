@@ -43,8 +43,9 @@ Modes and rules, checked on every tick:
             the estimate's noise, as near the threshold), no sooner than it could have fallen freely from
             the last state in the air (a glitch to the floor may be believed: see "Implausible samples");
             then the rotors are cut and the mode is DISARMED: flying again needs re-arming. Valid states
-            that still show it in the air (a geofence failsafe keeps receiving them) extend the descent to their own fall time, up to twice the first
-            estimate (a state that is fresh but wrong must not keep the rotors spinning forever).
+            that still show it in the air (a geofence failsafe keeps receiving them) extend the descent
+            to their own fall time, up to twice the first estimate (a state that is fresh but wrong must
+            not keep the rotors spinning forever).
             On the ground (landed by the rule above, or below ``landed_height`` having never been
             in the air since start-up) or with no valid state ever, the rotors are cut at once.
             Recovery: while still descending, ``recover_count`` consecutive valid states inside
