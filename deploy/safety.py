@@ -38,10 +38,10 @@ Modes and rules, checked on every tick:
             last valid height and vertical velocity take to reach the floor at that acceleration
             (a vehicle climbing when the failsafe starts rises first) plus ``settle_s`` (the rotors'
             spin-down; the bridges whose onboard policy flies the descent add its lag), or until
-            it has landed: ``LANDED_SAMPLES`` valid states below ``landed_height`` with none in the air
-            between them (in the air: ``LANDED_SAMPLES`` in a row at least twice that high; fewer may be
-            the estimate's noise, as near the threshold), no sooner than it could have fallen freely from
-            the last state in the air (a glitch to the floor may be believed: see "Implausible samples");
+            it has landed: ``LANDED_SAMPLES`` valid states below ``landed_height`` with none at twice
+            that height or more between them, no sooner than it could have fallen freely from the last
+            state in the air (``LANDED_SAMPLES`` in a row at twice that height or more; fewer may be the
+            estimate's noise) (a glitch to the floor may be believed: see "Implausible samples");
             then the rotors are cut and the mode is DISARMED: flying again needs re-arming. Valid states
             that still show it in the air (a geofence failsafe keeps receiving them) extend the descent
             to their own fall time, up to twice the first estimate (a state that is fresh but wrong must
@@ -60,24 +60,25 @@ Modes and rules, checked on every tick:
   ESTOP     ``estop()`` (std_srvs/Trigger): rotors cut at once, latched until ``arm()``.
 Implausible samples (a glitch of the estimator or the motion capture: an outlier, a swapped marker) are
 dropped, as a sample that arrived late is: the policy flies on the last valid state, and the stale rule
-fails safe if no plausible sample follows within ``stale_timeout``. Implausible samples that have kept
-coming for twice ``stale_timeout`` (none more than ``stale_timeout`` after the one before), as many as the
-valid ones among them, are a state problem while they go on (a failsafe, no recovery, no arming): a second
-source of states interleaved with the vehicle's would otherwise keep a wrong last valid state current;
-fewer (an intermittent glitch) are only dropped. A sample is implausible when it lies
-farther from the last valid state than StateLimits.max_speed covers in the time between the two (each
-taken at its receipt minus its age), plus ``max_jump``, or its tilt (the body z axis from the last valid
-state's) changed more than the two samples' mean roll and pitch rate, sped up at ``max_angular_accel``,
-covers in that time, plus ``max_attitude_jump_deg`` (yaw is not compared: no rule depends on it).
-Believed, one sample below the fence's floor would cut the rotors of a vehicle in the air, and one upside
-down would too (tumbled). An estimate that jumped and stays (a re-converged filter) is believed once the
-time since the last valid state covers the jump at max_speed: a jump of up to ``max_jump`` plus
-max_speed x ``stale_timeout`` (0.8 m by default) reaches the policy as a step of its position error, as
-without this rule; a larger one comes after the stale rule's failsafe, so the policy takes over again by
-a recovery, its setpoint ramp starting where the estimate now puts the vehicle. A glitch that lasts that
-long is believed as well (a glitch to the floor then does not end a failsafe descent sooner than a free
-fall from the last valid height could have). A dropped sample restarts the recovery count. Velocities are not compared
-between samples (a collision changes them at once).
+fails safe if no plausible sample follows within ``stale_timeout``. Implausible samples that have come
+over more than ``stale_timeout`` within the last twice ``stale_timeout``, a third of all the samples
+received then or more (half as many as the valid ones), with valid ones among them, the last within
+``stale_timeout``, are a state problem (a failsafe, no recovery, no arming): a second source of states
+interleaved with the vehicle's, at any rate, would otherwise keep a wrong last valid state current;
+rarer ones (an intermittent glitch: one sample in four) are only dropped. A sample is implausible when
+it lies farther from the last valid state than StateLimits.max_speed covers in the time between the two
+(each taken at its receipt minus its age), plus ``max_jump``, or its tilt (the body z axis from the last
+valid state's) changed more than the two samples' mean roll and pitch rate, sped up at
+``max_angular_accel``, covers in that time, plus ``max_attitude_jump_deg`` (yaw is not compared: no rule
+depends on it). Believed, one sample below the fence's floor would cut the rotors of a vehicle in the
+air, and one upside down would too (tumbled). An estimate that jumped and stays (a re-converged filter)
+is believed once the time since the last valid state covers the jump at max_speed: a jump of up to
+``max_jump`` plus max_speed x ``stale_timeout`` (0.8 m by default) reaches the policy as a step of its
+position error, as without this rule; a larger one comes after the stale rule's failsafe, so the policy
+takes over again by a recovery, its setpoint ramp starting where the estimate now puts the vehicle. A
+glitch that lasts that long is believed as well (a glitch to the floor then does not end a failsafe
+descent sooner than a free fall from the last valid height could have). A dropped sample restarts the
+recovery count. Velocities are not compared between samples (a collision changes them at once).
 A clock that goes back (a simulator reset or restart: /clock from 0 again) starts the controller up
 again, DISARMED (``auto_arm`` arms it again on the first valid state unless the operator disarmed or
 stopped it since the last arming; an emergency stop stays latched): its kept times would lie ahead.
@@ -94,6 +95,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections import deque
 from dataclasses import dataclass
 from enum import Enum
 from typing import Callable
@@ -112,8 +114,8 @@ SPIN_DOWN_S = 0.3  # s added to a failsafe descent's fall time: the rotors' spin
 # two simulators at 10 ms steps).
 CLOCK_RESTARTS_MAX = 3  # clock restarts within the window that mark the clock as unsteady
 CLOCK_RESTART_WINDOW_S = 2.0  # s, steady wall time; also how long the clock must then go without going back
-# Valid states below landed_height that end a failsafe descent (none in the air between them), and valid states
-# in a row at least twice landed_height up that put the vehicle in the air again
+# Valid states below landed_height that end a failsafe descent (none at twice landed_height or more between
+# them), and valid states in a row at twice landed_height or more that put the vehicle in the air again
 LANDED_SAMPLES = 3
 
 
@@ -262,14 +264,12 @@ class SafeController:
         # after it, before the tick, must not hide it (several states can arrive within one period).
         self._rejected: str | None = None
         self._good_streak = 0
-        self._floor_streak = 0  # valid states below landed_height, none in the air (below) between them
+        self._floor_streak = 0  # valid states below landed_height, none at twice that or more between them
         self._air_streak = 0  # valid states in a row at least twice landed_height up
         # the last valid state in the air: when it was taken (s), its height (m), its vz (m/s)
         self._in_air: tuple[float, float, float] | None = None
-        # The run of implausible samples arriving now (none more than stale_timeout after the one before): when
-        # it started and its last came (s), and how many samples of it were dropped and accepted
-        self._drops_since = self._last_drop = -math.inf
-        self._run_dropped = self._run_accepted = 0
+        # the valid States received within the last twice stale_timeout: when (s), and whether each was dropped
+        self._recent: deque[tuple[float, bool]] = deque()
         self._descent_end = self._descent_cap = math.inf
         self._may_recover = True
         self._auto_arm_pending = self.cfg.auto_arm and not self._operator_stop
@@ -324,20 +324,21 @@ class SafeController:
             return None
         sampled = now - max(age, 0.0)
         jump = self._jump(state, sampled)
+        while self._recent and self._recent[0][0] < now - 2.0 * self.cfg.stale_timeout:
+            self._recent.popleft()
+        self._recent.append((now, jump is not None))
         if jump is not None:  # as if it had not arrived; a recovery needs consecutive plausible states
             self._good_streak = 0
-            if now - self._last_drop > self.cfg.stale_timeout:  # a new run of them
-                self._drops_since, self._run_dropped, self._run_accepted = now, 0, 0
-            self._last_drop, self._run_dropped = now, self._run_dropped + 1
             return jump
-        self._run_accepted += 1
         self._latest, self._latest_time, self._input_error = state, sampled, None
         h = self.height()
         self._air_streak = self._air_streak + 1 if h >= 2.0 * self.cfg.landed_height else 0
         if h < self.cfg.landed_height:
             self._floor_streak += 1
-        elif self._air_streak >= LANDED_SAMPLES:  # in the air (one sample up could be the estimate's noise)
-            self._floor_streak, self._in_air = 0, (sampled, h, float(state.vel[2]))
+        elif h >= 2.0 * self.cfg.landed_height:  # off the floor: the floor's count starts again
+            self._floor_streak = 0
+            if self._air_streak >= LANDED_SAMPLES:  # in the air (fewer could be the estimate's noise)
+                self._in_air = (sampled, h, float(state.vel[2]))
         # Recovery counts consecutive valid states inside the geofence; tick() restarts the count
         # at a stale gap.
         if self._inside(state.pos):
@@ -371,9 +372,12 @@ class SafeController:
         """Why the current state must not be flown on (or a sample rejected since the last tick), or None."""
         if self._input_error is not None:
             return self._input_error
-        if (now - self._last_drop <= self.cfg.stale_timeout and self._last_drop - self._drops_since
-                > 2.0 * self.cfg.stale_timeout and self._run_dropped >= self._run_accepted):
-            return "implausible samples keep coming, as many as valid ones (a second source of states?)"
+        drops = [t for t, dropped in self._recent if dropped and t >= now - 2.0 * self.cfg.stale_timeout]
+        accepted = [t for t, dropped in self._recent if not dropped and t >= now - 2.0 * self.cfg.stale_timeout]
+        if (len(drops) >= 2 and drops[-1] - drops[0] > self.cfg.stale_timeout
+                and now - drops[-1] <= self.cfg.stale_timeout and 2 * len(drops) >= len(accepted)
+                and any(drops[0] < t < drops[-1] for t in accepted)):  # interleaved (not one estimate that jumped)
+            return "implausible samples keep coming, a third of all or more (a second source of states?)"
         age = now - self._latest_time
         if age > self.cfg.stale_timeout:
             return f"stale: last state {age * 1e3:.0f} ms old (limit {self.cfg.stale_timeout * 1e3:.0f} ms)"

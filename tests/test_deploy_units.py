@@ -1284,8 +1284,9 @@ def test_a_glitch_to_the_floor_lasting_a_few_samples_does_not_cut_an_armed_vehic
 def test_a_second_source_of_states_cannot_hide_the_vehicle():
     """Two sources interleaved (a second publisher on odom): one stays at the start, the vehicle is 0.6 m away.
     The first keeps the last valid state current and every sample of the second is dropped; once they have
-    kept coming for twice stale_timeout, as many as the valid ones, that is a failsafe, without recovery (or
-    arming) while they come. An intermittent glitch (every fourth sample, for a second) is only dropped."""
+    come over more than stale_timeout, a third of the samples or more, that is a failsafe, without recovery
+    (or arming) while they come: also at half the rate of the other, and after a second of an intermittent
+    glitch (every fourth sample), which alone is only dropped."""
     c, _ = armed_controller()
     modes = []
     for k in range(1, 60):
@@ -1293,14 +1294,23 @@ def test_a_second_source_of_states_cannot_hide_the_vehicle():
         c.on_state(hover_state(t), t)  # the ghost, believed: it agrees with the last valid state
         c.on_state(hover_state(t + 0.005, pos=[0.6, 0.0, 1.0]), t + 0.005)  # the vehicle, dropped
         modes.append(c.tick(t + 0.005).mode)
-    assert modes[:11] == [Mode.ARMED] * 11 and set(modes[11:]) == {Mode.FAILSAFE}, modes
-    assert c.reason.startswith("implausible samples keep coming, as many as valid ones (a second source of states?)")
+    assert modes[:6] == [Mode.ARMED] * 6 and set(modes[6:]) == {Mode.FAILSAFE}, modes
+    assert c.reason.startswith("implausible samples keep coming, a third of all or more (a second source of states?)")
     assert c.arm(0.6)[0] is False
-    c, _ = armed_controller()
-    for k in range(1, 100):
-        t = 0.01 * k
-        c.on_state(hover_state(t, z=0.0 if k % 4 == 0 else 1.0), t)
-        assert c.tick(t).mode is Mode.ARMED, (k, c.reason)
+    for vehicle_every, glitch_first in ((1, True), (2, False)):  # (2: the vehicle's samples at half the rate)
+        c, _ = armed_controller()
+        t0 = 1.0 if glitch_first else 0.0
+        for k in range(1, 100 if glitch_first else 0):  # a second of a glitch in every fourth sample: dropped
+            c.on_state(hover_state(0.01 * k, z=0.0 if k % 4 == 0 else 1.0), 0.01 * k)
+            assert c.tick(0.01 * k).mode is Mode.ARMED, (k, c.reason)
+        modes = []
+        for k in range(1, 30):
+            t = t0 + 0.01 * k
+            c.on_state(hover_state(t), t)
+            if k % vehicle_every == 0:
+                c.on_state(hover_state(t + 0.005, pos=[0.6, 0.0, 1.0]), t + 0.005)
+            modes.append(c.tick(t + 0.005).mode)
+        assert Mode.FAILSAFE in modes[:12] and modes[-1] is Mode.FAILSAFE, (vehicle_every, glitch_first, modes)
 
 
 def test_a_long_glitch_to_the_floor_does_not_land_a_vehicle_flying_at_1_m():
@@ -1325,16 +1335,30 @@ def test_a_long_glitch_to_the_floor_does_not_land_a_vehicle_flying_at_1_m():
     assert c.tick(1.8).mode is Mode.DISARMED and "landed" in c.reason, c.reason
 
 
+def test_a_floor_reflection_between_the_samples_of_a_vehicle_at_0_3_m_does_not_land_it():
+    """Hovering at 0.3 m, each sample followed 5 ms later by one at 0 (a floor reflection, believed: within
+    max_jump); then no state for 60 ms. The failsafe descends: samples in the air break the floor's count."""
+    c, _ = armed_controller(at=(0.0, 0.0, 0.3))
+    for k in range(1, 30):
+        t = 0.01 * k
+        c.on_state(hover_state(t, z=0.3), t)
+        c.on_state(hover_state(t + 0.005, z=0.0), t + 0.005)
+        c.tick(t + 0.005)
+    cmd = c.tick(0.35)
+    assert cmd.mode is Mode.FAILSAFE and cmd.reason.startswith("stale"), cmd.reason
+
+
 def test_a_vehicle_resting_near_landed_height_lands():
     """On the floor at about landed_height (5 cm): its estimate reads 4 and 6 cm in turn, once 12 cm. Samples
-    above landed_height neither count nor break the count (one above twice that is not yet in the air: the
-    estimate's noise): it lands on the third below."""
+    between landed_height and twice it neither count nor break the count; the one at 12 cm starts it again,
+    but does not put the vehicle in the air (no new wait for a free fall from it: 0.16 s): it lands on the
+    third below after it."""
     c, _ = armed_controller(at=(0.0, 0.0, 0.2))
     c.disarm(0.1)  # a descent without recovery, 0.2 m up: a free fall takes 0.2 s
-    for k, z in enumerate([0.04, 0.06, 0.12, 0.04, 0.06, 0.04]):
+    for k, z in enumerate([0.04, 0.06, 0.12, 0.04, 0.06, 0.04, 0.04]):
         t = 0.3 + 0.01 * k
         c.on_state(hover_state(t, z=z), t)
-        assert c.tick(t).mode is (Mode.DISARMED if k == 5 else Mode.FAILSAFE), (k, c.reason)
+        assert c.tick(t).mode is (Mode.DISARMED if k == 6 else Mode.FAILSAFE), (k, c.reason)
     assert c.reason.endswith("landed: rotors cut, re-arm to fly"), c.reason
 
 
