@@ -40,8 +40,9 @@ Modes and rules, checked on every tick:
             spin-down; the bridges whose onboard policy flies the descent add its lag), or until
             it has landed: ``LANDED_SAMPLES`` valid states below ``landed_height`` with none at twice
             that height or more between them, no sooner than it could have fallen freely from the last
-            state in the air (``LANDED_SAMPLES`` in a row at twice that height or more; fewer may be the
-            estimate's noise) (a glitch to the floor may be believed: see "Implausible samples");
+            state in the air (one at twice that height or more, as are ``LANDED_SAMPLES`` of the last
+            2 ``LANDED_SAMPLES`` - 1: fewer may be the estimate's noise) (a glitch to the floor may be
+            believed: see "Implausible samples");
             then the rotors are cut and the mode is DISARMED: flying again needs re-arming. Valid states
             that still show it in the air (a geofence failsafe keeps receiving them) extend the descent
             to their own fall time, up to twice the first estimate (a state that is fresh but wrong must
@@ -64,8 +65,10 @@ fails safe if no plausible sample follows within ``stale_timeout``. Implausible 
 over more than ``stale_timeout`` within the last twice ``stale_timeout``, a third of all the samples
 received then or more (half as many as the valid ones), with valid ones among them, the last within
 ``stale_timeout``, are a state problem (a failsafe, no recovery, no arming): a second source of states
-interleaved with the vehicle's, at any rate, would otherwise keep a wrong last valid state current;
-rarer ones (an intermittent glitch: one sample in four) are only dropped. A sample is implausible when
+interleaved with the vehicle's, at up to twice its rate, would otherwise keep a wrong last valid state
+current (a faster one cannot be told from an intermittent glitch by counting, and is not caught); rarer
+ones (an intermittent glitch: one sample in four) are only dropped; random outliers in 5-10 % of the
+samples come in such clusters within seconds. A sample is implausible when
 it lies farther from the last valid state than StateLimits.max_speed covers in the time between the two
 (each taken at its receipt minus its age), plus ``max_jump``, or its tilt (the body z axis from the last
 valid state's) changed more than the two samples' mean roll and pitch rate, sped up at
@@ -115,7 +118,8 @@ SPIN_DOWN_S = 0.3  # s added to a failsafe descent's fall time: the rotors' spin
 CLOCK_RESTARTS_MAX = 3  # clock restarts within the window that mark the clock as unsteady
 CLOCK_RESTART_WINDOW_S = 2.0  # s, steady wall time; also how long the clock must then go without going back
 # Valid states below landed_height that end a failsafe descent (none at twice landed_height or more between
-# them), and valid states in a row at twice landed_height or more that put the vehicle in the air again
+# them), and valid states at twice landed_height or more, of the last 2 LANDED_SAMPLES - 1, that put the
+# vehicle in the air again
 LANDED_SAMPLES = 3
 
 
@@ -265,7 +269,8 @@ class SafeController:
         self._rejected: str | None = None
         self._good_streak = 0
         self._floor_streak = 0  # valid states below landed_height, none at twice that or more between them
-        self._air_streak = 0  # valid states in a row at least twice landed_height up
+        # whether each of the last 2 LANDED_SAMPLES - 1 valid states was at twice landed_height or more
+        self._high: deque[bool] = deque(maxlen=2 * LANDED_SAMPLES - 1)
         # the last valid state in the air: when it was taken (s), its height (m), its vz (m/s)
         self._in_air: tuple[float, float, float] | None = None
         # the valid States received within the last twice stale_timeout: when (s), and whether each was dropped
@@ -332,12 +337,12 @@ class SafeController:
             return jump
         self._latest, self._latest_time, self._input_error = state, sampled, None
         h = self.height()
-        self._air_streak = self._air_streak + 1 if h >= 2.0 * self.cfg.landed_height else 0
+        self._high.append(h >= 2.0 * self.cfg.landed_height)
         if h < self.cfg.landed_height:
             self._floor_streak += 1
-        elif h >= 2.0 * self.cfg.landed_height:  # off the floor: the floor's count starts again
+        elif self._high[-1]:  # off the floor: the floor's count starts again
             self._floor_streak = 0
-            if self._air_streak >= LANDED_SAMPLES:  # in the air (fewer could be the estimate's noise)
+            if sum(self._high) >= LANDED_SAMPLES:  # in the air (fewer could be the estimate's noise)
                 self._in_air = (sampled, h, float(state.vel[2]))
         # Recovery counts consecutive valid states inside the geofence; tick() restarts the count
         # at a stale gap.
