@@ -16,7 +16,8 @@ Rules        deploy/safety.py. Every received state is checked (finite, plausibl
              the body frame named by the robot parameter) before it can reach the policy. A state
              stamped more than stale_timeout ago arrived late: it is dropped (counted as rejected
              "stale"), as is one that jumped from the last valid state ("implausible", deploy/safety.py),
-             and the failsafe follows from the last valid state's age if nothing newer comes.
+             and the failsafe follows from the last valid state's age if nothing newer comes. Dropped
+             samples are logged with the reason, one line a second at most (with the count since the last).
 
 Timing: one control tick per policy period (contract, 10 ms) on the node's clock: a steady wall
 clock, or /clock with use_sim_time:=true. The safety layer runs on that clock too: under sim time a
@@ -68,6 +69,7 @@ from .state import InvalidState, stamp_seconds, state_from_odometry
 Policy = Callable[[np.ndarray], np.ndarray]
 RECORDER = "recorder"  # the recorder node's name (deploy/recorder.py), which wait_for_recorder_s waits for
 STATUS_EVERY = 10  # ticks between periodic status messages (10 Hz at the 10 ms period)
+DROP_LOG_EVERY_S = 1.0  # at most one log line per this many seconds (node clock) about dropped state samples
 
 
 class Percentiles:
@@ -181,6 +183,7 @@ class ControllerNode(Node):
         self.latency, self.inference = Percentiles(), Percentiles()
         self.rejected: dict[str, int] = {}
         self.accepted = 0  # valid states received
+        self._drop_logged_at, self._drops_unlogged = -math.inf, 0  # (_now() of the last line, drops since)
         self._state_received_at: float | None = None  # perf_counter of the newest unused state
         self._ticks = 0
         self.watchdog_ticks = 0  # ticks forced by the steady clock because /clock stopped
@@ -231,6 +234,7 @@ class ControllerNode(Node):
                 # own. A newer sample may follow within the period; if none does, the last valid state
                 # goes stale and fails safe by its own age.
                 self.rejected["stale"] = self.rejected.get("stale", 0) + 1
+                self._log_drop(f"late: stamped {age * 1e3:.0f} ms ago (limit {self.stale_timeout * 1e3:.0f} ms)")
                 return
             if age < -self.stale_timeout:  # stamped ahead of this node's clock: the clocks disagree
                 raise InvalidState("stale", f"header stamp {-age * 1e3:.0f} ms ahead of this node's clock")
@@ -242,12 +246,24 @@ class ControllerNode(Node):
             self.controller.on_state(None, now, f"malformed: {type(e).__name__}")
         else:
             # stale from its stamp on, not from its receipt
-            if self.controller.on_state(state, now, age=age) is None:
+            dropped = self.controller.on_state(state, now, age=age)
+            if dropped is None:
                 self._state_received_at = time.perf_counter()
                 self.accepted += 1
-            else:  # dropped: a jump from the last valid state (deploy/safety.py, "Implausible samples")
+            else:  # a jump from the last valid state (deploy/safety.py, "Implausible samples")
                 self.rejected["implausible"] = self.rejected.get("implausible", 0) + 1
+                self._log_drop(dropped)
         self._report_change()
+
+    def _log_drop(self, why: str) -> None:
+        """Log a dropped state sample and why, at most once per DROP_LOG_EVERY_S with the count since the
+        last such line: a glitch is seen in the log, a burst of them does not flood it (status counts all)."""
+        self._drops_unlogged += 1
+        t = self._now()
+        if not 0.0 <= t - self._drop_logged_at < DROP_LOG_EVERY_S:  # (a clock that went back logs again)
+            n, self._drops_unlogged, self._drop_logged_at = self._drops_unlogged, 0, t
+            self.get_logger().warning(f"state sample dropped, {why}" + (f" ({n} dropped since the last such line)"
+                                                                         if n > 1 else ""))
 
     def link_problem(self) -> str | None:
         """Why commands cannot reach the vehicle (crazyflie_bridge: no radio link), or None."""

@@ -460,6 +460,53 @@ def test_a_clock_that_goes_back_reaches_status_even_if_the_next_tick_arms_again(
         ctx.try_shutdown()
 
 
+def test_dropped_samples_are_logged_with_why_at_most_once_a_second(seeded_policy):
+    """A dropped state sample (implausible or late) reaches the log with its reason; a burst of them
+    gives one line per DROP_LOG_EVERY_S of the node's clock, with the count since the last line."""
+    import rclpy
+    from rclpy.clock import ClockType
+    from rclpy.time import Time
+
+    from deploy.policy_node import DROP_LOG_EVERY_S, ControllerNode, load_onnx_policy
+    from deploy.testing import free_domain_id
+
+    ctx, node = rclpy.Context(), None
+    rclpy.init(args=["--ros-args", "-p", f"policy:={seeded_policy}", "-p", "use_sim_time:=true"], context=ctx,
+               domain_id=free_domain_id())
+    try:
+        node = ControllerNode("policy_node", load_onnx_policy, context=ctx)
+        lines: list[str] = []  # the drop lines the node logged
+
+        class Log:
+            def warning(self, msg: str) -> None:
+                if msg.startswith("state sample dropped"):
+                    lines.append(msg)
+
+            info = warning
+
+        node.get_logger = Log
+
+        def at(t: float, pos=(0.0, 0.0, 1.0), stamp: float | None = None) -> None:
+            node.get_clock().set_ros_time_override(Time(nanoseconds=round(t * 1e9), clock_type=ClockType.ROS_TIME))
+            node._on_odom(odom_msg(pos=pos, stamp_ns=round((t if stamp is None else stamp) * 1e9)))
+
+        at(1.0)
+        at(1.01, pos=(0.0, 0.0, -0.5))  # 1.5 m in 10 ms
+        assert len(lines) == 1 and lines[0].startswith("state sample dropped, implausible: position"), lines
+        for k in range(2, 50):  # more within the second: counted, not logged
+            at(1.0 + 0.01 * k, pos=(0.0, 0.0, -0.5) if k % 2 else (0.0, 0.0, 1.0))
+        at(1.5, stamp=1.0)  # late
+        assert len(lines) == 1, lines
+        at(1.01 + DROP_LOG_EVERY_S, stamp=1.0)
+        assert len(lines) == 2 and lines[1].startswith("state sample dropped, late: stamped 1010 ms ago"), lines
+        assert lines[1].endswith("(26 dropped since the last such line)"), lines
+        assert node.rejected == {"implausible": 25, "stale": 2}, node.rejected
+    finally:
+        if node is not None:
+            node.destroy_node()
+        ctx.try_shutdown()
+
+
 def odom_msg(pos=(0.0, 0.0, 1.0), quat=(1.0, 0.0, 0.0, 0.0), vel=(0.0, 0.0, 0.0), omega=(0.0, 0.0, 0.0),
              stamp_ns: int = 0, frame: str = "world"):
     from nav_msgs.msg import Odometry
