@@ -7,7 +7,8 @@ any publisher is, else reliable: a subscription matches the publishers seen then
 (serialized CDR) subscriptions, so messages are stored exactly as they travelled, never re-encoded. Schemas are
 the ``ros2msg`` message definitions (with their dependencies) read from the installed ``.msg``
 files, as rosbag2 writes them; any MCAP/ROS 2 tool (Foxglove, ``ros2 bag`` with the MCAP
-plugin, ``mcap_ros2``) reads the file. log_time is the receive time on this node's clock
+plugin, ``mcap_ros2``) reads the file. Each channel holds its publishers' offered QoS and type hash, as
+rosbag2 writes them (``ros2 bag play`` offers that QoS again). log_time is the receive time on this node's clock
 (simulated time under use_sim_time), in ns.
 
 ``path``: a ``.mcap`` file (refused if it exists) or a directory, in which
@@ -58,6 +59,26 @@ def msg_definition(type_name: str) -> str:
 
     main = read(pkg, name)
     return main + "".join(f"\n{'=' * 80}\nMSG: {k}\n{v}" for k, v in seen.items())
+
+
+def offered_qos_profiles(publishers) -> str:
+    """The publishers' offered QoS (rclpy TopicEndpointInfo list) as the YAML list rosbag2 stores in an MCAP
+    channel's ``offered_qos_profiles`` (required by the MCAP ros2 profile; ``ros2 bag play`` offers the
+    recorded QoS from it): policies by their rmw names ("best_effort", "transient_local"), durations as
+    {sec, nsec}, in rosbag2's metadata version 9 format."""
+    import yaml
+
+    def duration(d) -> dict[str, int]:
+        sec, nsec = divmod(int(d.nanoseconds), 1_000_000_000)
+        return {"sec": sec, "nsec": nsec}
+
+    profiles = [{"history": q.history.name.lower(), "depth": int(q.depth), "reliability": q.reliability.name.lower(),
+                 "durability": q.durability.name.lower(), "deadline": duration(q.deadline),
+                 "lifespan": duration(q.lifespan), "liveliness": q.liveliness.name.lower(),
+                 "liveliness_lease_duration": duration(q.liveliness_lease_duration),
+                 "avoid_ros_namespace_conventions": bool(q.avoid_ros_namespace_conventions)}
+                for q in (i.qos_profile for i in publishers)]
+    return yaml.safe_dump(profiles, sort_keys=False)
 
 
 def message_class(type_name: str):
@@ -145,7 +166,9 @@ class Recorder(Node):
             best_effort = any(i.qos_profile.reliability == ReliabilityPolicy.BEST_EFFORT for i in publishers)
             qos = QoSProfile(depth=1000, reliability=ReliabilityPolicy.BEST_EFFORT if best_effort
                              else ReliabilityPolicy.RELIABLE)
-            self.channels[topic] = self.writer.register_channel(topic, "cdr", schema)
+            metadata = {"offered_qos_profiles": offered_qos_profiles(publishers),
+                        "topic_type_hash": str(publishers[0].topic_type_hash)}
+            self.channels[topic] = self.writer.register_channel(topic, "cdr", schema, metadata)
             self.counts[topic] = 0
             self.create_subscription(cls, topic, lambda data, t=topic: self._write(t, data), qos, raw=True)
 

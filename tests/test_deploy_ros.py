@@ -713,6 +713,7 @@ def test_recorder_records_a_best_effort_publisher_of_a_topic_first_seen_without_
     never matched it, and the topic was lost for the whole recording)."""
     from collections import Counter
 
+    import yaml
     from mcap.reader import make_reader
     from rclpy.qos import QoSProfile, ReliabilityPolicy
     from std_msgs.msg import String
@@ -734,8 +735,15 @@ def test_recorder_records_a_best_effort_publisher_of_a_topic_first_seen_without_
         w.spin_until(published_and_recorded, 20, "the recorder's first /be_topic message")
         assert RosWorld.stop(rec, signal.SIGTERM) == 0, w.output(rec)
     with bag.open("rb") as f:
-        counts = Counter(ch.topic for _, ch, _ in make_reader(f).iter_messages())
+        reader = make_reader(f)
+        counts = Counter(ch.topic for _, ch, _ in reader.iter_messages())
+        channel = next(ch for ch in reader.get_summary().channels.values() if ch.topic == "/be_topic")
     assert counts["/be_topic"] > 0, counts
+    # the publisher's offered QoS, as rosbag2 stores it (the MCAP ros2 profile requires it)
+    offered = yaml.safe_load(channel.metadata["offered_qos_profiles"])
+    assert len(offered) == 1 and offered[0]["reliability"] == "best_effort", offered
+    assert offered[0]["durability"] == "volatile" and offered[0]["deadline"] == {"sec": 9223372036, "nsec": 854775807}
+    assert channel.metadata["topic_type_hash"].startswith("RIHS01_"), channel.metadata
 
 
 def test_latency(seeded_policy):
