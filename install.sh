@@ -51,8 +51,8 @@ if ! .venv/bin/python -m pip --version >/dev/null 2>&1; then
 else
   need_free . 1024 "completing the virtual environment"  # an earlier run may have stopped half-way
 fi
-# --no-cache-dir: no second copy of every wheel in ~/.cache/pip
-.venv/bin/python -m pip install -q --no-cache-dir -e ".[test,deploy,perception]"
+# --no-cache-dir: no second copy of every wheel in ~/.cache/pip; -c: the versions the tests ran with (constraints.txt)
+.venv/bin/python -m pip install -q --no-cache-dir -c constraints.txt -e ".[test,deploy,perception]"
 .venv/bin/python -m deploy.ament   # register the ROS 2 package robolearn in .venv (editable installs skip data-files)
 # Compile the quadrotor training's simulator and PPO kernels into inductor's cache (sim/compiled.py:
 # ~/.cache/robolearn/torchinductor) with two iterations and two evaluations of the main job's
