@@ -1549,6 +1549,7 @@ def fake_bridge(controller: SafeController, clock: FakeClock, connected: bool = 
     b.get_clock = lambda: clock
     b._now = b._steady = lambda: clock.t
     b.rejected, b.accepted, b._state_received_at = {}, 0, None
+    b._drop_logged_at, b._drops_unlogged = -math.inf, 0
     # /status and rotor_cmd (the node's own _tick and _report_change publish them) are recorded too
     b.statuses, b.rotor_cmds = [], []
     b.status_pub = type("Pub", (), {"publish": lambda self, msg: b.statuses.append(json.loads(msg.data))})()
