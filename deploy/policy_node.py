@@ -15,7 +15,8 @@ Rules        deploy/safety.py. Every received state is checked (finite, plausibl
              not ahead of this node's clock by more than stale_timeout, pose in the world frame, twist in
              the body frame named by the robot parameter) before it can reach the policy. A state
              stamped more than stale_timeout ago arrived late: it is dropped (counted as rejected
-             "stale"), as is one that jumped from the last valid state ("implausible", deploy/safety.py),
+             "stale"), as is one taken before the last valid state ("out_of_order") or one that jumped
+             from it ("implausible", deploy/safety.py),
              and the failsafe follows from the last valid state's age if nothing newer comes. Dropped
              samples are logged with the reason, one line a second at most (with the count since the last).
 
@@ -250,8 +251,9 @@ class ControllerNode(Node):
             if dropped is None:
                 self._state_received_at = time.perf_counter()
                 self.accepted += 1
-            else:  # a jump from the last valid state (deploy/safety.py, "Implausible samples")
-                self.rejected["implausible"] = self.rejected.get("implausible", 0) + 1
+            else:  # taken before the last valid state, or a jump from it (deploy/safety.py, "Implausible samples")
+                kind = dropped.split(":", 1)[0]  # "out_of_order" or "implausible"
+                self.rejected[kind] = self.rejected.get(kind, 0) + 1
                 self._log_drop(dropped)
         self._report_change()
 

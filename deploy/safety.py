@@ -24,10 +24,15 @@ Modes and rules, checked on every tick:
             range, outside the geofence) or a policy error (exception, non-finite or misshapen
             output) switches to FAILSAFE in the same tick. A rejected state counts at the next tick
             even if a valid one arrived after it. Actions are clipped to [-1, max_action].
-            A current state (younger than ``stale_timeout``, even with a sample rejected after it)
-            tilted beyond ``max_tilt_deg`` (upside down by default; ARMED or FAILSAFE) cuts the rotors
-            at once (DISARMED, counted in ``failsafe_count``): a descent's thrust would drive a tumbled
-            vehicle into the floor.
+            A valid state tilted beyond ``max_tilt_deg`` (upside down by default) is a state problem
+            (FAILSAFE: the policy does not fly on it); confirmed by the next sample, tilted beyond it as
+            well or out of range or non-finite (a tumbling vehicle's rates exceed the limits), while
+            current (younger than ``stale_timeout``; ARMED or FAILSAFE), it is a tumble: the rotors are
+            cut (DISARMED, counted in ``failsafe_count``), as a descent's thrust would drive a tumbled
+            vehicle into the floor. One sample is not enough: after a few lost samples the attitude
+            check below lets one through that is upside down (180 deg after ~70 ms), and a glitch must
+            not cut the rotors in the air; the next, level sample is dropped against it, the stale rule
+            keeps the failsafe, and the vehicle recovers once its samples are plausible again.
             A vehicle whose valid states show it on the floor (below ``landed_height``) for
             ``ground_timeout`` without a break while ARMED did not take off, or came down and cannot
             leave the floor (tipped over, a broken rotor): the rotors are cut and the mode is DISARMED
@@ -39,10 +44,10 @@ Modes and rules, checked on every tick:
             (a vehicle climbing when the failsafe starts rises first) plus ``settle_s`` (the rotors'
             spin-down; the bridges whose onboard policy flies the descent add its lag), or until
             it has landed: ``LANDED_SAMPLES`` valid states below ``landed_height`` with none at twice
-            that height or more between them, no sooner than it could have fallen freely from the last
-            state in the air (one at twice that height or more, as are ``LANDED_SAMPLES`` of the last
-            2 ``LANDED_SAMPLES`` - 1: fewer may be the estimate's noise) (a glitch to the floor may be
-            believed: see "Implausible samples");
+            that height or more and no dropped sample between them, no sooner than it could have fallen
+            freely from the last state in the air (one at twice that height or more, as are
+            ``LANDED_SAMPLES`` of the last 2 ``LANDED_SAMPLES`` - 1: fewer may be the estimate's noise)
+            (a glitch to the floor may be believed: see "Implausible samples");
             then the rotors are cut and the mode is DISARMED: flying again needs re-arming. Valid states
             that still show it in the air (a geofence failsafe keeps receiving them) extend the descent
             to their own fall time, up to twice the first estimate (a state that is fresh but wrong must
@@ -59,29 +64,32 @@ Modes and rules, checked on every tick:
             No recovery while the caller says the policy cannot fly (``recovery_hold``: firmware_bridge
             with a failed MCU, whose every policy call fails): that failsafe lands.
   ESTOP     ``estop()`` (std_srvs/Trigger): rotors cut at once, latched until ``arm()``.
-Implausible samples (a glitch of the estimator or the motion capture: an outlier, a swapped marker) are
-dropped, as a sample that arrived late is: the policy flies on the last valid state, and the stale rule
-fails safe if no plausible sample follows within ``stale_timeout``. Implausible samples that have come
-over more than ``stale_timeout`` within the last twice ``stale_timeout``, a third of all the samples
-received then or more (half as many as the valid ones), with valid ones among them, the last within
-``stale_timeout``, are a state problem (a failsafe, no recovery, no arming): a second source of states
-interleaved with the vehicle's, at up to twice its rate, would otherwise keep a wrong last valid state
-current (a faster one cannot be told from an intermittent glitch by counting, and is not caught); rarer
-ones (an intermittent glitch: one sample in four) are only dropped; random outliers in 5-10 % of the
-samples come in such clusters within seconds. A sample is implausible when
-it lies farther from the last valid state than StateLimits.max_speed covers in the time between the two
+A sample taken before the last valid state (reordered in transport) is dropped: flown on, it would put
+the state back in time. Implausible samples (a glitch of the estimator or the motion capture: an outlier,
+a swapped marker) are dropped, as a sample that arrived late is: the policy flies on the last valid
+state, and the stale rule fails safe if no plausible sample follows within ``stale_timeout``.
+Implausible samples that have come over more than ``stale_timeout`` within the last twice
+``stale_timeout``, a third of all the samples received then or more (half as many as the valid ones),
+with valid ones among them, the last within ``stale_timeout``, are a state problem (a failsafe, no
+recovery, no arming): a second source of states interleaved with the vehicle's, at up to twice its
+rate, would otherwise keep a wrong last valid state current (a faster one cannot be told from an
+intermittent glitch by counting, and is not caught; nor is one within ``max_jump`` of the vehicle,
+whose samples are all valid); rarer ones (an intermittent glitch: one sample in four) are only dropped;
+random outliers in 5-10 % of the samples come in such clusters within seconds. A sample is implausible
+when it lies farther from the last valid state than StateLimits.max_speed covers in the time between the two
 (each taken at its receipt minus its age), plus ``max_jump``, or its tilt (the body z axis from the last
 valid state's) changed more than the two samples' mean roll and pitch rate, sped up at
 ``max_angular_accel``, covers in that time, plus ``max_attitude_jump_deg`` (yaw is not compared: no rule
 depends on it). Believed, one sample below the fence's floor would cut the rotors of a vehicle in the
-air, and one upside down would too (tumbled). An estimate that jumped and stays (a re-converged filter)
+air, and one upside down would be a failsafe. An estimate that jumped and stays (a re-converged filter)
 is believed once the time since the last valid state covers the jump at max_speed: a jump of up to
 ``max_jump`` plus max_speed x ``stale_timeout`` (0.8 m by default) reaches the policy as a step of its
 position error, as without this rule; a larger one comes after the stale rule's failsafe, so the policy
 takes over again by a recovery, its setpoint ramp starting where the estimate now puts the vehicle. A
 glitch that lasts that long is believed as well (a glitch to the floor then does not end a failsafe
 descent sooner than a free fall from the last valid height could have). A dropped sample restarts the
-recovery count. Velocities are not compared between samples (a collision changes them at once).
+recovery count and the floor's count of a landing (two sources that disagree are not a vehicle on the
+floor). Velocities are not compared between samples (a collision changes them at once).
 A clock that goes back (a simulator reset or restart: /clock from 0 again) starts the controller up
 again, DISARMED (``auto_arm`` arms it again on the first valid state unless the operator disarmed or
 stopped it since the last arming; an emergency stop stays latched): its kept times would lie ahead.
@@ -268,6 +276,9 @@ class SafeController:
         # after it, before the tick, must not hide it (several states can arrive within one period).
         self._rejected: str | None = None
         self._good_streak = 0
+        # Valid states in a row tilted beyond max_tilt_deg, and out-of-range or non-finite samples right after
+        # them (a tumbling vehicle's next samples may exceed the body-rate limit): 1 is a failsafe, 2 a tumble
+        self._tumbled = 0
         self._floor_streak = 0  # valid states below landed_height, none at twice that or more between them
         # whether each of the last 2 LANDED_SAMPLES - 1 valid states was at twice landed_height or more
         self._high: deque[bool] = deque(maxlen=2 * LANDED_SAMPLES - 1)
@@ -321,23 +332,35 @@ class SafeController:
     def on_state(self, state: State | None, now: float, error: str | None = None, age: float = 0.0) -> str | None:
         """A received state sample: a valid State, or None with ``error`` ("nonfinite: ..."). ``age`` (s):
         how old the sample already is at ``now`` (by its stamp); its staleness counts from then. Returns
-        why a valid State was dropped as implausible (module docstring), else None."""
+        why a valid State was dropped ("out_of_order: ..." or "implausible: ...", module docstring), else None."""
         self._check_clock(now)
+        if not math.isfinite(age):  # a NaN sampling time would turn the stale rule off, as a NaN ``now`` would
+            raise ValueError(f"age {age}: expected a finite time (s)")
         if state is None:
             self._input_error, self._good_streak = error or "invalid state", 0
             self._rejected = self._rejected or self._input_error
+            if self._tumbled and (error or "").startswith(("out_of_range", "nonfinite")):
+                self._tumbled += 1
             return None
         sampled = now - max(age, 0.0)
-        jump = self._jump(state, sampled)
+        if sampled < self._latest_time:  # flown on, it would put the state back in time (and its age with it)
+            dropped = (f"out_of_order: taken {(self._latest_time - sampled) * 1e3:.0f} ms before the last valid "
+                       "state")
+        else:
+            dropped = self._jump(state, sampled)
         while self._recent and self._recent[0][0] < now - 2.0 * self.cfg.stale_timeout:
             self._recent.popleft()
-        self._recent.append((now, jump is not None))
-        if jump is not None:  # as if it had not arrived; a recovery needs consecutive plausible states
-            self._good_streak = 0
-            return jump
+        self._recent.append((now, dropped is not None))
+        if dropped is not None:  # as if it had not arrived; a recovery needs consecutive plausible states
+            # and a landing consecutive floor states: two sources that disagree are not a vehicle on the floor
+            self._good_streak = self._floor_streak = 0
+            return dropped
         self._latest, self._latest_time, self._input_error = state, sampled, None
+        self._tumbled = self._tumbled + 1 if self.tilt_deg() > self.cfg.max_tilt_deg else 0
         h = self.height()
         self._high.append(h >= 2.0 * self.cfg.landed_height)
+        if h >= self.cfg.landed_height:  # the ARMED floor timer wants the floor without a break
+            self._on_floor_since = None
         if h < self.cfg.landed_height:
             self._floor_streak += 1
         elif self._high[-1]:  # off the floor: the floor's count starts again
@@ -359,7 +382,7 @@ class SafeController:
         ref = self._latest
         if ref is None:
             return None
-        dt = abs(sampled - self._latest_time)  # (a sample may have been taken before the last valid one)
+        dt = sampled - self._latest_time  # >= 0: one taken before the last valid state is out of order
         moved, reach = float(np.linalg.norm(state.pos - ref.pos)), self.limits.max_speed * dt + self.cfg.max_jump
         if moved > reach:
             return (f"implausible: position {np.round(state.pos, 2).tolist()} m, {moved:.2f} m from the last valid "
@@ -386,6 +409,9 @@ class SafeController:
         age = now - self._latest_time
         if age > self.cfg.stale_timeout:
             return f"stale: last state {age * 1e3:.0f} ms old (limit {self.cfg.stale_timeout * 1e3:.0f} ms)"
+        if self._tumbled:  # (two: tick() cuts the rotors)
+            return (f"tilted {self.tilt_deg():.0f} deg (limit {self.cfg.max_tilt_deg:g} deg): a tumble if the "
+                    "next sample shows it too")
         if self._rejected is not None:
             return self._rejected
         p = self._latest.pos
@@ -508,9 +534,9 @@ class SafeController:
                     self.reason = f"{unsteady}: rotors idle, arming once it has run steadily"
                 elif unsettled is not None:
                     self.reason = f"auto_arm: {unsettled[1]}"
-        # A tumbled state is acted on while it is current, even with a sample rejected after it (a tumbling
-        # vehicle's next samples exceed the body-rate limit): descent thrust would drive it into the floor.
-        if self.mode in (Mode.ARMED, Mode.FAILSAFE) and self._current(now) and self.tilt_deg() > self.cfg.max_tilt_deg:
+        # A tumble (two samples, module docstring) is acted on while its state is current, even with a sample
+        # rejected after it: descent thrust would drive a tumbled vehicle into the floor.
+        if self.mode in (Mode.ARMED, Mode.FAILSAFE) and self._current(now) and self._tumbled >= 2:
             self.failsafe_count += 1
             self._set(Mode.DISARMED, f"tumbled: tilted {self.tilt_deg():.0f} deg (limit {self.cfg.max_tilt_deg:g} "
                                      "deg): rotors cut, re-arm to fly")
@@ -597,13 +623,12 @@ class SafeController:
         if may_recover and not self._may_recover:
             why += f"; {len(self._recovered_at)} recoveries in the last {self.cfg.recovery_window:g} s, no more"
         self._good_streak = 0
-        h = self.height()
-        if h is None or self._on_floor(now):
+        if self.height() is None or self._on_floor(now):
             self._set(Mode.DISARMED, f"{why}; on the ground: rotors cut, re-arm to fly")
             return
         fall = self._fall_time(now)
         self._descent_end, self._descent_cap = now + fall, now + 2.0 * fall
-        self._set(Mode.FAILSAFE, f"{why}; controlled descent from {h:.2f} m")
+        self._set(Mode.FAILSAFE, f"{why}; controlled descent from {self._fall_from(now)[0]:.2f} m")
 
     def _on_floor(self, now: float) -> bool:
         """Whether the valid states show the vehicle on the floor: the last below landed_height, and, if one
@@ -612,15 +637,21 @@ class SafeController:
             return False
         return self._in_air is None or (self._floor_streak >= LANDED_SAMPLES and now >= self._earliest_landing())
 
-    def _fall_time(self, now: float) -> float:
-        """Time (s) from ``now`` to the floor, sinking at the descent acceleration from the last valid state's
-        height h and vertical velocity v (world z, m/s; up > 0): the root of h + v t - a t^2 / 2 = 0, plus
-        ``settle_s``. A state near the floor that a free fall could not have reached yet may be a believed
-        glitch: then from the last valid state in the air (see LANDED_SAMPLES), less the time since."""
-        h, v, a, since = max(self.height(), 0.0), float(self._latest.vel[2]), self.descent_accel, 0.0
+    def _fall_from(self, now: float) -> tuple[float, float, float]:
+        """Where a descent at ``now`` is timed from: height (m), vertical velocity (world z, m/s; up > 0) and
+        the time (s) since then. The last valid state's; but a state near the floor that a free fall could
+        not have reached yet may be a believed glitch: then the last valid state in the air's (see
+        LANDED_SAMPLES)."""
+        h = max(self.height(), 0.0)
         if self._in_air is not None and h < 2.0 * self.cfg.landed_height and now < self._earliest_landing():
             t, h, v = self._in_air
-            since = now - t
+            return h, v, now - t
+        return h, float(self._latest.vel[2]), 0.0
+
+    def _fall_time(self, now: float) -> float:
+        """Time (s) from ``now`` to the floor, sinking at the descent acceleration from ``_fall_from``'s height h
+        and vertical velocity v: the root of h + v t - a t^2 / 2 = 0, less the time since, plus ``settle_s``."""
+        (h, v, since), a = self._fall_from(now), self.descent_accel
         return max((v + math.sqrt(v * v + 2.0 * a * h)) / a - since, 0.0) + self.settle_s
 
     def _earliest_landing(self) -> float:

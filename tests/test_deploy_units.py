@@ -1190,6 +1190,8 @@ def tilted_state(deg: float, t: float = 0.0, z: float = 0.0, rate: float = 0.0) 
 
 
 def test_arming_is_refused_tilted_and_a_tumbled_vehicle_is_cut():
+    """Beyond max_tilt_deg one sample is a failsafe (the policy does not fly on it), two in a row a tumble: the
+    rotors are cut."""
     c = SafeController(FakePolicy(), SafetyConfig())  # max_arm_tilt_deg 30, max_tilt_deg 90
     c.on_state(tilted_state(45.0, z=1.0), 0.0)
     ok, msg = c.arm(0.0)
@@ -1197,16 +1199,20 @@ def test_arming_is_refused_tilted_and_a_tumbled_vehicle_is_cut():
     c.on_state(tilted_state(20.0, 0.01, z=1.0), 0.01)
     assert c.arm(0.01) == (True, "armed")
     rate = math.radians(17.0) / 0.01  # 29.7 rad/s: 17 deg per sample
-    for k in range(1, 6):  # rolling over: 37, 54, 71, 88 deg (steep, but not over: the policy flies on), 105 deg
+    for k in range(1, 7):  # rolling over: 37, 54, 71, 88 deg (steep, but not over: the policy flies on), 105, 122
         c.on_state(tilted_state(20.0 + 17.0 * k, 0.01 + 0.01 * k, z=1.0, rate=rate), 0.01 + 0.01 * k)
         cmd = c.tick(0.01 + 0.01 * k)
-        assert cmd.mode is (Mode.DISARMED if k == 5 else Mode.ARMED), (k, cmd.reason)
-    assert cmd.reason.startswith("tumbled: tilted 105 deg"), cmd.reason
-    assert cmd.action.tolist() == [IDLE_ACTION] * 4 and c.status()["failsafe_count"] == 1
+        assert cmd.mode is {5: Mode.FAILSAFE, 6: Mode.DISARMED}.get(k, Mode.ARMED), (k, cmd.reason)
+        if k == 5:
+            assert cmd.reason.startswith("tilted 105 deg (limit 90 deg): a tumble if the next"), cmd.reason
+    assert cmd.reason.startswith("tumbled: tilted 122 deg"), cmd.reason
+    assert cmd.action.tolist() == [IDLE_ACTION] * 4 and c.status()["failsafe_count"] == 2
     c, _ = armed_controller()  # in a failsafe descent too
     assert c.tick(0.1).mode is Mode.FAILSAFE  # stale
-    c.on_state(make_state([1.0, 0.0, 1.0], [0.0, 1.0, 0, 0], [0, 0, 0], [0, 0, 0], 0.1), 0.1)  # upside down
-    assert c.tick(0.1).mode is Mode.DISARMED and "tumbled" in c.reason and c.status()["failsafe_count"] == 2
+    for t, mode in ((0.1, Mode.FAILSAFE), (0.11, Mode.DISARMED)):  # upside down
+        c.on_state(make_state([1.0, 0.0, 1.0], [0.0, 1.0, 0, 0], [0, 0, 0], [0, 0, 0], t), t)
+        assert c.tick(t).mode is mode, (t, c.reason)
+    assert "tumbled" in c.reason and c.status()["failsafe_count"] == 2
     c, _ = armed_controller()  # ... also where a rejected sample follows it before the tick (a tumbling
     for k, deg in ((1, 40.0), (2, 80.0), (3, 120.0)):  # vehicle's next samples exceed the body-rate limit)
         c.on_state(tilted_state(deg, 0.01 * k, z=1.0, rate=34.0), 0.01 * k)
@@ -1217,6 +1223,10 @@ def test_arming_is_refused_tilted_and_a_tumbled_vehicle_is_cut():
             break
     cmd = c.tick(0.04)
     assert cmd.mode is Mode.DISARMED and cmd.reason.startswith("tumbled: tilted 120 deg"), cmd.reason
+    c, _ = armed_controller()  # ... not where a stopped clock's watchdog marks the state stale
+    assert c.on_state(tilted_state(100.0, 0.05, z=1.0), 0.05) is None
+    c.on_state(None, 0.055, "stale: /clock stopped 600 ms ago (limit 500 ms)")
+    assert c.tick(0.06).mode is Mode.FAILSAFE, c.reason
     c, _ = armed_controller()  # ... but not on a stale state: a latched fence breach does not make it current
     c.on_state(make_state([2.0, 0.0, 1.0], [0.0, 1.0, 0, 0], [0, 0, 0], [0, 0, 0], 0.0), 0.1, age=0.045)
     cmd = c.tick(0.11)
@@ -1235,7 +1245,7 @@ def upside_down(t: float, z: float = 1.0) -> State:
 def test_a_single_glitch_is_dropped_not_flown_on(glitch, why, z):
     """One sample of an armed vehicle, hovering at 1 m or taking off from the floor, jumps (an estimator's
     outlier, a swapped motion-capture marker): below the fence's floor, or upside down. Believed, either
-    would cut the rotors (a geofence failsafe on the ground; tumbled), as the upside-down one does once the
+    would cut the rotors (a geofence failsafe on the ground) or be a failsafe (tilted), as each is once the
     time since the last valid state covers it. Dropped, the policy flies on as if it had not arrived."""
     glitch = dataclasses.replace(glitch, pos=glitch.pos + [0.0, 0.0, z - 1.0])
     c, policy = armed_controller(at=(0.0, 0.0, z))
@@ -1253,8 +1263,10 @@ def test_a_single_glitch_is_dropped_not_flown_on(glitch, why, z):
     glitch = dataclasses.replace(glitch, stamp=0.13)
     assert c.on_state(glitch, 0.13) is None
     cmd = c.tick(0.13)
-    if "tilt" in why or z == 0.0:  # tumbled; on the floor it was armed on
+    if z == 0.0:  # on the floor it was armed on
         assert cmd.mode is Mode.DISARMED and "rotors cut" in c.reason, c.reason
+    elif "tilt" in why:  # not yet a tumble: that takes the next sample
+        assert cmd.mode is Mode.FAILSAFE and cmd.reason.startswith("tilted 180 deg"), cmd.reason
     else:  # below the fence: a failsafe, but not on the ground (a free fall from 1 m takes 0.45 s)
         assert cmd.mode is Mode.FAILSAFE and cmd.reason.startswith("geofence"), cmd.reason
 
@@ -1267,6 +1279,28 @@ def test_an_attitude_glitch_after_lost_samples_is_dropped(gap, deg):
     assert c.tick(0.0).mode is Mode.ARMED
     assert c.on_state(tilted_state(deg, gap, z=1.0), gap).startswith(f"implausible: tilt changed {deg:.0f} deg")
     assert c.tick(gap).mode is Mode.ARMED and c.status()["failsafe_count"] == 0
+
+
+@pytest.mark.parametrize("gap, deg", [(0.05, 100.0), (0.08, 180.0)])
+def test_a_tilted_glitch_after_lost_samples_is_a_failsafe_not_a_cut(gap, deg):
+    """Level at 1 m, samples lost, then one tilted beyond max_tilt_deg that the rotors' angular acceleration could
+    just have reached in the gap (believed), then level samples again: a failsafe (the policy does not fly on the
+    tilted state), never a cut in the air. The level samples are dropped against it until they are plausible;
+    the vehicle then recovers."""
+    c, policy = armed_controller()
+    assert c.tick(0.0).mode is Mode.ARMED
+    assert c.on_state(tilted_state(deg, gap, z=1.0), gap) is None
+    calls = policy.calls
+    cmd = c.tick(gap)
+    assert cmd.mode is Mode.FAILSAFE and cmd.reason.startswith(f"tilted {deg:.0f} deg"), cmd.reason
+    assert policy.calls == calls
+    modes = []
+    for k in range(1, 30):
+        t = gap + 0.01 * k
+        c.on_state(hover_state(t), t)
+        modes.append(c.tick(t).mode)
+    assert Mode.DISARMED not in modes and modes[-1] is Mode.ARMED, modes
+    assert c.reason.startswith("recovered"), c.reason
 
 
 def test_a_glitch_to_the_floor_lasting_a_few_samples_does_not_cut_an_armed_vehicle():
@@ -1313,6 +1347,24 @@ def test_a_second_source_of_states_cannot_hide_the_vehicle():
         assert Mode.FAILSAFE in modes[:12] and modes[-1] is Mode.FAILSAFE, (vehicle_every, glitch_first, modes)
 
 
+def test_a_second_source_on_the_floor_does_not_land_a_climbing_vehicle():
+    """A second source keeps sending the pose from before take-off (on the floor) between the samples of a
+    vehicle climbing at 0.5 m/s: a failsafe once the vehicle's samples are dropped against it; but the two
+    disagree, so the floor's samples are no landing: the descent is timed from the vehicle in the air."""
+    c = SafeController(FakePolicy(), SafetyConfig())
+    c.on_state(hover_state(0.0, z=0.0), 0.0)
+    assert c.arm(0.0)[0]
+    modes = []
+    for k in range(1, 200):
+        t = 0.005 * k
+        c.on_state(hover_state(t, z=0.0 if k % 2 == 0 else 0.5 * t), t)
+        modes.append(c.tick(t).mode)
+        if modes[-1] is Mode.DISARMED:
+            break
+    assert Mode.FAILSAFE in modes and Mode.DISARMED not in modes, (modes.index(Mode.DISARMED) * 0.005, c.reason)
+    assert c.reason.startswith("implausible samples keep coming"), c.reason
+
+
 def test_a_long_glitch_to_the_floor_does_not_land_a_vehicle_flying_at_1_m():
     """The estimate reads 1 cm for 90 ms (a swapped marker), then 1 m again: the first samples are dropped (a
     failsafe once the last valid state is stale), the later ones believed (10 m/s covers 0.99 m in 70 ms),
@@ -1346,6 +1398,12 @@ def test_a_floor_reflection_between_the_samples_of_a_vehicle_at_0_3_m_does_not_l
         c.tick(t + 0.005)
     cmd = c.tick(0.35)
     assert cmd.mode is Mode.FAILSAFE and cmd.reason.startswith("stale"), cmd.reason
+    c, _ = armed_controller(at=(0.0, 0.0, 0.3), ground_timeout=1.0)  # nor is it on the floor "without a break" while
+    for k in range(1, 150):  # armed, though every tick comes after a reflection
+        t = 0.01 * k
+        c.on_state(hover_state(t, z=0.3), t)
+        c.on_state(hover_state(t + 0.005, z=0.0), t + 0.005)
+        assert c.tick(t + 0.005).mode is Mode.ARMED, (t, c.reason)
 
 
 def test_a_floor_reflection_and_a_gap_in_the_vehicles_samples_do_not_land_it_at_0_3_m():
@@ -1419,7 +1477,8 @@ def test_an_estimate_that_jumped_and_stays_is_believed_once_max_speed_covers_the
 def test_a_time_that_is_not_finite_is_refused():
     """A NaN time would compare false with every limit: no state would ever be stale again."""
     c, _ = armed_controller()
-    for call in (lambda: c.tick(math.nan), lambda: c.on_state(hover_state(0.01), math.inf), lambda: c.arm(math.nan)):
+    for call in (lambda: c.tick(math.nan), lambda: c.on_state(hover_state(0.01), math.inf), lambda: c.arm(math.nan),
+                 lambda: c.on_state(hover_state(0.01), 0.01, age=math.nan)):
         with pytest.raises(ValueError, match="expected a finite time"):
             call()
     assert c.tick(0.1).mode is Mode.FAILSAFE and c.reason.startswith("stale"), c.reason
@@ -1444,7 +1503,9 @@ def test_fast_but_possible_motion_and_noise_are_not_taken_for_a_glitch():
         assert c.on_state(sample(t, off=0.25 if t == 0.08 else 0.0), t) is None, t
     flipped = sample(0.16)  # the same attitude as -q (a quaternion's sign is free)
     assert c.on_state(dataclasses.replace(flipped, quat=-flipped.quat), 0.16) is None
-    assert c.on_state(sample(0.125), 0.17, age=0.045) is None  # stamped 35 ms before the last valid state
+    # stamped 35 ms before the last valid state: dropped, as the state would go back in time with it
+    assert c.on_state(sample(0.125), 0.17, age=0.045) == "out_of_order: taken 35 ms before the last valid state"
+    assert c.latest.stamp == 0.16
     assert c.on_state(sample(0.17, off=0.4), 0.17).startswith("implausible: position"), c.reason
 
 
