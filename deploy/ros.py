@@ -166,6 +166,12 @@ def drain(node: Node, received: Callable[[], int], limit_s: float = 1.0, quiet_s
         executor.shutdown()
 
 
+# s a node's teardown after its clean-up may take (~20 ms measured for sim_bridge: destroy_node and rclpy's
+# shutdown) before it prints every thread's stack and exits: before the launch runner's SIGKILL, 10 s after its
+# SIGINT, also after the longest clean-up (the recorder's, up to 4.8 s)
+TEARDOWN_LIMIT_S = 3.0
+
+
 def run_node(make: Callable[[], Node], user_errors: tuple[type[Exception], ...] = (),
              args: list[str] | None = None) -> int:
     """rclpy.init, build the node, spin until Ctrl-C / SIGTERM / shutdown, clean up.
@@ -174,7 +180,11 @@ def run_node(make: Callable[[], Node], user_errors: tuple[type[Exception], ...] 
     and ROS arguments rcl cannot parse, are user mistakes (bad parameter, missing file, wrong model):
     printed as one line, exit code 2.
     A crash in native code (rclpy, the DDS layer, onnxruntime) prints the Python stack of every
-    thread to stderr before the process dies."""
+    thread to stderr before the process dies. So does a teardown that hangs (destroying the node, rclpy's
+    shutdown, most of the interpreter's exit) for TEARDOWN_LIMIT_S after the node's own clean-up, which then exits
+    with code 1: a call into native code that holds the GIL (the DDS participant's deletion joins its
+    threads) blocks the Python signal handlers, so the launcher's SIGKILL would otherwise end it without a
+    trace (sim_bridge, once in ~20 simulated flights, not reproduced since)."""
     faulthandler.enable()
     stop = stop_on_signals()  # before anything starts: a signal while the node is built stops it after
     ensure_ament_prefix()
@@ -211,6 +221,7 @@ def run_node(make: Callable[[], Node], user_errors: tuple[type[Exception], ...] 
             except Exception as e:  # e.g. its output gone with a dead launch runner: destroy the node all the same
                 say(f"{node.get_name()}: clean-up failed ({type(e).__name__}: {e})")
                 code = 1
+            faulthandler.dump_traceback_later(TEARDOWN_LIMIT_S, exit=True)  # left on until the process ends
             node.destroy_node()
         if rclpy.ok():
             rclpy.shutdown()

@@ -2105,6 +2105,40 @@ def test_a_node_whose_clean_up_fails_is_destroyed_and_exits_non_zero(tmp_path):
     assert log.read_text() == "destroyed\n"
 
 
+HANGER = """import sys, time
+sys.path.insert(0, {repo!r})
+from deploy.ros import Node, run_node
+
+
+class Hanger(Node):
+    def __init__(self):
+        super().__init__("hanger")
+        self.create_timer(0.05, self.stop)
+
+    def stop(self):
+        raise KeyboardInterrupt  # as Ctrl-C
+
+    def destroy_node(self):
+        time.sleep(60)  # as the DDS participant's deletion, hung
+
+
+sys.exit(run_node(Hanger, (), []))
+"""
+
+
+def test_a_node_whose_teardown_hangs_prints_its_stacks_and_exits(tmp_path):
+    """run_node: a teardown that hangs after the node's clean-up (destroying the node) prints every thread's
+    Python stack and exits with code 1 after TEARDOWN_LIMIT_S, instead of waiting for the launcher's SIGKILL."""
+    from deploy.ros import TEARDOWN_LIMIT_S
+
+    script = write(tmp_path / "hanger.py", HANGER.format(repo=str(REPO)))
+    env = {**os.environ, "ROS_DOMAIN_ID": "97", "ROS_AUTOMATIC_DISCOVERY_RANGE": "LOCALHOST"}
+    start = time.monotonic()
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60, env=env)
+    assert r.returncode == 1 and TEARDOWN_LIMIT_S <= time.monotonic() - start < 30.0, r.stderr
+    assert "Timeout" in r.stderr and "in destroy_node" in r.stderr and "in run_node" in r.stderr, r.stderr
+
+
 MISSING = """import sys
 sys.path.insert(0, {repo!r})
 from deploy.ros import run_node
