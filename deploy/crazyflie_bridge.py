@@ -41,7 +41,8 @@ the same tick (one that jumped is dropped, deploy/safety.py), and the recording 
 the time the firmware sampled it (FirmwareClock, on a steady clock), put on this node's clock: a packet
 the radio delivered late (retries under interference come in bursts) is as old as it is, so the safety
 layer's stale check holds it back; a sample no newer than the last one is dropped (counted in ``status``
-as ``rejected``: ``out_of_order``).
+as ``rejected``: ``out_of_order``, with those the safety layer drops for the same reason; only the
+latter are logged).
 The radio link's state is in ``status`` (``link``: null, or why commands cannot reach the vehicle);
 without a link, arming is refused and a disarm or emergency stop answers success = false (the safety
 layer still takes it). A lost or failed link is opened again every ``reconnect_s`` seconds (0: never;

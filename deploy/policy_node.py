@@ -230,13 +230,6 @@ class ControllerNode(Node):
                                                 f"'{self.robot}'")
             state = state_from_odometry(msg)
             age = self.get_clock().now().nanoseconds * 1e-9 - stamp_seconds(msg.header.stamp)
-            if age > self.stale_timeout:
-                # Late (a delayed delivery, a radio's retry burst): dropped and counted, not a fault of its
-                # own. A newer sample may follow within the period; if none does, the last valid state
-                # goes stale and fails safe by its own age.
-                self.rejected["stale"] = self.rejected.get("stale", 0) + 1
-                self._log_drop(f"late: stamped {age * 1e3:.0f} ms ago (limit {self.stale_timeout * 1e3:.0f} ms)")
-                return
             if age < -self.stale_timeout:  # stamped ahead of this node's clock: the clocks disagree
                 raise InvalidState("stale", f"header stamp {-age * 1e3:.0f} ms ahead of this node's clock")
         except InvalidState as e:
@@ -246,6 +239,13 @@ class ControllerNode(Node):
             self.rejected["malformed"] = self.rejected.get("malformed", 0) + 1
             self.controller.on_state(None, now, f"malformed: {type(e).__name__}")
         else:
+            if age > self.stale_timeout:
+                # Late (a delayed delivery, a radio's retry burst): dropped and counted, not a fault of its
+                # own. A newer sample may follow within the period; if none does, the last valid state
+                # goes stale and fails safe by its own age.
+                self.rejected["stale"] = self.rejected.get("stale", 0) + 1
+                self._log_drop(f"late: stamped {age * 1e3:.0f} ms ago (limit {self.stale_timeout * 1e3:.0f} ms)")
+                return
             # stale from its stamp on, not from its receipt
             dropped = self.controller.on_state(state, now, age=age)
             if dropped is None:

@@ -27,12 +27,14 @@ Modes and rules, checked on every tick:
             A valid state tilted beyond ``max_tilt_deg`` (upside down by default) is a state problem
             (FAILSAFE: the policy does not fly on it); confirmed by the next sample, tilted beyond it as
             well or out of range or non-finite (a tumbling vehicle's rates exceed the limits), while
-            current (younger than ``stale_timeout``; ARMED or FAILSAFE), it is a tumble: the rotors are
-            cut (DISARMED, counted in ``failsafe_count``), as a descent's thrust would drive a tumbled
-            vehicle into the floor. One sample is not enough: after a few lost samples the attitude
+            current (younger than ``stale_timeout``; ARMED or FAILSAFE), or followed by no sample at all
+            before it goes stale (a tumbling vehicle lost by the motion capture), it is a tumble: the
+            rotors are cut (DISARMED, counted in ``failsafe_count``), as a descent's thrust would drive a
+            tumbled vehicle into the floor. One sample is not enough: after a few lost samples the attitude
             check below lets one through that is upside down (180 deg after ~70 ms), and a glitch must
-            not cut the rotors in the air; the next, level sample is dropped against it, the stale rule
-            keeps the failsafe, and the vehicle recovers once its samples are plausible again.
+            not cut the rotors in the air; the next, level sample is dropped against it (no confirmation
+            counts after that), the stale rule keeps the failsafe, and the vehicle recovers once its
+            samples are plausible again.
             A vehicle whose valid states show it on the floor (below ``landed_height``) for
             ``ground_timeout`` without a break while ARMED did not take off, or came down and cannot
             leave the floor (tipped over, a broken rotor): the rotors are cut and the mode is DISARMED
@@ -68,7 +70,8 @@ A sample taken before the last valid state (reordered in transport) is dropped: 
 the state back in time. Implausible samples (a glitch of the estimator or the motion capture: an outlier,
 a swapped marker) are dropped, as a sample that arrived late is: the policy flies on the last valid
 state, and the stale rule fails safe if no plausible sample follows within ``stale_timeout``.
-Implausible samples that have come over more than ``stale_timeout`` within the last twice
+Dropped samples (implausible or out of order: a second source's samples stamped ahead of the
+vehicle's make the vehicle's out of order) that have come over more than ``stale_timeout`` within the last twice
 ``stale_timeout``, a third of all the samples received then or more (half as many as the valid ones),
 with valid ones among them, the last within ``stale_timeout``, are a state problem (a failsafe, no
 recovery, no arming): a second source of states interleaved with the vehicle's, at up to twice its
@@ -276,9 +279,11 @@ class SafeController:
         # after it, before the tick, must not hide it (several states can arrive within one period).
         self._rejected: str | None = None
         self._good_streak = 0
-        # Valid states in a row tilted beyond max_tilt_deg, and out-of-range or non-finite samples right after
-        # them (a tumbling vehicle's next samples may exceed the body-rate limit): 1 is a failsafe, 2 a tumble
-        self._tumbled = 0
+        # Tilted beyond max_tilt_deg: 1 for the last valid state, +1 for each next sample that confirms it (tilted
+        # as well, or out of range or non-finite: a tumbling vehicle's rates may exceed the limits); 1 is a
+        # failsafe, 2 a tumble. _tilt_open: no sample at all since the last tilted one (confirmations count only
+        # then; one contradicted in between, by a sample dropped against it, is a glitch).
+        self._tumbled, self._tilt_open = 0, False
         self._floor_streak = 0  # valid states below landed_height, none at twice that or more between them
         # whether each of the last 2 LANDED_SAMPLES - 1 valid states was at twice landed_height or more
         self._high: deque[bool] = deque(maxlen=2 * LANDED_SAMPLES - 1)
@@ -339,8 +344,9 @@ class SafeController:
         if state is None:
             self._input_error, self._good_streak = error or "invalid state", 0
             self._rejected = self._rejected or self._input_error
-            if self._tumbled and (error or "").startswith(("out_of_range", "nonfinite")):
+            if self._tilt_open and (error or "").startswith(("out_of_range", "nonfinite")):
                 self._tumbled += 1
+            self._tilt_open = False
             return None
         sampled = now - max(age, 0.0)
         if sampled < self._latest_time:  # flown on, it would put the state back in time (and its age with it)
@@ -354,9 +360,12 @@ class SafeController:
         if dropped is not None:  # as if it had not arrived; a recovery needs consecutive plausible states
             # and a landing consecutive floor states: two sources that disagree are not a vehicle on the floor
             self._good_streak = self._floor_streak = 0
+            self._tilt_open = False
             return dropped
         self._latest, self._latest_time, self._input_error = state, sampled, None
-        self._tumbled = self._tumbled + 1 if self.tilt_deg() > self.cfg.max_tilt_deg else 0
+        tilted = self.tilt_deg() > self.cfg.max_tilt_deg
+        self._tumbled = (self._tumbled + 1 if self._tilt_open else 1) if tilted else 0
+        self._tilt_open = tilted
         h = self.height()
         self._high.append(h >= 2.0 * self.cfg.landed_height)
         if h >= self.cfg.landed_height:  # the ARMED floor timer wants the floor without a break
@@ -405,13 +414,14 @@ class SafeController:
         if (len(drops) >= 2 and drops[-1] - drops[0] > self.cfg.stale_timeout
                 and now - drops[-1] <= self.cfg.stale_timeout and 2 * len(drops) >= len(accepted)
                 and any(drops[0] < t < drops[-1] for t in accepted)):  # interleaved (not one estimate that jumped)
-            return "implausible samples keep coming, a third of all or more (a second source of states?)"
+            return ("dropped samples (implausible or out of order) keep coming, a third of all or more (a second "
+                    "source of states?)")
         age = now - self._latest_time
         if age > self.cfg.stale_timeout:
             return f"stale: last state {age * 1e3:.0f} ms old (limit {self.cfg.stale_timeout * 1e3:.0f} ms)"
-        if self._tumbled:  # (two: tick() cuts the rotors)
-            return (f"tilted {self.tilt_deg():.0f} deg (limit {self.cfg.max_tilt_deg:g} deg): a tumble if the "
-                    "next sample shows it too")
+        if self._tumbled:
+            tilt = f"tilted {self.tilt_deg():.0f} deg (limit {self.cfg.max_tilt_deg:g} deg)"
+            return f"tumbled: {tilt}" if self._tumbled >= 2 else f"{tilt}: a tumble if the next sample shows it too"
         if self._rejected is not None:
             return self._rejected
         p = self._latest.pos
@@ -536,10 +546,13 @@ class SafeController:
                     self.reason = f"auto_arm: {unsettled[1]}"
         # A tumble (two samples, module docstring) is acted on while its state is current, even with a sample
         # rejected after it: descent thrust would drive a tumbled vehicle into the floor.
-        if self.mode in (Mode.ARMED, Mode.FAILSAFE) and self._current(now) and self._tumbled >= 2:
+        # So is a tilted state that no sample followed before it went stale (a tumbling vehicle lost by the motion
+        # capture; one whose next samples come late, or not at all).
+        confirmed, unanswered = self._tumbled >= 2 and self._current(now), self._tilt_open and not self._current(now)
+        if self.mode in (Mode.ARMED, Mode.FAILSAFE) and (confirmed or unanswered):
             self.failsafe_count += 1
             self._set(Mode.DISARMED, f"tumbled: tilted {self.tilt_deg():.0f} deg (limit {self.cfg.max_tilt_deg:g} "
-                                     "deg): rotors cut, re-arm to fly")
+                                     f"deg){', no sample since' if unanswered else ''}: rotors cut, re-arm to fly")
         if self.mode is Mode.FAILSAFE:
             self._update_failsafe(problem, now, fresh)
         if self.mode is Mode.ARMED:

@@ -1303,6 +1303,40 @@ def test_a_tilted_glitch_after_lost_samples_is_a_failsafe_not_a_cut(gap, deg):
     assert c.reason.startswith("recovered"), c.reason
 
 
+def test_two_tilted_glitches_with_a_level_sample_between_are_no_tumble():
+    """Upside down after lost samples (believed), then a level sample (dropped against it), then upside down
+    again, or out of range: the level sample answered the first; the others do not confirm a tumble."""
+    for third in ("upside down", "out of range"):
+        c, _ = armed_controller()
+        assert c.tick(0.0).mode is Mode.ARMED
+        assert c.on_state(tilted_state(180.0, 0.08, z=1.0), 0.08) is None
+        assert c.on_state(hover_state(0.09), 0.09).startswith("implausible: tilt changed 180 deg")
+        if third == "upside down":
+            assert c.on_state(tilted_state(180.0, 0.1, z=1.0), 0.1) is None
+        else:
+            c.on_state(None, 0.1, "out_of_range: body rate 40 rad/s")
+        cmd = c.tick(0.1)
+        assert cmd.mode is Mode.FAILSAFE, (third, cmd.reason)
+
+
+def test_a_tumble_whose_samples_stop_is_cut_once_its_state_is_stale():
+    """Rolling over at 1 m, the samples pass max_tilt_deg and then stop (the motion capture lost the vehicle, or
+    its samples all come late): a failsafe at the tilted one, the rotors cut when it goes stale with no sample
+    after it; arming is refused for the tumble."""
+    c, _ = armed_controller()
+    for k, deg in enumerate((20.0, 40.0, 60.0, 80.0, 100.0), 1):
+        c.on_state(tilted_state(deg, 0.01 * k, z=1.0, rate=34.0), 0.01 * k)
+        assert c.tick(0.01 * k).mode is (Mode.FAILSAFE if deg > 90.0 else Mode.ARMED), (k, c.reason)
+    assert c.tick(0.1).mode is Mode.FAILSAFE  # 50 ms: still current
+    cmd = c.tick(0.11)
+    assert cmd.mode is Mode.DISARMED and cmd.reason.startswith("tumbled: tilted 100 deg (limit 90 deg), no sample "
+                                                               "since: rotors cut"), cmd.reason
+    c.on_state(tilted_state(120.0, 0.12, z=1.0, rate=34.0), 0.12)  # ... also once confirmed: arming names the tumble
+    c.on_state(tilted_state(140.0, 0.13, z=1.0, rate=34.0), 0.13)
+    ok, msg = c.arm(0.13)
+    assert not ok and "tumbled: tilted 140 deg" in msg, msg
+
+
 def test_a_glitch_to_the_floor_lasting_a_few_samples_does_not_cut_an_armed_vehicle():
     """Taking off at 0.5 m, the estimate reads 2 cm for 40 ms, then the true height again: the first sample
     is dropped, the next ones believed (10 m/s covers 0.48 m in 20 ms), as is the true height after them.
@@ -1329,7 +1363,8 @@ def test_a_second_source_of_states_cannot_hide_the_vehicle():
         c.on_state(hover_state(t + 0.005, pos=[0.6, 0.0, 1.0]), t + 0.005)  # the vehicle, dropped
         modes.append(c.tick(t + 0.005).mode)
     assert modes[:6] == [Mode.ARMED] * 6 and set(modes[6:]) == {Mode.FAILSAFE}, modes
-    assert c.reason.startswith("implausible samples keep coming, a third of all or more (a second source of states?)")
+    assert c.reason.startswith("dropped samples (implausible or out of order) keep coming, a third of all or more (a "
+                               "second source of states?)"), c.reason
     assert c.arm(0.6)[0] is False
     for vehicle_every, glitch_first in ((1, True), (2, False)):  # (2: the vehicle's samples at half the rate)
         c, _ = armed_controller()
@@ -1362,7 +1397,7 @@ def test_a_second_source_on_the_floor_does_not_land_a_climbing_vehicle():
         if modes[-1] is Mode.DISARMED:
             break
     assert Mode.FAILSAFE in modes and Mode.DISARMED not in modes, (modes.index(Mode.DISARMED) * 0.005, c.reason)
-    assert c.reason.startswith("implausible samples keep coming"), c.reason
+    assert c.reason.startswith("dropped samples (implausible or out of order) keep coming"), c.reason
 
 
 def test_a_long_glitch_to_the_floor_does_not_land_a_vehicle_flying_at_1_m():
