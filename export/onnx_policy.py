@@ -96,6 +96,8 @@ class OnnxPolicy:
                                 f"diffusion policy '{NOISE}'), got {[(i.name, i.shape) for i in inp]}")
         self.noise_size = inp[1].shape[-1] if len(inp) == 2 else 0
         self.obs_size = contract.obs_size
+        if [o.name for o in out] != [OUTPUT]:  # the one output run is the one checked
+            raise ContractError(f"{path}: expected one output '{OUTPUT}', got {[o.name for o in out]}")
         if out[0].shape[-1] != contract.action_size:
             raise ContractError(f"{path}: expected output [N, {contract.action_size}], got {out[0].shape}")
         # A chunked policy's metadata says how many actions a query executes (a deployment reads it) and
@@ -111,6 +113,7 @@ class OnnxPolicy:
             raise ContractError(f"{path}: noise input of {self.noise_size} floats, its metadata's pred_horizon {pred} "
                                 f"x {contract.action_size} actions says {int(pred) * contract.action_size}")
         self.contract = json.loads(self.metadata["contract"])
+        self.chunk, self.action_size = (int(chunk) if chunk else None), contract.action_size
 
     def __call__(self, obs: np.ndarray, noise: np.ndarray | None = None) -> np.ndarray:
         """Action [N, A] (or chunk [N, H, A]) for observations [N, D] or one observation [D]; an
@@ -126,7 +129,13 @@ class OnnxPolicy:
         elif noise is not None:  # it would be ignored: the caller believes it chooses the noise
             raise ContractError("this model takes no noise: it is an actor, or a diffusion policy whose steering "
                                 "actor picks the noise")
-        return self.session.run([OUTPUT], feed)[0]
+        action = self.session.run([OUTPUT], feed)[0]
+        # a graph's declared shapes are not what it computes: checked on every call, as the generated C's are fixed
+        expected = (len(feed[INPUT]), *((self.chunk,) if self.chunk else ()), self.action_size)
+        if action.shape != expected:
+            raise ContractError(f"{self.path} computed actions of shape {list(action.shape)}, expected "
+                                f"{list(expected)}")
+        return action
 
 
 def _rows(x, size: int, what: str) -> np.ndarray:

@@ -213,6 +213,35 @@ def test_onnx_policy_refuses_wrong_input_size(tmp_path):
         OnnxPolicy(path)
 
 
+def _graph_model(path: Path, nodes, outputs: list[tuple[str, list]]) -> Path:
+    """An ONNX model from obs [batch, 22] to ``outputs`` (name, declared shape) with the right contract."""
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("obs", TensorProto.FLOAT, ["batch", 22])],
+                              [helper.make_tensor_value_info(name, TensorProto.FLOAT, shape) for name, shape in outputs])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    helper.set_model_props(model, {"contract": CONTRACT.to_json()})
+    onnx.save(model, str(path))
+    return path
+
+
+def test_onnx_policy_refuses_a_second_output_and_actions_of_another_shape_than_declared(tmp_path):
+    """The output run is the one checked: a model with a well-shaped first output and another named 'action'
+    is refused; a graph that declares [N, 4] but computes [N, 22] is refused at its first call."""
+    from onnx import helper
+
+    ends = [helper.make_node("Constant", [], [n], value_ints=[v]) for n, v in (("s", 0), ("e", 4), ("ax", 1))]
+    decoy = _graph_model(tmp_path / "decoy.onnx", [*ends, helper.make_node("Slice", ["obs", "s", "e", "ax"], ["first"]),
+                                                   helper.make_node("Identity", ["obs"], ["action"])],
+                         [("first", ["batch", 4]), ("action", ["batch", 22])])
+    with pytest.raises(ContractError, match=r"expected one output 'action', got \['first', 'action'\]"):
+        OnnxPolicy(decoy)
+    reshaped = [helper.make_node("Shape", ["obs"], ["shape"]), helper.make_node("Reshape", ["obs", "shape"], ["action"])]
+    liar = OnnxPolicy(_graph_model(tmp_path / "liar.onnx", reshaped, [("action", ["batch", 4])]))  # not inferred
+    with pytest.raises(ContractError, match=r"computed actions of shape \[1, 22\], expected \[1, 4\]"):
+        liar(np.zeros(22))
+
+
 def test_onnx_policy_refuses_observations_of_the_wrong_size(exported):
     policy = OnnxPolicy(exported["onnx"])
     assert policy(np.zeros(CONTRACT.obs_size)).shape == (1, CONTRACT.action_size)
