@@ -123,9 +123,7 @@ class FirmwareBridge(ControllerNode):
                              "(limited only as the firmware limits the motors), so a lower clip here would give it a "
                              "previous action the vehicle did not fly; leave it at 1")
         onnx = OnnxPolicy(path)  # refuses a model of another contract
-        self.mcu = McuPolicy(Path(path).parent, compare_onnx=False, timeout_s=1.0)
-        if self.mcu.boot.self_test_rc != 0:
-            raise ValueError(f"the MCU image failed its policy self-test (rc {self.mcu.boot.self_test_rc})")
+        self.mcu = McuPolicy(Path(path).parent, compare_onnx=False, timeout_s=1.0)  # refuses a failed self-test
         diff = self.mcu.check_against(onnx)
         self.get_logger().info(f"MCU booted: self-test passed, {self.mcu.boot.self_test_instructions:.0f} "
                                f"instructions per policy step, actions within {diff:.1e} of {onnx.path.name}")

@@ -244,6 +244,9 @@ class McuPolicy:
         self._reader = FrameReader(self.proc.stdout.fileno())
         try:
             self.boot = self._read_boot()
+            if self.boot.self_test_rc != 0:  # as the vehicle's firmware refuses to fly it
+                raise PilError(f"the MCU image failed its policy self-test (rc {self.boot.self_test_rc}): its "
+                               f"policy.c does not compute the actions exported with it\n{self.console()}")
         except BaseException:
             self.close()
             raise

@@ -222,6 +222,19 @@ def test_mcu_boots_and_passes_the_self_test(mcu):
     assert mcu.boot.self_test_instructions > 0
 
 
+@requires("qemu-system-arm", "arm-none-eabi-gcc")
+def test_an_image_that_fails_its_self_test_is_refused(export_dir, tmp_path):
+    """An image whose policy.c does not compute its exported reference actions (here: the reference altered)
+    is refused with the self-test's result, as the vehicle's firmware refuses to fly it."""
+    bad = tmp_path / "export"
+    shutil.copytree(export_dir, bad)
+    c = (bad / "policy.c").read_text()
+    head, _, rest = c.partition("selftest_action[POLICY_ACT_DIM] = {\n  ")
+    (bad / "policy.c").write_text(f"{head}selftest_action[POLICY_ACT_DIM] = {{\n  -0.99f + 0.0f * {rest}")
+    with pytest.raises(pil.PilError, match=r"failed its policy self-test \(rc 1\)"):
+        pil.McuPolicy(bad, tmp_path / "build", compare_onnx=False)
+
+
 def test_link_resynchronises_and_rejects_bad_input(mcu):
     obs = np.zeros(CONTRACT.obs_size, np.float32)
     good = pil.encode_frame(pil.FRAME_OBS, 77, obs.tobytes())

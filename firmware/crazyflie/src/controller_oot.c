@@ -31,6 +31,7 @@
 #include "attitude_controller.h"
 #include "controller.h"
 #include "controller_pid.h"
+#include "estimator.h"
 #include "log.h"
 #include "platform_defaults.h"
 #include "position_controller.h"
@@ -95,10 +96,15 @@ bool controllerOutOfTreeTest(void)
   return rc == 0 && controllerPidTest();
 }
 
+/* The policy's observation needs a full position and velocity estimate: the Kalman estimator's. The
+ * complementary estimator (the firmware's default without a positioning deck) estimates attitude and
+ * height only, so the policy would see a fixed x/y error and no velocity. app-config forces Kalman at
+ * boot (CONFIG_ESTIMATOR_KALMAN); after a switch at runtime (stabilizer.estimator) a position setpoint
+ * goes to the stock controller, as any setpoint the policy cannot fly does. */
 static cfp_setpoint_kind_t setpoint_kind(const setpoint_t *sp)
 {
   if (sp->mode.x == modeAbs && sp->mode.y == modeAbs && sp->mode.z == modeAbs) {
-    return CFP_SETPOINT_POSITION;
+    return stateEstimatorGetType() == StateEstimatorTypeKalman ? CFP_SETPOINT_POSITION : CFP_SETPOINT_OTHER;
   }
   if (sp->mode.x == modeDisable && sp->mode.y == modeDisable && sp->mode.z == modeDisable && sp->thrust == 0.0f) {
     return CFP_SETPOINT_STOP;
