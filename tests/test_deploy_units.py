@@ -2101,19 +2101,30 @@ def test_stopping_the_bridge_ends_a_descent_that_outlasts_the_landing_limit_disa
     assert b.statuses[-1]["mode"] == Mode.DISARMED.value and b.statuses[-1]["reason"] == c.reason
 
 
-CLOSER = """import sys
+def run_script(script: Path) -> subprocess.CompletedProcess:
+    """Run a node script in a Python process of its own, on a ROS domain of the unit tests' own."""
+    env = {**os.environ, "ROS_DOMAIN_ID": "97", "ROS_AUTOMATIC_DISCOVERY_RANGE": "LOCALHOST"}
+    return subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60, env=env)
+
+
+STOPPING_NODE = """import sys, time
 sys.path.insert(0, {repo!r})
 from deploy.ros import Node, run_node
 
 
-class Closer(Node):
+class Stopping(Node):
     def __init__(self):
-        super().__init__("closer")
+        super().__init__({name!r})
         self.create_timer(0.05, self.stop)
 
     def stop(self):
-        raise KeyboardInterrupt  # as a second Ctrl-C during a callback
+        raise KeyboardInterrupt  # as Ctrl-C during a callback
+{methods}
 
+sys.exit(run_node(Stopping, (), []))
+"""
+
+CLOSER = """
     def close(self):
         raise BrokenPipeError(32, "Broken pipe")  # its summary line, to a dead launch runner's pipe
 
@@ -2121,9 +2132,6 @@ class Closer(Node):
         with open({log!r}, "a") as f:
             f.write("destroyed\\n")
         return super().destroy_node()
-
-
-sys.exit(run_node(Closer, (), []))
 """
 
 
@@ -2132,32 +2140,17 @@ def test_a_node_whose_clean_up_fails_is_destroyed_and_exits_non_zero(tmp_path):
     destroyed all the same; the exit code says the clean-up failed (the error used to escape run_node,
     skipping destroy_node and rclpy.shutdown)."""
     log = tmp_path / "node.log"
-    script = write(tmp_path / "closer.py", CLOSER.format(repo=str(REPO), log=str(log)))
-    env = {**os.environ, "ROS_DOMAIN_ID": "97", "ROS_AUTOMATIC_DISCOVERY_RANGE": "LOCALHOST"}
-    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60, env=env)
+    script = write(tmp_path / "closer.py", STOPPING_NODE.format(repo=str(REPO), name="closer",
+                                                                methods=CLOSER.format(log=str(log))))
+    r = run_script(script)
     assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
     assert "closer: clean-up failed (BrokenPipeError: [Errno 32] Broken pipe)" in r.stderr, r.stderr
     assert log.read_text() == "destroyed\n"
 
 
-HANGER = """import sys, time
-sys.path.insert(0, {repo!r})
-from deploy.ros import Node, run_node
-
-
-class Hanger(Node):
-    def __init__(self):
-        super().__init__("hanger")
-        self.create_timer(0.05, self.stop)
-
-    def stop(self):
-        raise KeyboardInterrupt  # as Ctrl-C
-
+HANGER = """
     def destroy_node(self):
         time.sleep(60)  # as the DDS participant's deletion, hung
-
-
-sys.exit(run_node(Hanger, (), []))
 """
 
 
@@ -2166,10 +2159,9 @@ def test_a_node_whose_teardown_hangs_prints_its_stacks_and_exits(tmp_path):
     Python stack and exits with code 1 after TEARDOWN_LIMIT_S, instead of waiting for the launcher's SIGKILL."""
     from deploy.ros import TEARDOWN_LIMIT_S
 
-    script = write(tmp_path / "hanger.py", HANGER.format(repo=str(REPO)))
-    env = {**os.environ, "ROS_DOMAIN_ID": "97", "ROS_AUTOMATIC_DISCOVERY_RANGE": "LOCALHOST"}
+    script = write(tmp_path / "hanger.py", STOPPING_NODE.format(repo=str(REPO), name="hanger", methods=HANGER))
     start = time.monotonic()
-    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60, env=env)
+    r = run_script(script)
     assert r.returncode == 1 and TEARDOWN_LIMIT_S <= time.monotonic() - start < 30.0, r.stderr
     assert "Timeout" in r.stderr and "in destroy_node" in r.stderr and "in run_node" in r.stderr, r.stderr
 
@@ -2192,8 +2184,7 @@ def test_a_missing_package_is_one_error_line_a_missing_module_of_the_project_a_t
     """A node whose package is not installed (the recorder's mcap, the bridge's cflib) says so in one line;
     a module of this project that is missing is a bug, and keeps its traceback."""
     script = write(tmp_path / "missing.py", MISSING.format(repo=str(REPO), name=name))
-    env = {**os.environ, "ROS_DOMAIN_ID": "97", "ROS_AUTOMATIC_DISCOVERY_RANGE": "LOCALHOST"}
-    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60, env=env)
+    r = run_script(script)
     assert r.returncode == code, r.stderr
     if code == 2:
         assert r.stderr.strip() == (f"error: the Python module {name} is missing: install the project with "
