@@ -17,9 +17,11 @@ and a bound from vertical would leave only 3.4 deg of it for everything else.
 from __future__ import annotations
 
 import copy
+import ctypes
 import math
 import multiprocessing
 import multiprocessing.connection
+import os
 import signal
 import warnings
 from dataclasses import dataclass
@@ -307,9 +309,26 @@ def evaluate(policy: Policy, task_cfg, episodes: int = 100, backend: str | None 
     return evaluate_success(policy, task_cfg, episodes, backend or "mujoco", seed, device)
 
 
-def _evaluate_in_child(conn, policy: Policy, task_cfg, episodes: int, backend: str, seed: int, device) -> None:
-    """Body of a forked evaluation process: one CPU thread, the result (or the error) sent back.
-    Ctrl-C is the parent's to handle: it terminates its children."""
+PR_SET_PDEATHSIG = 1  # prctl option (linux/prctl.h): a signal for this process when its parent dies
+
+
+def _die_with_parent(parent: int) -> None:
+    """Linux: SIGKILL this forked process when ``parent`` dies (kill -9 included), or at once if it already
+    has. Left running, a confirmation would hold the run's lock (an inherited descriptor) and block for good
+    on its result's pipe, which nobody reads: no resume until it was killed by hand."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):  # not Linux: the orphan stays (daemon processes die with a clean exit)
+        return
+    if os.getppid() != parent:  # died before prctl
+        os._exit(1)
+
+
+def _evaluate_in_child(conn, parent: int, policy: Policy, task_cfg, episodes: int, backend: str, seed: int,
+                       device) -> None:
+    """Body of a forked evaluation process of ``parent`` (pid): one CPU thread, the result (or the error)
+    sent back. Ctrl-C is the parent's to handle: it terminates its children."""
+    _die_with_parent(parent)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     torch.set_num_threads(1)
     try:
@@ -371,7 +390,7 @@ def evaluate_backends(policy: Policy, task_cfg, episodes: int, seeds: dict[str, 
         for backend in others:
             receive, send = ctx.Pipe(duplex=False)
             proc = ctx.Process(target=_evaluate_in_child, daemon=True,
-                               args=(send, policy, task_cfg, episodes, backend, seeds[backend], device))
+                               args=(send, os.getpid(), policy, task_cfg, episodes, backend, seeds[backend], device))
             with warnings.catch_warnings():
                 # Python >= 3.12 warns about forking a process with threads (TensorBoard's writer,
                 # torch's pool). The child touches none of their state: it evaluates, sends and exits.

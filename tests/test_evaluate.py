@@ -3,6 +3,7 @@
 import copy
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -276,6 +277,56 @@ def test_simulators_evaluated_at_once_give_the_sequential_results(tmp_path, monk
         assert together[backend].backend == backend
         assert (together[backend].success == alone.success).all()
         assert np.array_equal(together[backend].position_error, alone.position_error, equal_nan=True), backend
+
+
+ORPHANS = """import multiprocessing, sys, threading, time
+sys.path.insert(0, {root!r})
+from omegaconf import OmegaConf
+from policies import checkpoint as ckpt
+from policies.config import to_objects
+from policies.evaluate import evaluate_backends
+
+policy, rec = ckpt.load_policy({pretrained!r})
+task_cfg, _ = to_objects(OmegaConf.create(rec["config"]))
+
+
+def report():
+    while len(multiprocessing.active_children()) < 2:
+        time.sleep(0.05)
+    print(*[p.pid for p in multiprocessing.active_children()], flush=True)
+
+
+threading.Thread(target=report, daemon=True).start()
+evaluate_backends(policy, task_cfg, 1000, {{"mujoco": 1, "pybullet": 2}})
+"""
+
+
+def test_simulators_evaluated_at_once_die_with_a_killed_parent(tmp_path):
+    """kill -9 of the process confirming a pass (the trainer) kills its MuJoCo and PyBullet evaluations too:
+    left running, they held the run's lock and blocked on their result pipes for good (no resume)."""
+    script = tmp_path / "orphans.py"
+    script.write_text(ORPHANS.format(root=str(ROOT), pretrained=str(PRETRAINED)))
+    parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    try:
+        children = [int(pid) for pid in parent.stdout.readline().split()]
+    finally:
+        parent.kill()
+        parent.wait()
+    assert len(children) == 2
+
+    def alive(pid: int) -> bool:
+        try:
+            return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"  # a zombie is dead
+        except FileNotFoundError:
+            return False
+
+    deadline = time.monotonic() + 5.0
+    while any(map(alive, children)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    left = [pid for pid in children if alive(pid)]
+    for pid in left:  # not to outlive the test
+        os.kill(pid, signal.SIGKILL)
+    assert not left, left
 
 
 @pytest.mark.parametrize("slow", ["mujoco", "pybullet"])
