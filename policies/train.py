@@ -80,7 +80,8 @@ def prepare(argv: list[str]) -> tuple[DictConfig, Path, dict | None]:
         cfg.run_dir = str(run_dir)
         return cfg, run_dir, None
 
-    run_dir = Path(resume)
+    # the directory itself: a symlink (runs/latest) that another run moves on must not take the writes with it
+    run_dir = Path(resume).resolve()
     if any(a.split("=", 1)[0] == "run_dir" for a in argv):
         raise UserError(f"resume={resume} continues that run in its own directory: leave run_dir= out")
     saved_path = run_dir / "config.yaml"
@@ -117,10 +118,16 @@ def prepare(argv: list[str]) -> tuple[DictConfig, Path, dict | None]:
     # that a run of an older revision did not have yet (e.g. confirm_backends) takes today's default.
     newer = {k: cfg[k] for k in RESUMABLE_OVERRIDES - {"resume"} if k not in saved}
     merged = OmegaConf.merge(saved, newer, {k: cfg[k] for k in RESUMABLE_OVERRIDES & explicit if k != "resume"})
+    if merged.threads != saved.threads:  # torch's reductions round by their split across threads
+        print(f"note: threads {saved.threads} -> {merged.threads}: the run goes on, but its numbers no longer match "
+              f"a run that went on with {saved.threads} bit for bit", flush=True)
     try:
         check_device(merged.device)  # a run made on a GPU machine, resumed on one without
     except UserError as e:
         raise UserError(f"resume={resume}: {e}") from None
+    if not (run_dir / ckpt.LAST).is_file():
+        raise UserError(f"resume={resume}: no checkpoint there yet (the run stopped before its first, which comes "
+                        f"after checkpoint_every_seconds or at its first evaluation): delete {run_dir} and start again")
     try:
         state = ckpt.load(run_dir / ckpt.LAST, merged.device)
     except ckpt.CheckpointError as e:
@@ -212,6 +219,7 @@ def run(cfg: DictConfig, run_dir: Path, resume_state: dict | None, t_start: floa
                 tr["next_eval"] -= eval_every  # moved on by a budget's end evaluation (checkpoints of older revisions)
             print(f"resuming {run_dir} at {tr['env_steps']:,} {unit}s ({tr['seconds']:.1f} s of training, "
                   f"{len(tr['evals'])} evaluations before it)", flush=True)
+            (run_dir / "results.json").unlink(missing_ok=True)  # an earlier session's end: not this run's
         tr["eval_every"] = eval_every
         # The code revisions that trained this run, one per session that ran other code than the one
         # before it (a resume after a pull adds one); checkpoints of older revisions recorded none.
@@ -345,7 +353,9 @@ def run(cfg: DictConfig, run_dir: Path, resume_state: dict | None, t_start: floa
                    "time_to_success_s": tr["time_to_success"],
                    "eval_seconds": tr["eval_seconds"], "source_revisions": tr["source_revisions"],
                    "evals": tr["evals"]}
-        (run_dir / "results.json").write_text(json.dumps(results, indent=2))
+        tmp = run_dir / "results.json.tmp"  # whole or absent, as the README says, also after a kill
+        tmp.write_text(json.dumps(results, indent=2))
+        os.replace(tmp, run_dir / "results.json")
         return results
 
 

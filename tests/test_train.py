@@ -308,6 +308,34 @@ def test_a_pass_stops_training_only_once_new_episodes_confirm_it(tmp_path, monke
         assert code == 1 and not res["passed"] and res["time_to_success_s"] is None and res["passed_with"] is None
 
 
+def test_a_resume_writes_where_the_link_pointed_drops_the_old_results_and_notes_new_threads(tmp_path, monkeypatch,
+                                                                                            capsys):
+    """resume=<a symlink> (runs/latest) works in the directory it pointed to when the resume started (another run
+    moving the link must not take the writes with it); the results.json of the session before is gone once the
+    resume has loaded (a resume killed later must not leave it, as if the run had ended there); another thread
+    count is allowed, with a note that the numbers no longer match bit for bit."""
+    import policies.train as train
+
+    run = tmp_path / "run"
+    assert train_main([*TINY, f"run_dir={run}", "max_env_steps=2048"]) == 0 and (run / "results.json").exists()
+    link = tmp_path / "latest"
+    link.symlink_to(run, target_is_directory=True)
+    cfg, run_dir, _ = train.prepare([f"resume={link}", "max_env_steps=4096", "threads=2"])
+    assert run_dir == run.resolve()
+    assert "note: threads 1 -> 2: the run goes on, but its numbers no longer match" in capsys.readouterr().out
+
+    class Killed(Exception):
+        pass
+
+    def killed(*args, **kwargs):
+        raise Killed
+
+    monkeypatch.setattr(train, "SummaryWriter", killed)  # the resume's session dies after loading its checkpoint
+    with pytest.raises(Killed):
+        train_main([f"resume={link}", "max_env_steps=4096"])
+    assert not (run / "results.json").exists()
+
+
 def test_resume_of_a_run_from_before_a_budget_key_existed(tmp_path):
     """A run directory written before confirm_backends/confirm_episodes existed resumes with today's
     defaults for them, and its checkpoint is still accepted (budget keys are not hashed)."""
