@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import re
+import sysconfig
 
 from deploy.testing import REPO
 
@@ -25,7 +26,10 @@ def test_the_environment_is_the_locked_one():
             assert version, f"constraints.txt: {line!r} is not name==version"
             locked[canonical(name)] = version
     skip = {"robolearn", "torch", "pip", "setuptools", "wheel"}
-    installed = {canonical(d.metadata["Name"]): d.version for d in importlib.metadata.distributions()}
+    # the environment's own directory, as pip sees it: sys.path may hold more by now (setuptools, imported by
+    # torch's compiler, puts its vendored packages there)
+    site = sorted({sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]})
+    installed = {canonical(d.metadata["Name"]): d.version for d in importlib.metadata.distributions(path=site)}
     installed = {k: v for k, v in installed.items() if k not in skip}
     assert "torch" not in locked, "torch is pinned in pyproject.toml, not in constraints.txt"
     differ = {k: (installed.get(k), locked.get(k)) for k in installed.keys() | locked.keys()
