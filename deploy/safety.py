@@ -368,14 +368,14 @@ class SafeController:
         self._tilt_open = tilted
         h = self.height()
         self._high.append(h >= 2.0 * self.cfg.landed_height)
-        if h >= self.cfg.landed_height:  # the ARMED floor timer wants the floor without a break
-            self._on_floor_since = None
         if h < self.cfg.landed_height:
             self._floor_streak += 1
-        elif self._high[-1]:  # off the floor: the floor's count starts again
-            self._floor_streak = 0
-            if sum(self._high) >= LANDED_SAMPLES:  # in the air (fewer could be the estimate's noise)
-                self._in_air = (sampled, h, float(state.vel[2]))
+        else:
+            self._on_floor_since = None  # the ARMED floor timer wants the floor without a break
+            if self._high[-1]:  # off the floor: the floor's count starts again
+                self._floor_streak = 0
+                if sum(self._high) >= LANDED_SAMPLES:  # in the air (fewer could be the estimate's noise)
+                    self._in_air = (sampled, h, float(state.vel[2]))
         # Recovery counts consecutive valid states inside the geofence; tick() restarts the count
         # at a stale gap.
         if self._inside(state.pos):
@@ -611,8 +611,7 @@ class SafeController:
 
     def _stuck_on_floor(self, now: float) -> bool:
         """Whether the (fresh, valid) state has shown the vehicle on the floor for ``ground_timeout``."""
-        if self.height() >= self.cfg.landed_height:
-            self._on_floor_since = None
+        if self.height() >= self.cfg.landed_height:  # (its timer was stopped when that state came)
             return False
         if self._on_floor_since is None:
             self._on_floor_since = now
