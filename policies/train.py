@@ -259,7 +259,14 @@ def run(cfg: DictConfig, run_dir: Path, resume_state: dict | None, t_start: floa
                 # check confirm it in every simulator of confirm_backends (config.py): torch, then the
                 # others at once (policies/evaluate.py); one that falls short cancels those after it.
                 seeds = {b: cfg.seed + 20_000 + 10 * len(tr["evals"]) + i for i, b in enumerate(cfg.confirm_backends)}
-                checks = evaluate_backends(algo.actor, task_cfg, cfg.confirm_episodes, seeds, device, cfg.stop_at_success)
+                try:
+                    checks = evaluate_backends(algo.actor, task_cfg, cfg.confirm_episodes, seeds, device,
+                                               cfg.stop_at_success)
+                except RuntimeError as e:  # a simulator's process died or raised: the run stops, resumable
+                    save_last()  # this evaluation is not in it: a resume trains on and evaluates at the next
+                    raise UserError(f"the confirmation of {res.success_rate * 100:.0f}% at {tr['env_steps']:,} "
+                                    f"{unit}s stopped the run: {e}; its last checkpoint holds this step, "
+                                    f"resume={run_dir} trains on from it") from None
                 rec["confirm"] = {b: check.success_rate for b, check in checks.items()}
                 rec["confirm_success_rate"] = min(rec["confirm"].values())
                 reached = rec["confirm_success_rate"] >= cfg.stop_at_success

@@ -1276,3 +1276,36 @@ def test_replay_state_survives_a_kill_between_its_rows_and_its_checkpoint(tmp_pa
     with pytest.raises(CheckpointError, match="missing"):
         fresh.load_state_dict(state)
     assert sorted(tmp_path.glob("rows_*.pt")) == files[:-1]  # loading wrote and deleted nothing
+
+
+def test_a_confirmation_whose_simulator_dies_stops_the_run_in_one_line_and_resumably(tmp_path, monkeypatch, capsys):
+    """A pass's check in MuJoCo or PyBullet runs in a forked process; one that dies (killed, out of memory)
+    stops the run with one error line naming it, no traceback, and a last checkpoint at that step, from
+    which a resume trains on."""
+    import dataclasses
+
+    import policies.evaluate as evaluation
+    import policies.train as train
+
+    real = train.evaluate
+
+    def evaluate(policy, task_cfg, episodes, device, seed, backend=None):
+        if backend == "mujoco":
+            os._exit(9)  # the forked child dies without a word
+        res = real(policy, task_cfg, 8, device=device, seed=seed)
+        return dataclasses.replace(res, success_rate=0.97)
+
+    monkeypatch.setattr(train, "evaluate", evaluate)  # the evaluations
+    monkeypatch.setattr(evaluation, "evaluate", evaluate)  # the confirmations (evaluate_backends)
+    run = tmp_path / "run"
+    assert train_main([*TINY[:-1], "stop_at_success=0.95", f"run_dir={run}", "max_env_steps=4096"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: the confirmation of 97% at 2,048 steps stopped the run: "
+                                               "evaluation in mujoco failed: the process died (exit code 9)"), err
+    assert f"resume={run} trains on" in err[0]
+    last = torch.load(run / ckpt.LAST, weights_only=False)
+    assert last["trainer"]["env_steps"] == 2048 and not (run / "results.json").exists()
+    monkeypatch.setattr(evaluation, "evaluate", real)
+    monkeypatch.setattr(train, "evaluate", real)
+    assert train_main([f"resume={run}", "stop_at_success=0"]) == 0
+    assert json.loads((run / "results.json").read_text())["env_steps"] == 4096
