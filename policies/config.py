@@ -102,7 +102,7 @@ PATH_KEYS = ("base", "dataset", "demos")  # algo fields naming a directory: stor
 # lie in a range (lo, hi, whether lo itself is allowed): outside them a run would fail later, halfway,
 # or learn nothing without saying so.
 ALGO_COUNTS = ("num_envs", "gradient_steps", "eval_every_updates", "horizon", "epochs", "minibatches",
-               "batch_size", "buffer_size", "updates_per_iteration")
+               "batch_size", "buffer_size", "updates_per_iteration", "hidden", "pred_horizon", "diffusion_steps")
 ALGO_RANGES = {"gamma": (0.0, 1.0, True), "gae_lambda": (0.0, 1.0, True), "tau": (0.0, 1.0, False),
                "clip": (0.0, math.inf, False), "init_alpha": (0.0, math.inf, False),  # log(alpha) is learnt
                # a learning rate of 0 freezes that network (tests use it)
@@ -217,6 +217,9 @@ def compose_config(overrides: list[str]) -> DictConfig:
             v = cfg.algo[key]
             if not ((v >= lo if closed_lo else v > lo) and v <= hi):
                 raise UserError(f"algo.{key}={v}: expected a value in {'[' if closed_lo else '('}{lo:g}, {hi:g}]")
+    for key in ("actor_hidden", "critic_hidden"):  # layer widths of the algorithms' MLPs
+        if key in cfg.algo and not all(w >= 1 for w in cfg.algo[key]):
+            raise UserError(f"algo.{key}={list(cfg.algo[key])}: expected layer widths of at least 1")
     if "activation" in cfg.algo and cfg.algo.activation not in ACTIVATIONS:
         raise UserError(f"algo.activation={cfg.algo.activation}: expected one of {', '.join(ACTIVATIONS)}")
     if not 0.0 <= cfg.stop_at_success <= 1.0:

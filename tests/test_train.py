@@ -534,6 +534,10 @@ def test_the_usage_of_policies_eval_names_every_option_it_takes(capsys):
     (["algo=sac", "algo.buffer_size=0"], "algo.buffer_size=0: expected at least 1"),
     (["algo=sac", "algo.buffer_size=63"], "algo.buffer_size=63: expected at least algo.num_envs=64 (the rows one step adds)"),
     (["algo=sac", "algo.batch_size=0"], "algo.batch_size=0: expected at least 1"),
+    (["algo.actor_hidden=[0]"], "algo.actor_hidden=[0]: expected layer widths of at least 1"),  # trained a 0-wide net
+    (["algo=sac", "algo.critic_hidden=[64,-3]"], "algo.critic_hidden=[64, -3]: expected layer widths of at least 1"),
+    (["task=arm_push", "algo=diffusion_bc", "algo.hidden=0"], "algo.hidden=0: expected at least 1"),
+    (["task=arm_push", "algo=diffusion_bc", "algo.pred_horizon=0"], "algo.pred_horizon=0: expected at least 1"),
     (["algo=sac", "algo.tau=1.5"], "algo.tau=1.5: expected a value in (0, 1]"),
     (["algo=sac", "algo.init_alpha=0"], "algo.init_alpha=0.0: expected a value in (0, inf]"),
     (["algo.gamma=1.2"], "algo.gamma=1.2: expected a value in [0, 1]"),
