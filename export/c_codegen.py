@@ -31,7 +31,9 @@ DRIVER_OUT = np.dtype([("rc", "<i4"), ("action", "<f4", (CONTRACT.action_size,))
 
 # Each keeps a NaN (as torch does), so that one made inside the network (an overflow) reaches the
 # output check instead of being turned into a number: ReLU compares with <=, false for NaN.
-ACTIVATION_C = {nn.Tanh: "tanhf(v)", nn.ReLU: "(v <= 0.0f ? 0.0f : v)", nn.ELU: "(v > 0.0f ? v : expm1f(v))"}
+# ELU's alpha (nn.ELU(alpha)) is written into the expression.
+ACTIVATION_C = {nn.Tanh: lambda m: "tanhf(v)", nn.ReLU: lambda m: "(v <= 0.0f ? 0.0f : v)",
+                nn.ELU: lambda m: f"(v > 0.0f ? v : {float(m.alpha):.9e}f * expm1f(v))"}
 
 
 def _floats(a: np.ndarray) -> str:
@@ -46,7 +48,7 @@ def _layers(actor: nn.Module) -> list[tuple[np.ndarray, np.ndarray, str | None]]
         if isinstance(m, nn.Linear):
             out.append([m.weight.detach().float().numpy(), m.bias.detach().float().numpy(), None])
         elif type(m) in ACTIVATION_C and out and out[-1][2] is None:
-            out[-1][2] = ACTIVATION_C[type(m)]
+            out[-1][2] = ACTIVATION_C[type(m)](m)
         else:
             raise UnsupportedLayerError(
                 f"the C generator does not support layer {type(m).__name__} ({m}); supported: Linear followed by "

@@ -336,9 +336,13 @@ def test_c_fuzz_any_observation_gives_bounded_action_or_safe_error(exported, tmp
     assert re.search(r"Done \d+ runs", r.stderr), r.stderr[-2000:]
 
 
-@pytest.mark.parametrize("activation", ["relu", "elu"])
+@pytest.mark.parametrize("activation", ["relu", "elu", "elu alpha 0.5"])
 def test_c_other_activations_match_pytorch(exported, tmp_path, activation):
-    actor = make_actor(activation, seed=1)
+    actor = make_actor(activation.split()[0], seed=1)
+    if activation.endswith("0.5"):  # ELU's alpha is the module's (the C once took 1 for any)
+        for m in actor.net:
+            if isinstance(m, torch.nn.ELU):
+                m.alpha = 0.5
     _, c = generate_c(actor, tmp_path)
     exe = compile_c("gcc", [*STRICT, "-O2"], [c, DRIVER], tmp_path, tmp_path / "driver")
     obs = exported["obs"]
