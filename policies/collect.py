@@ -25,7 +25,7 @@ from export.onnx_policy import source_revision
 from sim.registry import get_task
 
 from . import dataset as ds
-from .config import UserError, compose_config, held_files, help_requested, to_objects
+from .config import UserError, compose_config, exit_code, held_files, help_requested, to_objects
 
 OPTIONS = {"episodes": int, "noise": float, "seed": int, "out": str, "num_envs": int, "successful_only": bool,
            "progress": bool}
@@ -164,4 +164,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(exit_code(main))

@@ -7,6 +7,7 @@ import hashlib
 import json
 import math
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
@@ -119,6 +120,16 @@ def held_files(path: Path, ignore: tuple[str, ...] = ()) -> str:
     is empty or absent: for the errors of commands that write only into a new or empty directory."""
     names = sorted(p.name for p in path.iterdir() if p.name not in ignore) if path.is_dir() else []
     return ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
+
+
+def exit_code(main) -> int:
+    """``main()`` of a command-line entry point, or 130 (the shell's code for SIGINT) with one line instead
+    of a traceback when Ctrl-C stops it."""
+    try:
+        return main()
+    except KeyboardInterrupt:
+        print("interrupted (Ctrl-C)", file=sys.stderr)
+        return 130
 
 
 def help_requested(argv: list[str], usage: str) -> bool:

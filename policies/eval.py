@@ -48,7 +48,7 @@ from sim.crazyflie.hover import POLICY_PERIOD, PYBULLET_EFFECTS
 from sim.registry import get_task
 
 from . import checkpoint as ckpt
-from .config import UserError, check_device, check_finite, help_requested, ieee_float32_on, to_objects
+from .config import UserError, check_device, check_finite, exit_code, help_requested, ieee_float32_on, to_objects
 from .evaluate import (CRITERION_FIXED, EPISODE_SECONDS, LAST_SECONDS, MEAN_ERROR_LAST_2S, SUCCESS_RATE_REQUIRED,
                        EvalResult, SuccessResult, criterion_config, evaluate_hover, evaluate_success)
 
@@ -318,4 +318,4 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     with torch.no_grad():
-        sys.exit(main())
+        sys.exit(exit_code(main))

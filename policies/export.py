@@ -26,7 +26,7 @@ from sim.crazyflie.contract import CONTRACT as CRAZYFLIE_CONTRACT
 from sim.registry import get_task
 
 from . import checkpoint as ckpt
-from .config import UserError, config_hash, help_requested, to_objects
+from .config import UserError, config_hash, exit_code, help_requested, to_objects
 from .networks import Actor
 
 # Parity rule: onnxruntime may add no error beyond float32 rounding, whatever the network. Against
@@ -215,4 +215,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(exit_code(main))

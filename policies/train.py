@@ -13,7 +13,9 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import signal
 import sys
+import threading
 import time
 from datetime import datetime
 from pathlib import Path
@@ -321,36 +323,57 @@ def run(cfg: DictConfig, run_dir: Path, resume_state: dict | None, t_start: floa
             success, _ = evaluate_and_keep_best()
         if not stop and cfg.eval_at_start and not tr["evals"]:  # the starting point of a learning curve
             success, stop = evaluate_and_keep_best()
-        while not stop:
-            t0 = time.time()
-            metrics = algo.train_iteration()
-            now = algo.progress() if offline else env.total_steps
-            steps = now - tr["env_steps"]
-            tr["env_steps"] = now  # gradient steps for an offline algorithm
-            tr["iteration"] += 1
-            tr["seconds"] = seconds_before + time.time() - t_session
-            sps = steps / max(time.time() - t0, 1e-9)
-            for k, v in metrics.items():
-                writer.add_scalar(f"train/{k}", v, tr["env_steps"])
-            writer.add_scalar("perf/steps_per_second", sps, tr["env_steps"])
-            writer.add_scalar("train/curriculum", env.curriculum(), tr["env_steps"])
-            writer.add_scalar("train/nonfinite_resets", env.nonfinite_resets, tr["env_steps"])
+        # Ctrl-C stops at the end of the iteration (or evaluation) under way, with a checkpoint there;
+        # a second one stops at once (main: one line, the last checkpoint kept).
+        interrupted: list[float] = []
 
-            out_of_budget = tr["env_steps"] >= budget or tr["seconds"] >= cfg.max_seconds
-            if tr["env_steps"] >= tr["next_eval"] or out_of_budget:
-                while tr["env_steps"] >= tr["next_eval"]:  # an evaluation at a budget's end keeps the grid
-                    tr["next_eval"] += eval_every
-                success, stop = evaluate_and_keep_best()
-                last_ckpt = time.time()
-            elif time.time() - last_ckpt >= cfg.checkpoint_every_seconds:
-                save_last()
-                last_ckpt = time.time()
-            bar.update(steps)
-            main_metric = "reward" if "reward" in metrics else "loss"
-            bar.set_postfix({"sps": f"{sps:,.0f}", "success": f"{success:.2f}", main_metric: f"{metrics[main_metric]:.3f}"})
-            stop = stop or out_of_budget
+        def on_sigint(signum, frame) -> None:
+            if interrupted:
+                raise KeyboardInterrupt
+            interrupted.append(time.time())
+            bar.write("Ctrl-C: stopping with a checkpoint after this iteration (Ctrl-C again to stop at once)")
+
+        in_main = threading.current_thread() is threading.main_thread()  # where Python takes signals
+        previous = signal.signal(signal.SIGINT, on_sigint) if in_main else None
+        try:
+            while not stop and not interrupted:
+                t0 = time.time()
+                metrics = algo.train_iteration()
+                now = algo.progress() if offline else env.total_steps
+                steps = now - tr["env_steps"]
+                tr["env_steps"] = now  # gradient steps for an offline algorithm
+                tr["iteration"] += 1
+                tr["seconds"] = seconds_before + time.time() - t_session
+                sps = steps / max(time.time() - t0, 1e-9)
+                for k, v in metrics.items():
+                    writer.add_scalar(f"train/{k}", v, tr["env_steps"])
+                writer.add_scalar("perf/steps_per_second", sps, tr["env_steps"])
+                writer.add_scalar("train/curriculum", env.curriculum(), tr["env_steps"])
+                writer.add_scalar("train/nonfinite_resets", env.nonfinite_resets, tr["env_steps"])
+
+                out_of_budget = tr["env_steps"] >= budget or tr["seconds"] >= cfg.max_seconds
+                if tr["env_steps"] >= tr["next_eval"] or out_of_budget:
+                    while tr["env_steps"] >= tr["next_eval"]:  # an evaluation at a budget's end keeps the grid
+                        tr["next_eval"] += eval_every
+                    success, stop = evaluate_and_keep_best()
+                    last_ckpt = time.time()
+                elif time.time() - last_ckpt >= cfg.checkpoint_every_seconds:
+                    save_last()
+                    last_ckpt = time.time()
+                bar.update(steps)
+                main_metric = "reward" if "reward" in metrics else "loss"
+                bar.set_postfix({"sps": f"{sps:,.0f}", "success": f"{success:.2f}",
+                                 main_metric: f"{metrics[main_metric]:.3f}"})
+                stop = stop or out_of_budget
+                if interrupted and not stop:
+                    save_last()
+        finally:
+            if in_main:
+                signal.signal(signal.SIGINT, previous)
         bar.close()
         writer.close()
+        if interrupted and not stop:  # not ended: no results.json, a resume goes on from the checkpoint
+            return {"interrupted": True, steps_key: tr["env_steps"], "train_seconds": tr["seconds"]}
 
         passed = pass_holds(tr, cfg)
         results = {"run_dir": str(run_dir), steps_key: tr["env_steps"], "train_seconds": tr["seconds"],
@@ -409,9 +432,21 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as e:  # e.g. a missing dataset or base policy, found when the algorithm starts
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # before the training loop, or a second Ctrl-C in it
+        last = run_dir / ckpt.LAST
+        kept = (f"its last checkpoint ({ckpt.LAST}, {time.time() - last.stat().st_mtime:.0f} s old) is kept: "
+                f"resume={run_dir} goes on from it" if last.is_file() else "it has no checkpoint yet")
+        print(f"interrupted: {kept}", file=sys.stderr)
+        return 130
     finally:
         if lock is not None:
             lock.close()
+    if res.get("interrupted"):
+        unit = "gradient steps" if "gradient_steps" in res else "env steps"
+        print(f"interrupted at {res.get('gradient_steps', res.get('env_steps')):,} {unit} "
+              f"({res['train_seconds']:.1f} s of training), checkpointed: resume={run_dir} goes on from there",
+              file=sys.stderr)
+        return 130
     passed = res["passed"]  # a pass confirmed on new episodes, not merely the best evaluation
     steps = f"{res['gradient_steps']:,} gradient steps" if "gradient_steps" in res else f"{res['env_steps']:,} env steps"
     last = f", the last evaluation {res['evals'][-1]['success_rate'] * 100:.1f}%" if res["evals"] else ""

@@ -1313,3 +1313,55 @@ def test_a_confirmation_whose_simulator_dies_stops_the_run_in_one_line_and_resum
     monkeypatch.setattr(train, "evaluate", real)
     assert train_main([f"resume={run}", "stop_at_success=0"]) == 0
     assert json.loads((run / "results.json").read_text())["env_steps"] == 4096
+
+
+def test_ctrl_c_stops_with_a_checkpoint_and_a_second_one_at_once(tmp_path, monkeypatch, capsys):
+    """The first Ctrl-C (SIGINT) ends the iteration under way, checkpoints it and exits 130 with one line
+    (no traceback, no results.json: the run has not ended); a resume goes on from there. A second Ctrl-C
+    stops at once, in one line, keeping the last checkpoint."""
+    import policies.ppo as ppo
+
+    real, calls = ppo.PPO.train_iteration, []
+
+    def iteration(self, sigints=1):
+        calls.append(1)
+        if len(calls) == 3:
+            for _ in range(sigints):
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(0.05)  # Python runs the handler between bytecodes
+        return real(self)
+
+    monkeypatch.setattr(ppo.PPO, "train_iteration", iteration)
+    run = tmp_path / "run"
+    assert train_main([*TINY, f"run_dir={run}", "max_env_steps=8192", "eval_every_steps=4096"]) == 130
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"interrupted at 1,536 env steps ({err[0].split('(')[1].split(' s ')[0]} s of training), "
+                   f"checkpointed: resume={run} goes on from there"], err
+    assert torch.load(run / ckpt.LAST, weights_only=False)["trainer"]["env_steps"] == 3 * 512
+    assert not (run / "results.json").exists()
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler, "the trainer's handler must go"
+    monkeypatch.setattr(ppo.PPO, "train_iteration", real)
+    assert train_main([f"resume={run}"]) == 0
+    assert json.loads((run / "results.json").read_text())["env_steps"] == 8192
+
+    monkeypatch.setattr(ppo.PPO, "train_iteration", lambda self: iteration(self, sigints=2))
+    calls.clear()
+    again = tmp_path / "again"
+    assert train_main([*TINY, f"run_dir={again}", "max_env_steps=8192", "eval_every_steps=1024"]) == 130
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("interrupted: its last checkpoint (checkpoints/last.pt, ") and err[0].endswith(
+        f"s old) is kept: resume={again} goes on from it"), err
+    assert torch.load(again / ckpt.LAST, weights_only=False)["trainer"]["env_steps"] == 2 * 512
+
+
+def test_the_other_entry_points_end_on_ctrl_c_in_one_line(capsys):
+    """policies.eval, collect and export run their main() through exit_code: Ctrl-C gives 130 and one line."""
+    from policies.config import exit_code
+
+    def interrupted() -> int:
+        raise KeyboardInterrupt
+
+    assert exit_code(interrupted) == 130 and exit_code(lambda: 3) == 3
+    assert capsys.readouterr().err == "interrupted (Ctrl-C)\n"
+    for module in ("eval", "collect", "export"):
+        assert "sys.exit(exit_code(main))" in (ROOT / "policies" / f"{module}.py").read_text(), module
