@@ -127,6 +127,14 @@ def load_record(run_dir: str | Path, device="cpu") -> dict:
     if not Path(run_dir).is_dir():
         raise CheckpointError(f"{run_dir}: no such run directory")
     path = Path(run_dir) / BEST
+    if not path.is_file():
+        if (Path(run_dir) / path.name).is_file():  # <run>/checkpoints given for <run>
+            raise CheckpointError(f"{run_dir}: give the run directory, not its checkpoints ({Path(run_dir).parent})")
+        if not (Path(run_dir) / "config.yaml").is_file():
+            raise CheckpointError(f"{run_dir} is not a run directory (no config.yaml, no {BEST}): expected one "
+                                  f"made by python -m policies.train")
+        raise CheckpointError(f"no checkpoint at {path} yet: the run has not finished its first evaluation "
+                              f"(resume={run_dir} trains on)")
     rec = load(path, device)
     if not isinstance(rec, dict) or not isinstance(rec.get("config"), dict):
         raise CheckpointError(f"{path} is not a policy record of policies.train (no config in it)")

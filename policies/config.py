@@ -193,8 +193,9 @@ def compose_config(overrides: list[str]) -> DictConfig:
         text = _first_lines(e)
         algo = next((o.split("=", 1)[1] for o in reversed(overrides) if o.split("=", 1)[0] == "algo"), "ppo")
         for short, owner in (("base", "dsrl"), ("dataset", "diffusion_bc")):  # typed as base= / dataset=
-            if f"Key '{short}' not in" in text and any(o.startswith(f"{short}=") for o in given):
-                raise UserError(f"{short}=: algo={algo} takes no {short} (it is algo={owner}'s)") from None
+            typed = next((o for o in given if o.startswith(f"{short}=")), None)
+            if f"Key '{short}' not in" in text and typed is not None:
+                raise UserError(f"{typed}: algo={algo} takes no {short} (it is algo={owner}'s)") from None
         raise UserError(f"bad override: {text}") from None
     for k, v in get_task(cfg.task.name).run_defaults.items():
         if cfg[k] is None:

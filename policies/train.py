@@ -313,9 +313,11 @@ def run(cfg: DictConfig, run_dir: Path, resume_state: dict | None, t_start: floa
                 done = (f"it passed at stop_at_success={tr.get('passed_at', cfg.stop_at_success)}; a higher "
                         f"stop_at_success (or a stricter confirmation) trains on to a pass at that bar")
             elif tr["env_steps"] >= budget or tr["seconds"] >= cfg.max_seconds:
-                more = ("start a new run with a larger algo.gradient_steps, or raise max_seconds" if offline
-                        else "raise max_env_steps or max_seconds")
-                done = f"its budget is spent; to go on, {more}"
+                raise_steps = ("start a new run with a larger algo.gradient_steps" if offline
+                               else f"raise max_env_steps (now {budget:,})")
+                more = [raise_steps] if tr["env_steps"] >= budget else []  # only what ran out
+                more += [f"raise max_seconds (now {cfg.max_seconds:g})"] if tr["seconds"] >= cfg.max_seconds else []
+                done = f"its budget is spent; to go on, {' and '.join(more)}"
             if done:
                 bar.write(f"resume={run_dir}: nothing to train at {tr['env_steps']:,} {unit}s: {done}")
         stop = done is not None

@@ -474,6 +474,19 @@ def test_the_c_check_allows_the_float32_rounding_of_a_wide_network(tmp_path):
 def test_export_names_a_missing_run_and_an_extra_argument(run_dir, tmp_path, capsys):
     assert main([str(tmp_path / "nope")]) == 2
     assert capsys.readouterr().err.strip() == f"error: {tmp_path / 'nope'}: no such run directory"
+    (tmp_path / "empty").mkdir()  # a directory that is not a run, a run's checkpoints/, a run before its first
+    assert main([str(tmp_path / "empty")]) == 2  # evaluation: each named for what it is (all said "train first")
+    assert capsys.readouterr().err.strip() == (f"error: {tmp_path / 'empty'} is not a run directory (no config.yaml, "
+                                               f"no checkpoints/best.pt): expected one made by python -m policies.train")
+    assert main([str(Path(run_dir) / "checkpoints")]) == 2
+    assert capsys.readouterr().err.strip() == (f"error: {Path(run_dir) / 'checkpoints'}: give the run directory, not "
+                                               f"its checkpoints ({run_dir})")
+    (tmp_path / "young").mkdir()
+    (tmp_path / "young" / "config.yaml").write_text((Path(run_dir) / "config.yaml").read_text())
+    assert main([str(tmp_path / "young")]) == 2
+    assert capsys.readouterr().err.strip() == (f"error: no checkpoint at {tmp_path / 'young' / 'checkpoints/best.pt'} "
+                                               f"yet: the run has not finished its first evaluation "
+                                               f"(resume={tmp_path / 'young'} trains on)")
     assert main([str(run_dir), "foo=1"]) == 2
     assert capsys.readouterr().err.strip() == "error: unexpected argument 'foo=1'; usage: python -m policies.export <run_dir>"
 

@@ -512,8 +512,8 @@ def test_the_usage_of_policies_eval_names_every_option_it_takes(capsys):
     (["task=arm_push", "task.episode_steps=long"],
      "override task.episode_steps=long: Value 'long' of type 'str' could not be converted to Integer"),  # the composed task's schema
     (["confirm_episodes=0"], "confirm_episodes=0: expected at least 1"),
-    (["algo=sac", "base=/tmp/x"], "base=: algo=sac takes no base (it is algo=dsrl's)"),  # not "algo.base" (not typed)
-    (["dataset=/tmp/x"], "dataset=: algo=ppo takes no dataset (it is algo=diffusion_bc's)"),
+    (["algo=sac", "base=/tmp/x"], "base=/tmp/x: algo=sac takes no base (it is algo=dsrl's)"),  # not "algo.base" (not typed)
+    (["dataset=/tmp/x"], "dataset=/tmp/x: algo=ppo takes no dataset (it is algo=diffusion_bc's)"),
     (["eval_episodes=0"], "eval_episodes=0: expected at least 1"),
     (["threads=0"], "threads=0: expected at least 1"),
     (["algo.num_envs=0"], "algo.num_envs=0: expected at least 1"),  # would spin until max_seconds
@@ -907,7 +907,8 @@ def test_resuming_a_finished_run_trains_nothing(tmp_path):
     assert train_main([*TINY, f"run_dir={run}", "max_env_steps=1024"]) in (0, 1)
     last, best = (run / ckpt.LAST).read_bytes(), (run / ckpt.BEST).read_bytes()
     res = _run_cli(f"resume={run}")
-    assert res.returncode in (0, 1) and "nothing to train at 1,024 steps: its budget is spent" in res.stdout + res.stderr
+    assert res.returncode in (0, 1) and ("nothing to train at 1,024 steps: its budget is spent; to go on, raise "
+                                         "max_env_steps (now 1,024)\n") in res.stdout + res.stderr, res.stdout
     assert (run / ckpt.LAST).read_bytes() == last and (run / ckpt.BEST).read_bytes() == best
     res = _run_cli(f"resume={run}", "max_env_steps=2048", "progress=false")
     assert res.returncode in (0, 1) and "Traceback" not in res.stderr, res.stderr
