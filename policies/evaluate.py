@@ -51,7 +51,7 @@ class EvalResult:
     episodes: int
     mean_final_error: float  # m, mean over episodes of the last-2 s mean position error
     max_tilt_last: float  # deg, worst episode; from the thrust direction the reference needs (tilt_deg)
-    failures: int  # episodes that left the 1 m ball
+    left_ball: int  # episodes that left the 1 m ball
     # Of the episodes that stayed, those over the 5 cm mean-error bound and those over the 10 deg tilt
     # bound in the last 2 s (an episode can break both): which condition a policy fails on.
     error_failures: int
@@ -70,13 +70,18 @@ class EvalResult:
         return self.mean_final_error if self.mean_final_error == self.mean_final_error else math.inf
 
     def summary(self) -> str:
+        if self.left_ball == self.episodes:  # the last-2 s measures average over the episodes that stayed
+            measures = "last-2s measures: none (every episode left the ball)"
+        else:
+            measures = (f"last-2s mean position error {self.mean_final_error * 100:.2f} cm | worst last-2s tilt "
+                        f"{self.max_tilt_last:.1f} deg")
         return (
-            f"[{self.backend}] success {self.success_rate * 100:.1f}% of {self.episodes} episodes | "
-            f"last-2s mean position error {self.mean_final_error * 100:.2f} cm | "
-            f"worst last-2s tilt {self.max_tilt_last:.1f} deg | left the 1 m ball: {self.failures} | "
+            f"[{self.backend}] success {self.success_rate * 100:.1f}% of {self.episodes} episodes | {measures} | "
+            f"left the 1 m ball: {self.left_ball} | "
             f"over {MEAN_ERROR_LAST_2S * 100:.0f} cm: {self.error_failures} | over {MAX_TILT_LAST_2S:.0f} deg: "
-            f"{self.tilt_failures} | "
-            f"common offset (x, y, z) ({', '.join(f'{v * 100:.1f}' for v in self.common_offset)}) cm"
+            f"{self.tilt_failures}"
+            + ("" if self.left_ball == self.episodes else
+               f" | common offset (x, y, z) ({', '.join(f'{v * 100:.1f}' for v in self.common_offset)}) cm")
         )
 
     def as_dict(self) -> dict:
@@ -87,7 +92,7 @@ class EvalResult:
         return {
             "backend": self.backend, "success_rate": self.success_rate, "episodes": self.episodes,
             "mean_final_error_m": finite(self.mean_final_error), "max_tilt_last_deg": finite(self.max_tilt_last),
-            "failures": self.failures, "error_failures": self.error_failures, "tilt_failures": self.tilt_failures,
+            "left_ball": self.left_ball, "error_failures": self.error_failures, "tilt_failures": self.tilt_failures,
             **{f"common_offset_{axis}_m": finite(v) for axis, v in zip("xyz", self.common_offset)},
         }
 
@@ -173,7 +178,7 @@ def evaluate_hover(
         episodes=episodes,
         mean_final_error=finite_last.mean().item() if len(finite_last) else math.nan,
         max_tilt_last=tilt_last[~left].max().item() if (~left).any() else math.nan,
-        failures=int(left.sum()),
+        left_ball=int(left.sum()),
         error_failures=int((~left & ~(mean_last < MEAN_ERROR_LAST_2S)).sum()),
         tilt_failures=int((~left & ~(tilt_last < MAX_TILT_LAST_2S)).sum()),
         common_offset=tuple(common.tolist()),

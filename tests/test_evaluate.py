@@ -53,7 +53,8 @@ def test_an_evaluation_where_every_episode_fails_is_valid_json_and_plots_quietly
 
     task_cfg, _ = to_objects(OmegaConf.create(ckpt.load_record(PRETRAINED)["config"]))
     res = evaluate_hover(lambda obs: torch.ones(obs.shape[0], 4), task_cfg, episodes=8)
-    assert res.failures == 8 and np.isnan(res.mean_final_error)
+    assert res.left_ball == 8 and np.isnan(res.mean_final_error)
+    assert "nan" not in res.summary() and "last-2s measures: none (every episode left the ball)" in res.summary()
     d = json.loads(json.dumps(res.as_dict(), allow_nan=False))
     assert d["mean_final_error_m"] is None and d["common_offset_x_m"] is None and d["success_rate"] == 0.0
     with warnings.catch_warnings():
@@ -213,7 +214,7 @@ def test_each_failed_episode_is_counted_under_the_bounds_it_broke():
     res = evaluate_hover(policy, task_cfg, episodes=100, seed=5000,
                          frames_cb=lambda env, t: states.append(env.backend.state.clone()))
     failed = int((~res.success).sum())
-    assert 3 <= failed <= 12 and res.failures == 0, (failed, res.failures)
+    assert 3 <= failed <= 12 and res.left_ball == 0, (failed, res.left_ball)
     # The verdicts again, from the states alone, as the issue words the criterion: never farther than
     # 1 m from the target, mean distance over the last 2 s (200 periods) under 5 cm, the angle between
     # the body's z axis and the world's under 10 deg throughout the last 2 s.
@@ -237,7 +238,7 @@ def test_an_episode_that_leaves_the_ball_counts_as_failed_from_then_on():
     policy, rec = ckpt.load_policy(PRETRAINED)
     task_cfg, _ = to_objects(OmegaConf.create(rec["config"]))
     res = evaluate_hover(lambda obs: torch.ones(len(obs), 4), task_cfg, episodes=20)
-    assert res.failures == 20 and res.success_rate == 0.0 and not res.success.any()
+    assert res.left_ball == 20 and res.success_rate == 0.0 and not res.success.any()
     assert res.error_failures == res.tilt_failures == 0  # counted among the episodes that stayed
     err = res.position_error  # [T, episodes]
     for k in range(20):
