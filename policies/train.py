@@ -74,6 +74,7 @@ def prepare(argv: list[str]) -> tuple[DictConfig, Path, dict | None]:
         cfg = compose_config(argv)
         run_dir = Path(cfg.run_dir or f"runs/{cfg.task.name}/{cfg.algo.name}_seed{cfg.seed}_{datetime.now():%Y%m%d-%H%M%S}")
         if (run_dir / ckpt.LAST).exists():
+            lock_run_dir(run_dir).close()  # a run still going there: "in use by another policies.train process"
             raise UserError(f"{run_dir} already holds a run; continue it with resume={run_dir} or pick another run_dir")
         # a run killed before its first checkpoint, a dataset, ... (a lock alone is checked when it is taken)
         if held := held_files(run_dir, ignore=(LOCK,)):

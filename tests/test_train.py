@@ -897,7 +897,10 @@ def test_a_run_directory_in_use_is_refused(tmp_path):
     with open(run / ".lock", "a") as held:
         fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
         res = _run_cli(f"resume={run}", "max_env_steps=2048")
+        # and a new run there is told that, not to resume a run another process is training
+        again = _run_cli(*TINY, f"run_dir={run}")
     assert res.returncode == 2 and "is in use by another policies.train process" in res.stderr, res.stderr
+    assert again.returncode == 2 and again.stderr.strip() == f"error: {run} is in use by another policies.train process"
 
 
 def test_resuming_a_finished_run_trains_nothing(tmp_path):
