@@ -279,6 +279,7 @@ def main(argv: list[str] | None = None) -> int:
         name = ("eval_mujoco_perception" if task_cfg.obs_source == "perception" else "eval_mujoco") + suffix
         record = {**res.as_dict(), **recorded, "obs_source": task_cfg.obs_source}
         (run_dir / f"{name}.json").write_text(json.dumps(record, indent=2))
+        print(f"results: {run_dir / (name + '.json')}")
         if o["plot"]:
             plot_goal_distance(res, run_dir / f"{name}_distance.png", spec.contract.policy_period_s)
             print(f"plot: {run_dir / (name + '_distance.png')}")
@@ -308,6 +309,7 @@ def main(argv: list[str] | None = None) -> int:
     print(res.summary())
     name = f"eval_{o['backend']}{suffix}"
     (run_dir / f"{name}.json").write_text(json.dumps({**res.as_dict(), **recorded}, indent=2))
+    print(f"results: {run_dir / (name + '.json')}")
     if o["plot"]:
         plot_errors(res, run_dir / f"{name}_error.png")
         print(f"plot: {run_dir / (name + '_error.png')}")

@@ -83,7 +83,7 @@ def test_the_criterion_ignores_a_run_trained_on_easier_conditions():
     assert np.nanmax(a.position_error[0]) > 0.1, "the episodes start away from the target"
 
 
-def test_eval_results_of_other_episodes_or_effects_go_beside_the_default(tmp_path):
+def test_eval_results_of_other_episodes_or_effects_go_beside_the_default(tmp_path, capsys):
     """policies.eval on a quadrotor run: another seed or number of episodes, or PyBullet's effects other
     than the run's, write result files of their own that say so, and leave the default evaluation's alone."""
     from policies.eval import main
@@ -93,6 +93,7 @@ def test_eval_results_of_other_episodes_or_effects_go_beside_the_default(tmp_pat
     (run / "checkpoints/best.pt").write_bytes((PRETRAINED / "checkpoints/best.pt").read_bytes())
     common = [str(run), "backend=pybullet", "episodes=4"]
     main(common)
+    assert f"results: {run / 'eval_pybullet_episodes4.json'}\n" in capsys.readouterr().out  # where to look
     default = (run / "eval_pybullet_episodes4.json").read_text()
     assert json.loads(default)["seed"] == 12345 and "pybullet_effects" not in json.loads(default)
     main([*common, "seed=3"])
