@@ -206,6 +206,11 @@ def compose_config(overrides: list[str]) -> DictConfig:
         if cfg.algo.get(key):
             cfg.algo[key] = os.path.abspath(os.path.expanduser(cfg.algo[key]))  # symlinks kept as given
     check_finite(cfg)
+    if cfg.algo.name in ("diffusion_bc", "dsrl") and get_task(cfg.task.name).criterion != "success":
+        experts = ", ".join(sorted(t for t in TASKS if get_task(t).criterion == "success"))
+        does = "steers a diffusion policy learnt" if cfg.algo.name == "dsrl" else "learns"
+        raise UserError(f"algo={cfg.algo.name} {does} from a scripted expert's demonstrations, which task "
+                        f"{cfg.task.name} has none of (the tasks with one: {experts})")
     sims = get_task(cfg.task.name).backends
     if not cfg.confirm_backends or any(b not in sims for b in cfg.confirm_backends):
         raise UserError(f"confirm_backends={list(cfg.confirm_backends)}: expected one or more of {', '.join(sims)} "
