@@ -211,6 +211,11 @@ def compose_config(overrides: list[str]) -> DictConfig:
         does = "steers a diffusion policy learnt" if cfg.algo.name == "dsrl" else "learns"
         raise UserError(f"algo={cfg.algo.name} {does} from a scripted expert's demonstrations, which task "
                         f"{cfg.task.name} has none of (the tasks with one: {experts})")
+    if "gradient_steps" in cfg.algo:  # an offline algorithm: its budget and evaluations count gradient steps
+        steps = [o for o in given if o.split("=", 1)[0] in ("max_env_steps", "eval_every_steps")]
+        if steps:
+            raise UserError(f"{steps[0]}: algo={cfg.algo.name} takes no environment steps (it learns offline); its "
+                            f"budget is algo.gradient_steps, its evaluations every algo.eval_every_updates")
     sims = get_task(cfg.task.name).backends
     if not cfg.confirm_backends or any(b not in sims for b in cfg.confirm_backends):
         raise UserError(f"confirm_backends={list(cfg.confirm_backends)}: expected one or more of {', '.join(sims)} "

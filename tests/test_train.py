@@ -537,6 +537,9 @@ def test_the_usage_of_policies_eval_names_every_option_it_takes(capsys):
     (["algo=dsrl", "base=/tmp/x"], "algo=dsrl steers a diffusion policy learnt from a scripted expert's demonstrations, "
      "which task quad_hover has none of (the tasks with one: arm_pick_place, arm_push, arm_reach)"),
     (["task=quad_track", "algo=diffusion_bc"], "algo=diffusion_bc learns from a scripted expert's demonstrations"),
+    (["task=arm_push", "algo=diffusion_bc", "max_env_steps=100"], "max_env_steps=100: algo=diffusion_bc takes no "
+     "environment steps (it learns offline); its budget is algo.gradient_steps, its evaluations every "
+     "algo.eval_every_updates"),  # was ignored
     (["algo.actor_hidden=[0]"], "algo.actor_hidden=[0]: expected layer widths of at least 1"),  # trained a 0-wide net
     (["algo=sac", "algo.critic_hidden=[64,-3]"], "algo.critic_hidden=[64, -3]: expected layer widths of at least 1"),
     (["task=arm_push", "algo=diffusion_bc", "algo.hidden=0"], "algo.hidden=0: expected at least 1"),
