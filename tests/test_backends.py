@@ -334,3 +334,17 @@ def test_the_closed_loop_agrees_in_every_simulator():
         gap = np.nanmax(np.abs(res[b]["error"] - ref["error"]))
         assert gap < 2e-3, f"{b}: position error {gap * 1e3:.2f} mm from torch's"
         assert (res[b]["success"] == ref["success"]).all(), b
+
+
+def test_the_pybullet_backend_imports_without_pybullets_build_line():
+    """pybullet's C module prints "pybullet build time: ..." to stderr on import, which landed in the middle
+    of a training's output (its confirmations import the backend); the backend imports it quietly, and
+    stderr works afterwards."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = "import sys, sim.crazyflie.pybullet_backend as b; b.p.getAPIVersion(); print('after', file=sys.stderr)"
+    r = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[1], capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 0 and r.stderr == "after\n", r.stderr

@@ -24,16 +24,34 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 import tempfile
 from itertools import chain
 
 import numpy as np
-import pybullet as p
 import torch
 
 from .dynamics import OMEGA, POS, QUAT, RPM, VEL, VehicleBatch
 from .forces import body_torque_terms, cross_rows, rotor_thrusts
 from .params import GRAVITY, CrazyflieParams
+
+
+def _import_pybullet():
+    """pybullet, without the "pybullet build time: ..." line its C module prints to stderr on import (in the
+    middle of a training's output: the confirmations import it)."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "wb") as null:
+            os.dup2(null.fileno(), 2)
+            import pybullet
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+    return pybullet
+
+
+p = _import_pybullet()
 
 # gym-pybullet-drones clips rotor heights in its ground-effect model at
 # 0.25 R sqrt(15 C / 4), which caps the extra thrust at 4/15 of the rotor's own thrust.
