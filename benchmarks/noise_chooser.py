@@ -127,6 +127,8 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=12345, help="evaluation seed (the fit data uses seed + 1)")
     ap.add_argument("--no-write", action="store_true")
     a = ap.parse_args()
+    if a.envs < 10:  # a tenth of the episodes is held out: none below 10, and every rank would be nan
+        ap.error(f"--envs {a.envs}: expected at least 10 (a tenth of the episodes is held out)")
     torch.set_num_threads(1)
     base, rec = load_run_policy(a.run, "DiffusionPolicy", "algo=diffusion_bc")
     task_cfg, _ = to_objects(OmegaConf.create(rec["config"]))

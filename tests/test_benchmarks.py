@@ -185,3 +185,14 @@ def test_manipulation_plot_never_replaces_an_earlier_one(tmp_path):
     assert new_path(first) == tmp_path / "arm_reach_success_20261127_2.png"
     (tmp_path / "arm_reach_success_20261127_2.png").write_bytes(b"png")
     assert new_path(first) == tmp_path / "arm_reach_success_20261127_3.png"
+
+
+def test_noise_chooser_refuses_too_few_episodes_to_hold_a_tenth_out(tmp_path):
+    """With fewer than 10 episodes none is held out and every held-out rank was nan, printed as a result."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    r = subprocess.run([sys.executable, "-m", "benchmarks.noise_chooser", str(tmp_path), "--envs", "4"],
+                       cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "error: --envs 4: expected at least 10" in r.stderr, r.stderr
