@@ -259,13 +259,16 @@ class ControllerNode(Node):
 
     def _log_drop(self, why: str) -> None:
         """Log a dropped state sample and why, at most once per DROP_LOG_EVERY_S with the count since the
-        last such line: a glitch is seen in the log, a burst of them does not flood it (status counts all)."""
+        last such line: a glitch is seen in the log, a burst of them does not flood it (status counts all).
+        A warning while the rotors may turn; information while disarmed (a simulator's first samples come
+        late while the processes start: that warned on every healthy start)."""
         self._drops_unlogged += 1
         t = self._now()
         if not 0.0 <= t - self._drop_logged_at < DROP_LOG_EVERY_S:  # (a clock that went back logs again)
             n, self._drops_unlogged, self._drop_logged_at = self._drops_unlogged, 0, t
-            self.get_logger().warning(f"state sample dropped, {why}" + (f" ({n} dropped since the last such line)"
-                                                                         if n > 1 else ""))
+            log = self.get_logger()
+            (log.info if self.controller.mode is Mode.DISARMED else log.warning)(
+                f"state sample dropped, {why}" + (f" ({n} dropped since the last such line)" if n > 1 else ""))
 
     def link_problem(self) -> str | None:
         """Why commands cannot reach the vehicle (crazyflie_bridge: no radio link), or None."""

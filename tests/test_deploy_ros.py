@@ -476,13 +476,16 @@ def test_dropped_samples_are_logged_with_why_at_most_once_a_second(seeded_policy
     try:
         node = ControllerNode("policy_node", load_onnx_policy, context=ctx)
         lines: list[str] = []  # the drop lines the node logged
+        levels: list[str] = []  # and at which level: information while disarmed, a warning once armed
 
         class Log:
-            def warning(self, msg: str) -> None:
+            def warning(self, msg: str, level: str = "warning") -> None:
                 if msg.startswith("state sample dropped"):
                     lines.append(msg)
+                    levels.append(level)
 
-            info = warning
+            def info(self, msg: str) -> None:
+                self.warning(msg, "info")
 
         node.get_logger = Log
 
@@ -501,6 +504,12 @@ def test_dropped_samples_are_logged_with_why_at_most_once_a_second(seeded_policy
         assert len(lines) == 2 and lines[1].startswith("state sample dropped, late: stamped 1010 ms ago"), lines
         assert lines[1].endswith("(26 dropped since the last such line)"), lines
         assert node.rejected == {"implausible": 25, "stale": 2}, node.rejected
+        assert levels == ["info", "info"], levels  # disarmed: the rotors are idle
+        t = 2.1 + DROP_LOG_EVERY_S
+        at(t)
+        assert node.controller.arm(t)[0], "a fresh valid state arms"
+        at(t + 0.01, pos=(0.0, 0.0, -0.5))
+        assert levels == ["info", "info", "warning"] and "implausible" in lines[-1], (levels, lines)
     finally:
         if node is not None:
             node.destroy_node()
