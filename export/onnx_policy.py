@@ -76,6 +76,9 @@ class OnnxPolicy:
 
         self.path = path = Path(path)
         if not path.is_file():
+            inside = next((m for m in (path / "policy.onnx", path / "export" / "policy.onnx") if m.is_file()), None)
+            if inside is not None:  # an export or a run directory given for its model
+                raise ContractError(f"{path} is a directory: give the model file, {inside}")
             raise ContractError(f"no ONNX model at {path}: export one with python -m policies.export <run_dir>")
         try:
             opts = ort.SessionOptions()

@@ -30,6 +30,8 @@ def check_export_dir(export_dir: str | Path) -> Path:
     """The export directory as an absolute path, or a clear error if it has no C policy."""
     d = Path(export_dir).resolve()
     missing = [f for f in ("policy.c", "policy.h") if not (d / f).is_file()]
+    if missing and all((d / "export" / f).is_file() for f in ("policy.c", "policy.h")):  # the run given
+        raise BuildError(f"{d} is a run directory: give its export, {d / 'export'}")
     if missing:
         raise BuildError(f"{d} has no {' or '.join(missing)}: export a run first "
                          f"(python -m policies.export <run_dir> writes <run_dir>/export/)")

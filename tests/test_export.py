@@ -256,6 +256,12 @@ def test_onnx_policy_refuses_missing_or_garbled_file(tmp_path):
     (tmp_path / "garbled.onnx").write_bytes(b"not a model")
     with pytest.raises(ContractError, match="not a loadable ONNX model"):
         OnnxPolicy(tmp_path / "garbled.onnx")
+    (tmp_path / "run" / "export").mkdir(parents=True)  # a run or export directory given for its model
+    (tmp_path / "run" / "export" / "policy.onnx").write_bytes(b"")
+    for given in (tmp_path / "run", tmp_path / "run" / "export"):
+        with pytest.raises(ContractError) as e:
+            OnnxPolicy(given)
+        assert str(e.value) == f"{given} is a directory: give the model file, {tmp_path / 'run/export/policy.onnx'}"
 
 
 # ---------------------------------------------------------------------------------------------

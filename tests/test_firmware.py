@@ -181,6 +181,12 @@ def test_cross_build_fits_the_stm32f405(export_dir, build_dir):
 def test_missing_export_is_a_clear_error(tmp_path):
     with pytest.raises(build.BuildError, match="python -m policies.export"):
         build.cross_sizes(tmp_path, tmp_path / "build")
+    (tmp_path / "export").mkdir()  # an exported run given for its export: named, not "export a run first"
+    for name in ("policy.c", "policy.h"):
+        (tmp_path / "export" / name).write_text("")
+    with pytest.raises(build.BuildError) as e:
+        build.cross_sizes(tmp_path, tmp_path / "build")
+    assert str(e.value) == f"{tmp_path.resolve()} is a run directory: give its export, {tmp_path.resolve() / 'export'}"
 
 
 # ---------------------------------------------------------------------- emulated MCU
