@@ -53,6 +53,20 @@ def _messages(bag: Path, topics: list[str]) -> tuple[list, bool]:
     return sorted(messages, key=lambda m: m[2].log_time), False
 
 
+def _topics(bag: Path) -> list[str]:
+    """The topics of the messages a recording holds (up to where it breaks off, if it does)."""
+    from mcap.reader import NonSeekingReader
+
+    seen: set[str] = set()
+    with bag.open("rb") as f:
+        try:
+            for _schema, channel, _message in NonSeekingReader(f).iter_messages():
+                seen.add(channel.topic)
+        except Exception:  # the end of what was written (a record cut short)
+            pass
+    return sorted(seen)
+
+
 def read_flight(bag: Path, robot: str) -> dict:
     """Arrays from the bag: t_odom, pos, quat (w,x,y,z), t_cmd, rpm, status [(t, dict)], finished
     (False: an unfinished recording, read up to where it breaks off)."""
@@ -81,7 +95,12 @@ def read_flight(bag: Path, robot: str) -> dict:
     except (McapError, OSError, ValueError) as e:
         raise ValueError(f"{bag} is not a readable MCAP recording ({type(e).__name__}: {e})") from None
     if not t_o:
-        raise ValueError(f"{bag} has no messages on {odom}: wrong --robot? (record with record:=true)")
+        topics = _topics(bag)
+        others = [t for t in topics if t.endswith("/odom")]
+        why = (f"wrong --robot? it has {', '.join(others)}" if others else
+               f"it holds {', '.join(topics)} only: stopped before the first state?" if topics else
+               "it holds no messages")
+        raise ValueError(f"{bag} has no messages on {odom}: {why}")
     return {"t_odom": np.array(t_o), "pos": np.array(pos), "quat": np.array(quat),
             "t_cmd": np.array(t_c), "rpm": np.array(rpm).reshape(-1, 4), "status": st, "finished": finished}
 
@@ -134,6 +153,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("-o", "--out", type=Path, help="PNG path (default: next to the bag)")
     ap.add_argument("--robot", default="cf1")
     args = ap.parse_args(argv)
+    if args.bag.is_dir():  # the recorder's directory (bag:=) given for one of its recordings
+        newest = max(args.bag.glob("*.mcap"), key=lambda p: p.stat().st_mtime, default=None)
+        print(f"error: {args.bag} is a directory: give one recording in it"
+              + (f" (the newest: {newest})" if newest else " (it holds no .mcap file)"), file=sys.stderr)
+        return 2
     if not args.bag.is_file():
         print(f"error: no file {args.bag}", file=sys.stderr)
         return 2

@@ -1111,7 +1111,7 @@ def test_a_second_signal_while_the_recorder_takes_the_last_messages_still_finish
         assert make_reader(f).get_summary() is not None
 
 
-def test_plot_reads_an_unfinished_or_cut_recording_up_to_where_it_ends(tmp_path):
+def test_plot_reads_an_unfinished_or_cut_recording_up_to_where_it_ends(tmp_path, capsys):
     """A recorder killed before finishing its file (no summary) or a file cut short: the messages
     written are still plotted, flagged unfinished; a file with none is one error line."""
     from deploy.plot import main as plot_main
@@ -1130,6 +1130,15 @@ def test_plot_reads_an_unfinished_or_cut_recording_up_to_where_it_ends(tmp_path)
     (tmp_path / "junk.mcap").write_bytes(b"not a recording")
     with pytest.raises(ValueError, match="is not a readable MCAP recording"):
         read_flight(tmp_path / "junk.mcap", "cf1")
+    # another robot's recording names the odometry it has; the recorder's directory names its newest file
+    with pytest.raises(ValueError) as e:
+        read_flight(tmp_path / "done.mcap", "cf2")
+    assert str(e.value) == f"{tmp_path / 'done.mcap'} has no messages on /cf2/odom: wrong --robot? it has /cf1/odom"
+    os.utime(tmp_path / "killed.mcap", (2e9, 2e9))
+    capsys.readouterr()
+    assert plot_main([str(tmp_path)]) == 2
+    assert capsys.readouterr().err == (f"error: {tmp_path} is a directory: give one recording in it (the newest: "
+                                       f"{tmp_path / 'killed.mcap'})\n")
 
 
 def test_pyproject_registers_the_ament_package():
