@@ -11,7 +11,7 @@ the ROS 2 launch documentation, and fails with a clear message on anything else:
       <choice value/>               the values it may take (any, if none is listed): another is an error
   <let name value/>                 set a launch configuration
   <set_env name value/>             environment variable for the processes started after it
-  <node pkg exec name namespace args output>   one process: <prefix>/lib/<pkg>/<exec>, the prefix
+  <node pkg exec name namespace args output on_exit>   one process: <prefix>/lib/<pkg>/<exec>, the prefix
       <param name value/>           found in the ament index (AMENT_PREFIX_PATH), started with
       <param from="file.yaml"/>     --ros-args: -r __node:=, -r __ns:=, -p name:=value,
       <remap from to/>              --params-file, -r from:=to (in document order). One difference
@@ -19,6 +19,8 @@ the ROS 2 launch documentation, and fails with a clear message on anything else:
                                     params file's section for this node (/**/name) overrides; ros2 launch
                                     writes it into a file of its own under the node's full name, which
                                     wins. The shipped files set no parameter both ways.
+                                    on_exit="shutdown": when this node exits, however it exits, the
+                                    launch stops the others (as ros2 launch does)
   <group scoped>                    children in a scope (default scoped="true": configurations and
                                     environment set inside do not leak out)
   <include file>  <arg name value/> another launch file, in a scope holding the given arguments
@@ -220,13 +222,14 @@ class Process:
     name: str
     argv: list[str]
     env: dict[str, str]
+    shutdown_on_exit: bool = False  # <node on_exit="shutdown">: its exit stops the launch
 
 
 ALLOWED = {
     "arg": {"name", "default", "description"},
     "let": {"name", "value"},
     "set_env": {"name", "value"},
-    "node": {"pkg", "exec", "name", "namespace", "args", "output"},
+    "node": {"pkg", "exec", "name", "namespace", "args", "output", "on_exit"},
     "group": {"scoped"},
     "include": {"file"},
 }
@@ -268,6 +271,8 @@ def _node(el: ET.Element, scope: Scope) -> Process:
     a = _attrs(el, ALLOWED["node"], scope, {"pkg", "exec"})
     if a.get("output", "screen") not in ("screen", "log", "both"):
         raise LaunchError(f"{_where(el, scope)}: output must be screen, log or both")
+    if a.get("on_exit", "shutdown") != "shutdown":  # ros2 launch's other values name Python actions
+        raise LaunchError(f"{_where(el, scope)}: on_exit supports 'shutdown' only")
     argv = [str(executable(a["pkg"], a["exec"])), *shlex.split(a.get("args", "")), "--ros-args"]
     if "name" in a:
         argv += ["-r", f"__node:={a['name']}"]
@@ -295,7 +300,7 @@ def _node(el: ET.Element, scope: Scope) -> Process:
             c = _attrs(child, {"name", "value"}, scope, {"name", "value"})
             # rcl reads the value as YAML, and cannot parse nothing: an empty string is written ''
             argv += ["-p", f"{c['name']}:={c['value'] or repr('')}"]
-    return Process(a.get("name", a["exec"]), argv, dict(scope.env))
+    return Process(a.get("name", a["exec"]), argv, dict(scope.env), a.get("on_exit") == "shutdown")
 
 
 def load(file: Path, scope: Scope, out: list[Process]) -> None:
@@ -455,6 +460,7 @@ def run(processes: list[Process]) -> int:
 
     sel = selectors.DefaultSelector()
     running: dict[subprocess.Popen, str] = {}
+    shutdown_on_exit: set[str] = set()  # labels of the nodes whose exit stops the launch
     codes: dict[str, int] = {}
     partial: dict[str, bytes] = {}
     stopping = {"since": None, "sent": []}  # when the stop began, the signals sent since
@@ -505,6 +511,8 @@ def run(processes: list[Process]) -> int:
             state = "process has finished cleanly" if proc.returncode in (0, -signal.SIGINT) else \
                 f"process has died [exit code {proc.returncode}]"
             say(f"[INFO] [{label}]: {state}\n")
+            if label in shutdown_on_exit and stop["reason"] is None:
+                stop["reason"] = f"{label} exited (on_exit=shutdown)"
 
     def escalate() -> None:
         """SIGINT at once, SIGTERM after STOP_TIMEOUT, SIGKILL (to each group) after twice that."""
@@ -535,6 +543,8 @@ def run(processes: list[Process]) -> int:
                 break
             os.set_blocking(proc.stdout.fileno(), False)
             running[proc] = label
+            if p.shutdown_on_exit:
+                shutdown_on_exit.add(label)
             sel.register(proc.stdout, selectors.EVENT_READ, (proc, label))
             say(f"[INFO] [{label}]: process started with pid [{proc.pid}]\n")
         while running:

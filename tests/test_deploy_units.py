@@ -995,6 +995,31 @@ def test_an_error_of_the_runner_itself_stops_every_node(tmp_path, monkeypatch, c
         _kill(pids)
 
 
+def test_a_node_with_on_exit_shutdown_stops_the_launch_when_it_exits(tmp_path, monkeypatch, capsys):
+    """<node on_exit="shutdown"> (the shipped files' simulator and policy nodes): its exit (here code 2, as a
+    policy node refusing its policy path) stops the other nodes and fails the run; without it the others ran
+    on alone until Ctrl-C. Another on_exit value is refused."""
+    prefix = _fake_nodes(tmp_path, {"sleeper": SLEEPER, "failing": "import sys\nsys.exit(2)\n"})
+    monkeypatch.setenv("AMENT_PREFIX_PATH", str(prefix))
+    procs = plan(write(tmp_path / "t.launch.xml", '<launch><node pkg="fake" exec="sleeper" name="sim"/>'
+                       '<node pkg="fake" exec="failing" name="policy" on_exit="shutdown"/></launch>'), {})
+    t0 = time.monotonic()
+    code = _run_here(procs)
+    out = capsys.readouterr().out
+    pids = _started(out)
+    try:
+        assert code == 1 and time.monotonic() - t0 < 10.0, out
+        assert "policy-2 exited (on_exit=shutdown): stopping 1 process(es)" in out and _gone(pids[0], 1.0), out
+    finally:
+        _kill(pids)
+    with pytest.raises(LaunchError, match="on_exit supports 'shutdown' only"):
+        plan(write(tmp_path / "u.launch.xml", '<launch><node pkg="fake" exec="sleeper" on_exit="respawn"/></launch>'), {})
+    for name in ("backend_sim", "backend_hil", "backend_real"):  # the node that flies, and the simulator
+        xml = (REPO / "launch" / f"{name}.launch.xml").read_text()
+        assert all(f'exec="{node}"' not in xml or re.search(rf'exec="{node}"[^>]*on_exit="shutdown"', xml)
+                   for node in ("sim_bridge", "policy_node", "firmware_bridge", "crazyflie_bridge")), name
+
+
 @pytest.mark.parametrize("order", ["second fails", "first fails"])
 def test_a_process_that_cannot_start_fails_the_run(order, capsys):
     """A node whose executable cannot be run (here: missing): the run stops the ones started and exits
