@@ -27,6 +27,9 @@ def euler_zyx_deg(q: np.ndarray) -> np.ndarray:
     return np.degrees(np.stack((roll, pitch, yaw), axis=-1))
 
 
+MCAP_MAGIC = b"\x89MCAP0\r\n"  # the first bytes of every MCAP file (the MCAP specification)
+
+
 def _messages(bag: Path, topics: list[str]) -> tuple[list, bool]:
     """Decoded messages of ``topics`` in log-time order, and whether the file was finished. A
     recording whose recorder was killed has no summary: it is read from the start up to where it
@@ -49,7 +52,9 @@ def _messages(bag: Path, topics: list[str]) -> tuple[list, bool]:
         except (McapError, EOFError, struct.error):  # the end of what was written (a record cut short)
             pass
     if not messages:
-        raise ValueError("no messages on the plotted topics could be read")
+        with bag.open("rb") as f:
+            if f.read(len(MCAP_MAGIC)) != MCAP_MAGIC:
+                raise ValueError("no MCAP file (its first bytes are not MCAP's magic)")
     return sorted(messages, key=lambda m: m[2].log_time), False
 
 
@@ -60,7 +65,7 @@ def _topics(bag: Path) -> list[str]:
     seen: set[str] = set()
     with bag.open("rb") as f:
         try:
-            for _schema, channel, _message in NonSeekingReader(f).iter_messages():
+            for _schema, channel, _message in NonSeekingReader(f).iter_messages(log_time_order=False):
                 seen.add(channel.topic)
         except Exception:  # the end of what was written (a record cut short)
             pass

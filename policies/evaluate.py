@@ -314,6 +314,10 @@ def evaluate(policy: Policy, task_cfg, episodes: int = 100, backend: str | None 
     return evaluate_success(policy, task_cfg, episodes, backend or "mujoco", seed, device)
 
 
+class EvaluationProcessError(RuntimeError):
+    """An evaluation in a forked process died or raised (its error is in the message)."""
+
+
 PR_SET_PDEATHSIG = 1  # prctl option (linux/prctl.h): a signal for this process when its parent dies
 
 
@@ -335,6 +339,7 @@ def _evaluate_in_child(conn, parent: int, policy: Policy, task_cfg, episodes: in
     sent back. Ctrl-C is the parent's to handle: it terminates its children."""
     _die_with_parent(parent)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # blocked by the parent across the fork
     torch.set_num_threads(1)
     try:
         conn.send(("ok", evaluate(policy, task_cfg, episodes, backend=backend, seed=seed, device=device)))
@@ -400,7 +405,13 @@ def evaluate_backends(policy: Policy, task_cfg, episodes: int, seeds: dict[str, 
                 # Python >= 3.12 warns about forking a process with threads (TensorBoard's writer,
                 # torch's pool). The child touches none of their state: it evaluates, sends and exits.
                 warnings.simplefilter("ignore", DeprecationWarning)
-                proc.start()
+                # SIGINT blocked across the fork, so that a Ctrl-C then reaches the child only once it
+                # ignores it (not the parent's handler, inherited until then); the parent gets it after
+                mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+                try:
+                    proc.start()
+                finally:
+                    signal.pthread_sigmask(signal.SIG_SETMASK, mask)
             send.close()
             children[receive] = (backend, proc)
         while children:
@@ -417,7 +428,7 @@ def evaluate_backends(policy: Policy, task_cfg, episodes: int, seeds: dict[str, 
                 del children[receive]
                 if status != "ok":
                     why = value if status == "error" else f"the process died (exit code {proc.exitcode})"
-                    raise RuntimeError(f"evaluation in {backend} failed: {why}")
+                    raise EvaluationProcessError(f"evaluation in {backend} failed: {why}")
                 done[backend] = value
                 if failed(value):  # the simulators after it no longer count
                     for later in [r for r, (b, _) in children.items() if order.index(b) > order.index(backend)]:

@@ -30,8 +30,8 @@ from sim.registry import get_task
 
 from . import checkpoint as ckpt
 from .config import (RESUMABLE_OVERRIDES, UserError, check_device, compose_config, config_hash, diff_keys,
-                     expand_shorthands, held_files, help_requested, ieee_float32_on, to_objects, train_usage)
-from .evaluate import evaluate, evaluate_backends
+                     exit_code, expand_shorthands, held_files, help_requested, ieee_float32_on, to_objects, train_usage)
+from .evaluate import EvaluationProcessError, evaluate, evaluate_backends
 
 _IMPORTED = time.time()
 
@@ -74,7 +74,10 @@ def prepare(argv: list[str]) -> tuple[DictConfig, Path, dict | None]:
         cfg = compose_config(argv)
         run_dir = Path(cfg.run_dir or f"runs/{cfg.task.name}/{cfg.algo.name}_seed{cfg.seed}_{datetime.now():%Y%m%d-%H%M%S}")
         if (run_dir / ckpt.LAST).exists():
-            lock_run_dir(run_dir).close()  # a run still going there: "in use by another policies.train process"
+            try:
+                lock_run_dir(run_dir).close()  # a run still going there: "in use by another policies.train process"
+            except OSError:  # no lock file can be made there (read-only): not one in use by a run
+                pass
             raise UserError(f"{run_dir} already holds a run; continue it with resume={run_dir} or pick another run_dir")
         # a run killed before its first checkpoint, a dataset, ... (a lock alone is checked when it is taken)
         if held := held_files(run_dir, ignore=(LOCK,)):
@@ -265,11 +268,11 @@ def run(cfg: DictConfig, run_dir: Path, resume_state: dict | None, t_start: floa
                 try:
                     checks = evaluate_backends(algo.actor, task_cfg, cfg.confirm_episodes, seeds, device,
                                                cfg.stop_at_success)
-                except RuntimeError as e:  # a simulator's process died or raised: the run stops, resumable
-                    save_last()  # this evaluation is not in it: a resume trains on and evaluates at the next
+                except EvaluationProcessError as e:  # a simulator's process died or raised: stop, resumable
+                    save_last()  # without this evaluation: a resume evaluates at the next (at once if spent)
                     raise UserError(f"the confirmation of {res.success_rate * 100:.0f}% at {tr['env_steps']:,} "
                                     f"{unit}s stopped the run: {e}; its last checkpoint holds this step, "
-                                    f"resume={run_dir} trains on from it") from None
+                                    f"resume={run_dir} goes on from it") from None
                 rec["confirm"] = {b: check.success_rate for b, check in checks.items()}
                 rec["confirm_success_rate"] = min(rec["confirm"].values())
                 reached = rec["confirm_success_rate"] >= cfg.stop_at_success
@@ -322,7 +325,9 @@ def run(cfg: DictConfig, run_dir: Path, resume_state: dict | None, t_start: floa
             if done:
                 bar.write(f"resume={run_dir}: nothing to train at {tr['env_steps']:,} {unit}s: {done}")
         stop = done is not None
-        if stop and not tr["evals"]:  # killed before its first evaluation, its budget now spent: evaluate it once
+        # Its budget spent, but not evaluated where its checkpoint is (killed before its first evaluation, or
+        # a confirmation process died at the budget's end): evaluate it once.
+        if stop and not pass_holds(tr, cfg) and (not tr["evals"] or tr["evals"][-1][steps_key] < tr["env_steps"]):
             success, _ = evaluate_and_keep_best()
         if not stop and cfg.eval_at_start and not tr["evals"]:  # the starting point of a learning curve
             success, stop = evaluate_and_keep_best()
@@ -336,7 +341,9 @@ def run(cfg: DictConfig, run_dir: Path, resume_state: dict | None, t_start: floa
             interrupted.append(time.time())
             bar.write("Ctrl-C: stopping with a checkpoint after this iteration (Ctrl-C again to stop at once)")
 
-        in_main = threading.current_thread() is threading.main_thread()  # where Python takes signals
+        # Only where Python takes signals, and not where SIGINT is ignored (a job started with & by a script)
+        in_main = (threading.current_thread() is threading.main_thread()
+                   and signal.getsignal(signal.SIGINT) is not signal.SIG_IGN)
         previous = signal.signal(signal.SIGINT, on_sigint) if in_main else None
         try:
             while not stop and not interrupted:
@@ -466,4 +473,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(exit_code(main))

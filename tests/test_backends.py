@@ -6,6 +6,7 @@ checked against their models; MuJoCo renders headless.
 """
 
 import math
+import os
 
 import numpy as np
 import pytest
@@ -336,7 +337,7 @@ def test_the_closed_loop_agrees_in_every_simulator():
         assert (res[b]["success"] == ref["success"]).all(), b
 
 
-def test_the_pybullet_backend_imports_without_pybullets_build_line():
+def test_the_pybullet_backend_imports_without_pybullets_build_line(tmp_path):
     """pybullet's C module prints "pybullet build time: ..." to stderr on import, which landed in the middle
     of a training's output (its confirmations import the backend); the backend imports it quietly, and
     stderr works afterwards."""
@@ -348,3 +349,15 @@ def test_the_pybullet_backend_imports_without_pybullets_build_line():
     r = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[1], capture_output=True,
                        text=True, timeout=60)
     assert r.returncode == 0 and r.stderr == "after\n", r.stderr
+    # Anything else written then (a warning of numpy's, ...) is passed on; without stderr it still imports.
+    fake = tmp_path / "pybullet.py"
+    fake.write_text("import os, sys\nos.write(2, b'pybullet build time: now\\nfrom C\\n')\n"
+                    "print('from Python', file=sys.stderr)\n")
+    code = f"import sys; sys.path.insert(0, {str(tmp_path)!r}); import sim.crazyflie.pybullet_backend"
+    r = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[1], capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 0 and r.stderr == "from C\nfrom Python\n", r.stderr
+    r = subprocess.run([sys.executable, "-c", "import sim.crazyflie.pybullet_backend; print('ok')"],
+                       cwd=Path(__file__).resolve().parents[1], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                       text=True, timeout=60, preexec_fn=lambda: os.close(2))
+    assert r.returncode == 0 and r.stdout == "ok\n"

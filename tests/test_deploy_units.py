@@ -1156,9 +1156,10 @@ def test_plot_reads_an_unfinished_or_cut_recording_up_to_where_it_ends(tmp_path,
     with pytest.raises(ValueError, match="is not a readable MCAP recording"):
         read_flight(tmp_path / "junk.mcap", "cf1")
     # another robot's recording names the odometry it has; the recorder's directory names its newest file
-    with pytest.raises(ValueError) as e:
-        read_flight(tmp_path / "done.mcap", "cf2")
-    assert str(e.value) == f"{tmp_path / 'done.mcap'} has no messages on /cf2/odom: wrong --robot? it has /cf1/odom"
+    for name in ("done.mcap", "killed.mcap"):  # finished, or not (read without its summary)
+        with pytest.raises(ValueError) as e:
+            read_flight(tmp_path / name, "cf2")
+        assert str(e.value) == f"{tmp_path / name} has no messages on /cf2/odom: wrong --robot? it has /cf1/odom"
     os.utime(tmp_path / "killed.mcap", (2e9, 2e9))
     capsys.readouterr()
     assert plot_main([str(tmp_path)]) == 2

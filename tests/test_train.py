@@ -1316,13 +1316,28 @@ def test_a_confirmation_whose_simulator_dies_stops_the_run_in_one_line_and_resum
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: the confirmation of 97% at 2,048 steps stopped the run: "
                                                "evaluation in mujoco failed: the process died (exit code 9)"), err
-    assert f"resume={run} trains on" in err[0]
+    assert f"resume={run} goes on from it" in err[0]
     last = torch.load(run / ckpt.LAST, weights_only=False)
     assert last["trainer"]["env_steps"] == 2048 and not (run / "results.json").exists()
     monkeypatch.setattr(evaluation, "evaluate", real)
     monkeypatch.setattr(train, "evaluate", real)
     assert train_main([f"resume={run}", "stop_at_success=0"]) == 0
     assert json.loads((run / "results.json").read_text())["env_steps"] == 4096
+
+    # At the budget's end (an evaluation at 2,048 steps before it): the resume, with nothing left to train,
+    # evaluates the checkpoint once (it ended without the evaluation there, and the pass it reached was lost).
+    rates = [0.5, 0.97]
+    monkeypatch.setattr(train, "evaluate",
+                        lambda *a, **k: dataclasses.replace(evaluate(*a, **k), success_rate=rates.pop(0)))
+    monkeypatch.setattr(evaluation, "evaluate", evaluate)
+    spent = tmp_path / "spent"
+    assert train_main([*TINY[:-1], "stop_at_success=0.95", f"run_dir={spent}", "max_env_steps=4096"]) == 2
+    capsys.readouterr()
+    monkeypatch.setattr(evaluation, "evaluate", real)
+    monkeypatch.setattr(train, "evaluate", real)
+    assert train_main([f"resume={spent}", "stop_at_success=0"]) == 0
+    res = json.loads((spent / "results.json").read_text())
+    assert [e["env_steps"] for e in res["evals"]] == [2048, 4096] and res["env_steps"] == 4096
 
 
 def test_ctrl_c_stops_with_a_checkpoint_and_a_second_one_at_once(tmp_path, monkeypatch, capsys):
@@ -1373,5 +1388,25 @@ def test_the_other_entry_points_end_on_ctrl_c_in_one_line(capsys):
 
     assert exit_code(interrupted) == 130 and exit_code(lambda: 3) == 3
     assert capsys.readouterr().err == "interrupted (Ctrl-C)\n"
-    for module in ("eval", "collect", "export"):
+    for module in ("train", "eval", "collect", "export"):  # train: a Ctrl-C before its loop (composing, loading)
         assert "sys.exit(exit_code(main))" in (ROOT / "policies" / f"{module}.py").read_text(), module
+
+
+def test_a_training_where_sigint_is_ignored_keeps_it_ignored(tmp_path, monkeypatch):
+    """A job started with & by a script ignores SIGINT (the script's Ctrl-C is not for it): the trainer's
+    Ctrl-C handler must not take that over."""
+    import policies.ppo as ppo
+
+    real, seen = ppo.PPO.train_iteration, []
+
+    def iteration(self):
+        seen.append(signal.getsignal(signal.SIGINT))
+        return real(self)
+
+    monkeypatch.setattr(ppo.PPO, "train_iteration", iteration)
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        assert train_main([*TINY, f"run_dir={tmp_path / 'run'}", "max_env_steps=1024"]) == 0
+        assert seen and all(h is signal.SIG_IGN for h in seen) and signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, previous)

@@ -37,17 +37,27 @@ from .params import GRAVITY, CrazyflieParams
 
 
 def _import_pybullet():
-    """pybullet, without the "pybullet build time: ..." line its C module prints to stderr on import (in the
-    middle of a training's output: the confirmations import it)."""
-    sys.stderr.flush()
-    saved = os.dup(2)
+    """pybullet, without the "pybullet build time: ..." line its C module writes to stderr on import (in the
+    middle of a training's output: the confirmations import it); anything else written then is passed on."""
     try:
-        with open(os.devnull, "wb") as null:
-            os.dup2(null.fileno(), 2)
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (AttributeError, OSError):  # no stderr (closed): nothing to keep clean
+        import pybullet
+        return pybullet
+    with tempfile.TemporaryFile() as caught:
+        try:
+            os.dup2(caught.fileno(), 2)
             import pybullet
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
+        finally:
+            sys.stderr.flush()  # Python's own writes, into the file too
+            os.dup2(saved, 2)
+            os.close(saved)
+            caught.seek(0)
+            rest = [ln for ln in caught.read().decode(errors="replace").splitlines(keepends=True)
+                    if not ln.startswith("pybullet build time:")]
+            if rest:
+                sys.stderr.write("".join(rest))
     return pybullet
 
 
