@@ -417,7 +417,7 @@ def test_cli_without_checkpoint_prints_one_error_line(tmp_path):
     assert r.returncode != 0
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error:") and "Traceback" not in r.stderr, r.stderr
-    assert str(tmp_path / ckpt.BEST) in lines[0]
+    assert f"{tmp_path} is not a run directory (no config.yaml, no {ckpt.BEST})" in lines[0], lines
 
 
 def test_cli_corrupt_checkpoint_prints_one_error_line(tmp_path, capsys):

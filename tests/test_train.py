@@ -1343,7 +1343,16 @@ def test_a_confirmation_whose_simulator_dies_stops_the_run_in_one_line_and_resum
     assert [e["env_steps"] for e in res["evals"]] == [2048, 4096] and res["env_steps"] == 4096
 
 
-def test_ctrl_c_stops_with_a_checkpoint_and_a_second_one_at_once(tmp_path, monkeypatch, capsys):
+@pytest.fixture
+def terminal_sigint():
+    """Python's own Ctrl-C handler during the test, as in a terminal: a test run started with & by a script
+    inherits SIGINT ignored, which the trainer keeps (test_a_training_where_sigint_is_ignored_keeps_it_ignored)."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
+def test_ctrl_c_stops_with_a_checkpoint_and_a_second_one_at_once(tmp_path, monkeypatch, capsys, terminal_sigint):
     """The first Ctrl-C (SIGINT) ends the iteration under way, checkpoints it and exits 130 with one line
     (no traceback, no results.json: the run has not ended); a resume goes on from there. A second Ctrl-C
     stops at once, in one line, keeping the last checkpoint."""
