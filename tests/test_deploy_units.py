@@ -1013,7 +1013,8 @@ def test_a_node_with_on_exit_shutdown_stops_the_launch_when_it_exits(tmp_path, m
     finally:
         _kill(pids)
     with pytest.raises(LaunchError, match="on_exit supports 'shutdown' only"):
-        plan(write(tmp_path / "u.launch.xml", '<launch><node pkg="fake" exec="sleeper" on_exit="respawn"/></launch>'), {})
+        plan(write(tmp_path / "u.launch.xml",
+                   '<launch><node pkg="fake" exec="sleeper" on_exit="respawn"/></launch>'), {})
     for name in ("backend_sim", "backend_hil", "backend_real"):  # the node that flies, and the simulator
         xml = (REPO / "launch" / f"{name}.launch.xml").read_text()
         assert all(f'exec="{node}"' not in xml or re.search(rf'exec="{node}"[^>]*on_exit="shutdown"', xml)

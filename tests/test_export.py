@@ -482,8 +482,9 @@ def test_export_names_a_missing_run_and_an_extra_argument(run_dir, tmp_path, cap
     assert capsys.readouterr().err.strip() == f"error: {tmp_path / 'nope'}: no such run directory"
     (tmp_path / "empty").mkdir()  # a directory that is not a run, a run's checkpoints/, a run before its first
     assert main([str(tmp_path / "empty")]) == 2  # evaluation: each named for what it is (all said "train first")
-    assert capsys.readouterr().err.strip() == (f"error: {tmp_path / 'empty'} is not a run directory (no config.yaml, "
-                                               f"no checkpoints/best.pt): expected one made by python -m policies.train")
+    assert capsys.readouterr().err.strip() == (
+        f"error: {tmp_path / 'empty'} is not a run directory (no config.yaml, no checkpoints/best.pt): expected one "
+        f"made by python -m policies.train")
     assert main([str(Path(run_dir) / "checkpoints")]) == 2
     assert capsys.readouterr().err.strip() == (f"error: {Path(run_dir) / 'checkpoints'}: give the run directory, not "
                                                f"its checkpoints ({run_dir})")

@@ -512,7 +512,7 @@ def test_the_usage_of_policies_eval_names_every_option_it_takes(capsys):
     (["task=arm_push", "task.episode_steps=long"],
      "override task.episode_steps=long: Value 'long' of type 'str' could not be converted to Integer"),  # the composed task's schema
     (["confirm_episodes=0"], "confirm_episodes=0: expected at least 1"),
-    (["algo=sac", "base=/tmp/x"], "base=/tmp/x: algo=sac takes no base (it is algo=dsrl's)"),  # not "algo.base" (not typed)
+    (["algo=sac", "base=/tmp/x"], "base=/tmp/x: algo=sac takes no base (it is algo=dsrl's)"),  # as typed
     (["dataset=/tmp/x"], "dataset=/tmp/x: algo=ppo takes no dataset (it is algo=diffusion_bc's)"),
     (["eval_episodes=0"], "eval_episodes=0: expected at least 1"),
     (["threads=0"], "threads=0: expected at least 1"),
@@ -534,8 +534,8 @@ def test_the_usage_of_policies_eval_names_every_option_it_takes(capsys):
     (["algo=sac", "algo.buffer_size=0"], "algo.buffer_size=0: expected at least 1"),
     (["algo=sac", "algo.buffer_size=63"], "algo.buffer_size=63: expected at least algo.num_envs=64 (the rows one step adds)"),
     (["algo=sac", "algo.batch_size=0"], "algo.batch_size=0: expected at least 1"),
-    (["algo=dsrl", "base=/tmp/x"], "algo=dsrl steers a diffusion policy learnt from a scripted expert's demonstrations, "
-     "which task quad_hover has none of (the tasks with one: arm_pick_place, arm_push, arm_reach)"),
+    (["algo=dsrl", "base=/tmp/x"], "algo=dsrl steers a diffusion policy learnt from a scripted expert's "
+     "demonstrations, which task quad_hover has none of (the tasks with one: arm_pick_place, arm_push, arm_reach)"),
     (["task=quad_track", "algo=diffusion_bc"], "algo=diffusion_bc learns from a scripted expert's demonstrations"),
     (["task=arm_push", "algo=diffusion_bc", "max_env_steps=100"], "max_env_steps=100: algo=diffusion_bc takes no "
      "environment steps (it learns offline); its budget is algo.gradient_steps, its evaluations every "
@@ -1386,8 +1386,8 @@ def test_ctrl_c_stops_with_a_checkpoint_and_a_second_one_at_once(tmp_path, monke
     again = tmp_path / "again"
     assert train_main([*TINY, f"run_dir={again}", "max_env_steps=8192", "eval_every_steps=1024"]) == 130
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("interrupted: its last checkpoint (checkpoints/last.pt, ") and err[0].endswith(
-        f"s old) is kept: resume={again} goes on from it"), err
+    assert len(err) == 1 and err[0].startswith("interrupted: its last checkpoint (checkpoints/last.pt, "), err
+    assert err[0].endswith(f"s old) is kept: resume={again} goes on from it"), err
     assert torch.load(again / ckpt.LAST, weights_only=False)["trainer"]["env_steps"] == 2 * 512
 
 
@@ -1419,6 +1419,7 @@ def test_a_training_where_sigint_is_ignored_keeps_it_ignored(tmp_path, monkeypat
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         assert train_main([*TINY, f"run_dir={tmp_path / 'run'}", "max_env_steps=1024"]) == 0
-        assert seen and all(h is signal.SIG_IGN for h in seen) and signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+        assert seen and all(h is signal.SIG_IGN for h in seen)
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
     finally:
         signal.signal(signal.SIGINT, previous)
