@@ -22,7 +22,7 @@ from omegaconf import OmegaConf
 from tqdm import tqdm
 
 from export.onnx_policy import source_revision
-from sim.registry import get_task
+from sim.registry import get_task, require_expert
 
 from . import dataset as ds
 from .config import UserError, compose_config, exit_code, held_files, help_requested, to_objects
@@ -74,6 +74,10 @@ def collect(task_cfg, episodes: int, noise: float, seed: int, num_envs: int, suc
     finish: those are the short ones, and a dataset of them would over-represent quick episodes
     (and, with two operators, the quicker one). Returns the episodes and the control period (s)."""
     try:
+        require_expert(task_cfg.name, "policies.collect rolls out a scripted expert")
+    except ValueError as e:
+        raise UserError(str(e)) from None
+    try:
         env = get_task(task_cfg.name).env_cls(task_cfg, num_envs, seed=seed)
     except ValueError as e:  # a task value the environment refuses
         raise UserError(f"task {task_cfg.name}: {e}") from None
@@ -85,8 +89,6 @@ def collect(task_cfg, episodes: int, noise: float, seed: int, num_envs: int, suc
 
 def _collect(env, task_cfg, episodes: int, noise: float, seed: int, successful_only: bool,
              progress: bool) -> tuple[list[dict[str, np.ndarray]], float]:
-    if not hasattr(env, "expert_action"):
-        raise UserError(f"task '{task_cfg.name}' has no scripted expert")
     num_envs = env.num_envs
     obs, _ = env.reset(seed=seed)
     keys = ["obs", "critic", "action", "reward", "success", "terminal"] + (["image"] if "image" in obs else [])
@@ -142,8 +144,6 @@ def main(argv: list[str] | None = None) -> int:
         o, overrides = parse(argv)
         cfg = compose_config(overrides)
         task_cfg, _ = to_objects(cfg)
-        if get_task(task_cfg.name).criterion != "success":
-            raise UserError(f"task '{task_cfg.name}' has no scripted expert (manipulation tasks do: arm_*)")
         eps, period = collect(task_cfg, o["episodes"], o["noise"], o["seed"], o["num_envs"], o["successful_only"],
                               o["progress"])
     except UserError as e:

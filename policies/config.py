@@ -19,7 +19,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 import torch
 
-from sim.registry import TASKS, UnknownTaskError, get_task
+from sim.registry import TASKS, UnknownTaskError, get_task, require_expert
 
 from .diffusion import DiffusionBCConfig
 from .dsrl import DSRLConfig
@@ -206,11 +206,12 @@ def compose_config(overrides: list[str]) -> DictConfig:
         if cfg.algo.get(key):
             cfg.algo[key] = os.path.abspath(os.path.expanduser(cfg.algo[key]))  # symlinks kept as given
     check_finite(cfg)
-    if cfg.algo.name in ("diffusion_bc", "dsrl") and get_task(cfg.task.name).criterion != "success":
-        experts = ", ".join(sorted(t for t in TASKS if get_task(t).criterion == "success"))
+    if cfg.algo.name in ("diffusion_bc", "dsrl"):
         does = "steers a diffusion policy learnt" if cfg.algo.name == "dsrl" else "learns"
-        raise UserError(f"algo={cfg.algo.name} {does} from a scripted expert's demonstrations, which task "
-                        f"{cfg.task.name} has none of (the tasks with one: {experts})")
+        try:
+            require_expert(cfg.task.name, f"algo={cfg.algo.name} {does} from a scripted expert's demonstrations")
+        except ValueError as e:
+            raise UserError(str(e)) from None
     if "gradient_steps" in cfg.algo:  # an offline algorithm: its budget and evaluations count gradient steps
         steps = [o for o in given if o.split("=", 1)[0] in ("max_env_steps", "eval_every_steps")]
         if steps:

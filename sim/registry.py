@@ -58,6 +58,11 @@ class TaskSpec:
     def contract(self):
         return _load(self.contract_path)
 
+    @property
+    def has_expert(self) -> bool:
+        """Whether the task's environment has a scripted expert (``expert_action``) to demonstrate it."""
+        return hasattr(self.env_cls, "expert_action")
+
 
 def _arm(module: str, env: str) -> TaskSpec:
     return TaskSpec(f"sim.arm.{module}:{env}", f"sim.arm.{module}:default_config", criterion="success",
@@ -83,3 +88,11 @@ def get_task(name: str) -> TaskSpec:
     if name not in TASKS:
         raise UnknownTaskError(f"unknown task '{name}'. Valid tasks: {', '.join(sorted(TASKS))}")
     return TASKS[name]
+
+
+def require_expert(name: str, why: str) -> None:
+    """ValueError unless task ``name`` has a scripted expert; the message says ``why`` one is needed and
+    names the tasks that have one."""
+    if not get_task(name).has_expert:
+        experts = ", ".join(sorted(t for t, spec in TASKS.items() if spec.has_expert))
+        raise ValueError(f"{why}, which task {name} has none of (the tasks with one: {experts})")

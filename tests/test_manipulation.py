@@ -156,6 +156,10 @@ def test_damaged_datasets_are_one_error_line(demos, tmp_path):
         r = cli("policies.collect", "task=arm_push", "episodes=1", *args, "progress=false")
         assert r.returncode == 2 and message in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert {f.name: f.read_bytes() for f in demos.iterdir()} == before and not (tmp_path / "new").exists()
+    r = cli("policies.collect", "task=quad_hover", "episodes=1", f"out={tmp_path / 'new'}", "progress=false")
+    assert r.returncode == 2 and r.stderr.strip() == (  # the quadrotor tasks have no scripted expert
+        "error: policies.collect rolls out a scripted expert, which task quad_hover has none of (the tasks with "
+        "one: arm_pick_place, arm_push, arm_reach)"), r.stderr
 
 
 def test_dataset_arrays_that_disagree_with_their_episode_ends_are_refused(demos, tmp_path):
