@@ -451,14 +451,12 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if lock is not None:
             lock.close()
+    steps = f"{res['gradient_steps']:,} gradient steps" if "gradient_steps" in res else f"{res['env_steps']:,} env steps"
     if res.get("interrupted"):
-        unit = "gradient steps" if "gradient_steps" in res else "env steps"
-        print(f"interrupted at {res.get('gradient_steps', res.get('env_steps')):,} {unit} "
-              f"({res['train_seconds']:.1f} s of training), checkpointed: resume={run_dir} goes on from there",
-              file=sys.stderr)
+        print(f"interrupted at {steps} ({res['train_seconds']:.1f} s of training), checkpointed: resume={run_dir} "
+              f"goes on from there", file=sys.stderr)
         return 130
     passed = res["passed"]  # a pass confirmed on new episodes, not merely the best evaluation
-    steps = f"{res['gradient_steps']:,} gradient steps" if "gradient_steps" in res else f"{res['env_steps']:,} env steps"
     last = f", the last evaluation {res['evals'][-1]['success_rate'] * 100:.1f}%" if res["evals"] else ""
     print(f"{steps} in {res['train_seconds']:.1f} s: best success rate {res['best_success'] * 100:.1f}% "
           f"(checkpoints/best.pt){last}"
