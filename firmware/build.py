@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 from sim.crazyflie.params import NOMINAL
@@ -108,7 +109,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if len(argv) == 2 and argv[0] == "sizes":
         try:
-            s = cross_sizes(argv[1], FIRMWARE_DIR / "build")
+            with tempfile.TemporaryDirectory(prefix="cf_sizes_") as build_dir:  # the checkout may be read-only
+                s = cross_sizes(argv[1], Path(build_dir))
         except BuildError as e:
             print(f"error: {e}", file=sys.stderr)
             return 2

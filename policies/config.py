@@ -61,12 +61,19 @@ class RunConfig:
     eval_at_start: bool = False  # also evaluate before the first update (the start of a learning curve)
     checkpoint_every_seconds: float = 30.0  # also checkpoint this often between evaluations
     progress: bool = True  # progress bar
+    log_every_seconds: float = 60.0  # with progress=false (logs), a line of the steps, rate and loss this often
 
 
 # Keys a resumed run may change: budgets and presentation, never what is learned.
 RESUMABLE_OVERRIDES = {"max_env_steps", "max_seconds", "progress", "resume", "threads", "stop_at_success",
                        "confirm_backends", "confirm_episodes", "eval_every_steps", "checkpoint_every_seconds",
-                       "eval_at_start"}
+                       "eval_at_start", "log_every_seconds"}
+
+
+def is_offline(algo_cfg) -> bool:
+    """Whether an algorithm (its config) learns offline, from a dataset: its budget and its evaluations
+    count gradient steps (``gradient_steps``, ``eval_every_updates``), the environment is only evaluated."""
+    return "gradient_steps" in algo_cfg
 
 
 class UserError(Exception):
@@ -149,7 +156,7 @@ def train_usage() -> str:
   seed=0 device=cpu|cuda threads=<n> progress=true|false
   max_env_steps=<n> max_seconds=<s> eval_every_steps=<n> eval_episodes=<n> stop_at_success=<rate>
   confirm_backends=[<simulator>,...] (default: the task's) confirm_episodes=<n>
-  eval_at_start=false checkpoint_every_seconds=<s>
+  eval_at_start=false checkpoint_every_seconds=<s> log_every_seconds=<s> (with progress=false)
   run_dir=<dir>      (default runs/<task>/<algo>_seed<seed>_<time>, linked from runs/latest)
   resume=<run_dir>   continue a killed run from its last checkpoint
   base=<run_dir>     the diffusion base that algo=dsrl steers; dataset=<dir> the demonstrations of diffusion_bc
@@ -212,7 +219,7 @@ def compose_config(overrides: list[str]) -> DictConfig:
             require_expert(cfg.task.name, f"algo={cfg.algo.name} {does} from a scripted expert's demonstrations")
         except ValueError as e:
             raise UserError(str(e)) from None
-    if "gradient_steps" in cfg.algo:  # an offline algorithm: its budget and evaluations count gradient steps
+    if is_offline(cfg.algo):
         steps = [o for o in given if o.split("=", 1)[0] in ("max_env_steps", "eval_every_steps")]
         if steps:
             raise UserError(f"{steps[0]}: algo={cfg.algo.name} takes no environment steps (it learns offline); its "
@@ -249,8 +256,9 @@ def compose_config(overrides: list[str]) -> DictConfig:
         raise UserError(f"stop_at_success={cfg.stop_at_success}: expected a success rate in [0, 1] (0: never stop early)")
     if not cfg.max_seconds > 0:
         raise UserError(f"max_seconds={cfg.max_seconds}: expected > 0")
-    if not cfg.checkpoint_every_seconds > 0:
-        raise UserError(f"checkpoint_every_seconds={cfg.checkpoint_every_seconds}: expected > 0")
+    for key in ("checkpoint_every_seconds", "log_every_seconds"):
+        if not cfg[key] > 0:
+            raise UserError(f"{key}={cfg[key]}: expected > 0")
     check_device(cfg.device)
     return cfg
 

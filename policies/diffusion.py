@@ -282,9 +282,8 @@ class DiffusionPolicy(nn.Module):
 
 class DiffusionBC:
     """Offline behaviour cloning of a DiffusionPolicy on a demonstration dataset. The trainer
-    counts its progress in gradient steps (``offline``); the environment is only evaluated."""
-
-    offline = True
+    counts its progress in gradient steps (``progress()``; ``config.is_offline``); the environment
+    is only evaluated."""
 
     def __init__(self, cfg: DiffusionBCConfig, env, device: torch.device, seed: int):
         from .config import UserError

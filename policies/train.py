@@ -4,7 +4,7 @@ A run directory holds the resolved config (config.yaml), checkpoints/ (last.pt f
 best.pt for eval/export), TensorBoard logs (tb/) and results.json. The loop is algorithm
 agnostic: an algorithm exposes train_iteration(), actor (the deployable policy module),
 state_dict() and load_state_dict(). Online algorithms count progress in environment steps;
-an offline one (``offline = True``, e.g. diffusion_bc) in gradient steps (``progress()``),
+an offline one (``config.is_offline``, e.g. diffusion_bc) in gradient steps (``progress()``),
 with its own budget and evaluation interval (``gradient_steps``, ``eval_every_updates``).
 """
 
@@ -30,7 +30,8 @@ from sim.registry import get_task
 
 from . import checkpoint as ckpt
 from .config import (RESUMABLE_OVERRIDES, UserError, check_device, compose_config, config_hash, diff_keys,
-                     exit_code, expand_shorthands, held_files, help_requested, ieee_float32_on, to_objects, train_usage)
+                     exit_code, expand_shorthands, held_files, help_requested, ieee_float32_on, is_offline, to_objects,
+                     train_usage)
 from .evaluate import EvaluationProcessError, evaluate, evaluate_backends
 
 _IMPORTED = time.time()
@@ -173,6 +174,12 @@ def run(cfg: DictConfig, run_dir: Path, resume_state: dict | None, t_start: floa
     """Train until the budget ends or a confirmed pass; ``t_start`` (s since the epoch) is what
     the time to success counts from; ``lock``: the run directory's lock if the caller holds it already."""
     task_cfg, algo_cfg = to_objects(cfg)
+    if algo_cfg.name == "ppo" and cfg.max_env_steps < algo_cfg.num_envs * algo_cfg.horizon:
+        # The budget is checked after each iteration: it would train a whole one, past the budget, unsaid.
+        # (Here, not in compose_config: a resume composes the saved run's algo settings only later.)
+        raise UserError(f"max_env_steps={cfg.max_env_steps}: less than one PPO iteration, algo.num_envs x "
+                        f"algo.horizon = {algo_cfg.num_envs} x {algo_cfg.horizon} = "
+                        f"{algo_cfg.num_envs * algo_cfg.horizon:,} env steps")
     device = torch.device(cfg.device)
     ieee_float32_on(device)
     torch.set_num_threads(cfg.threads)
@@ -197,7 +204,7 @@ def run(cfg: DictConfig, run_dir: Path, resume_state: dict | None, t_start: floa
         if resume_state is None:
             save_config(cfg, run_dir)
 
-        offline = getattr(algo, "offline", False)
+        offline = is_offline(cfg.algo)
         budget, eval_every, unit = ((algo_cfg.gradient_steps, algo_cfg.eval_every_updates, "update") if offline
                                     else (cfg.max_env_steps, cfg.eval_every_steps, "step"))
         steps_key = "gradient_steps" if offline else "env_steps"  # what tr["env_steps"] counts
@@ -345,6 +352,7 @@ def run(cfg: DictConfig, run_dir: Path, resume_state: dict | None, t_start: floa
         in_main = (threading.current_thread() is threading.main_thread()
                    and signal.getsignal(signal.SIGINT) is not signal.SIG_IGN)
         previous = signal.signal(signal.SIGINT, on_sigint) if in_main else None
+        logged_at, logged_steps = time.time(), tr["env_steps"]  # without the bar: a line per log_every_seconds
         try:
             while not stop and not interrupted:
                 t0 = time.time()
@@ -367,6 +375,7 @@ def run(cfg: DictConfig, run_dir: Path, resume_state: dict | None, t_start: floa
                         tr["next_eval"] += eval_every
                     success, stop = evaluate_and_keep_best()
                     last_ckpt = time.time()
+                    logged_at, logged_steps = time.time(), tr["env_steps"]  # its line was just written
                 elif time.time() - last_ckpt >= cfg.checkpoint_every_seconds:
                     save_last()
                     last_ckpt = time.time()
@@ -374,6 +383,12 @@ def run(cfg: DictConfig, run_dir: Path, resume_state: dict | None, t_start: floa
                 main_metric = "reward" if "reward" in metrics else "loss"
                 bar.set_postfix({"sps": f"{sps:,.0f}", "success": f"{success:.2f}",
                                  main_metric: f"{metrics[main_metric]:.3f}"})
+                if not cfg.progress and time.time() - logged_at >= cfg.log_every_seconds:
+                    rate = (tr["env_steps"] - logged_steps) / (time.time() - logged_at)
+                    evaluated = f"last evaluation {success:.2f}" if tr["evals"] else "no evaluation yet"
+                    bar.write(f"train @ {tr['env_steps']:,} {unit}s, {tr['seconds']:.1f} s: {rate:,.0f} {unit}s/s, "
+                              f"{main_metric} {metrics[main_metric]:.3f}, {evaluated}")
+                    logged_at, logged_steps = time.time(), tr["env_steps"]
                 stop = stop or out_of_budget
                 if interrupted and not stop:
                     save_last()

@@ -178,6 +178,16 @@ def test_cross_build_fits_the_stm32f405(export_dir, build_dir):
     assert sizes["flash"] <= build.FLASH_BYTES and sizes["ram"] <= build.RAM_BYTES
 
 
+@requires("arm-none-eabi-gcc", "arm-none-eabi-size")
+def test_the_sizes_command_prints_them_and_builds_outside_the_checkout(export_dir, capsys):
+    kept = build.FIRMWARE_DIR / "build" / "arm"
+    before = sorted((p, p.stat().st_mtime_ns) for p in kept.rglob("*")) if kept.is_dir() else None
+    assert build.main(["sizes", str(export_dir)]) == 0
+    assert capsys.readouterr().out.startswith("policy + glue for Cortex-M4F: text ")
+    after = sorted((p, p.stat().st_mtime_ns) for p in kept.rglob("*")) if kept.is_dir() else None
+    assert after == before, "a read-only checkout would refuse it"
+
+
 def test_missing_export_is_a_clear_error(tmp_path):
     with pytest.raises(build.BuildError, match="python -m policies.export"):
         build.cross_sizes(tmp_path, tmp_path / "build")

@@ -540,6 +540,8 @@ def test_the_usage_of_policies_eval_names_every_option_it_takes(capsys):
     (["task=arm_push", "algo=diffusion_bc", "max_env_steps=100"], "max_env_steps=100: algo=diffusion_bc takes no "
      "environment steps (it learns offline); its budget is algo.gradient_steps, its evaluations every "
      "algo.eval_every_updates"),  # was ignored
+    (["max_env_steps=1000"], "max_env_steps=1000: less than one PPO iteration, algo.num_envs x algo.horizon = "
+     "1024 x 16 = 16,384 env steps"),  # trained 16,384 steps unsaid
     (["algo.actor_hidden=[0]"], "algo.actor_hidden=[0]: expected layer widths of at least 1"),  # trained a 0-wide net
     (["algo=sac", "algo.critic_hidden=[64,-3]"], "algo.critic_hidden=[64, -3]: expected layer widths of at least 1"),
     (["task=arm_push", "algo=diffusion_bc", "algo.hidden=0"], "algo.hidden=0: expected at least 1"),
@@ -559,10 +561,11 @@ def test_the_usage_of_policies_eval_names_every_option_it_takes(capsys):
     (["max_seconds=nan"], "max_seconds=nan: expected a finite number"),
     (["stop_at_success=1.5"], "stop_at_success=1.5: expected a success rate in [0, 1]"),
     (["checkpoint_every_seconds=0"], "checkpoint_every_seconds=0.0: expected > 0"),
+    (["log_every_seconds=-1"], "log_every_seconds=-1.0: expected > 0"),
     (["hydra.run.dir=/tmp/x"], "hydra.* settings are not used here"),
     (["task.name=quad_track"], "override 'task.name=quad_track': choose the task with task=<name>"),
     (["algo.name=sac"], "override 'algo.name=sac': choose the algo with algo=<name>"),
-    ([f"run_dir={__file__}", "max_env_steps=512"], f"run_dir={__file__}: cannot make that directory (File exists)"),
+    ([f"run_dir={__file__}", "max_env_steps=16384"], f"run_dir={__file__}: cannot make that directory (File exists)"),
     (["device=gpu0"], "device=gpu0: expected a torch device such as cpu, cuda or cuda:1"),
     (["device=mps"], "device=mps: expected cpu or cuda"),
     pytest.param(["device=cuda"], "device=cuda: this machine has no CUDA device",
@@ -761,6 +764,20 @@ def test_resume_errors_overwrite_nothing(tmp_path):
         assert res.returncode == 2 and "is not a readable policies.train config" in res.stderr, res.stderr
         assert "Traceback" not in res.stderr and (run / "config.yaml").read_text() == damaged
     (run / "config.yaml").write_text(saved)
+
+
+def test_without_the_bar_a_line_tells_the_progress_between_evaluations(tmp_path, capsys):
+    """progress=false (a log file): a line of steps, rate and loss every log_every_seconds, so a run
+    whose evaluations are minutes apart (perception DSRL) is not silent between them."""
+    run = tmp_path / "run"
+    assert train_main([*TINY, f"run_dir={run}", "max_env_steps=4096", "eval_every_steps=100000000",
+                       "log_every_seconds=1e-9"]) == 0
+    lines = [x for x in capsys.readouterr().out.splitlines() if x.startswith("train @ ")]
+    steps = [int(x.split()[2].replace(",", "")) for x in lines]
+    assert steps[:7] == [512 * i for i in range(1, 8)], lines  # every iteration before the budget's evaluation
+    assert lines[0].endswith("no evaluation yet") and " steps/s, reward " in lines[0], lines[0]
+    assert train_main([*TINY, f"run_dir={tmp_path / 'quiet'}", "max_env_steps=4096"]) == 0  # every 60 s by default
+    assert "train @ " not in capsys.readouterr().out
 
 
 def test_resume_takes_a_new_eval_interval_and_evaluates_a_run_never_evaluated(tmp_path):
