@@ -21,7 +21,8 @@ from deploy.policy_node import load_onnx_policy
 from deploy.safety import ONBOARD_DESCENT_LAG_S, SPIN_DOWN_S, SafetyConfig, descent_setpoint
 from deploy.sim_bridge import keep_on_floor
 from deploy.state import make_state, observation
-from sim.crazyflie.dynamics import STATE_DIM, VehicleBatch
+from sim.crazyflie.contract import POLICY_PERIOD
+from sim.crazyflie.dynamics import OMEGA, POS, QUAT, RPM, STATE_DIM, VEL, VehicleBatch
 from sim.crazyflie.hover import make_backend
 from sim.crazyflie.params import GRAVITY, NOMINAL, action_to_rpm
 
@@ -50,19 +51,19 @@ def descend(policy, h0: float, scales: dict, seconds: float = 5.0) -> tuple[np.n
     v.thrust_scale[:] = scales.get("thrust_scale", 1.0)
     v.motor_tau[:] = scales.get("motor_tau", NOMINAL.motor_tau)
     s = torch.zeros(1, STATE_DIM)
-    s[0, 2], s[0, 3] = h0, 1.0
-    s[0, 13:17] = float(torch.sqrt(v.mass * GRAVITY / (4 * v.kf * v.thrust_scale))[0])  # its hover speed
+    s[0, POS.start + 2], s[0, QUAT.start] = h0, 1.0  # level: w of (w, x, y, z)
+    s[0, RPM] = float(torch.sqrt(v.mass * GRAVITY / (4 * v.kf * v.thrust_scale))[0])  # its hover speed
     backend.set_state(torch.arange(1), s, v)
     prev, zeros, z, vz = np.full(4, NOMINAL.hover_action), torch.zeros(1, 3), [], []
-    for k in range(int(round(seconds / 0.01))):
+    for k in range(int(round(seconds / POLICY_PERIOD))):
         x = backend.state[0].double().numpy()
-        setpoint = np.array([0.0, 0.0, descent_setpoint(h0, k * 0.01, ratio, 0.0)])
-        prev = np.clip(np.asarray(policy(observation(make_state(x[0:3], x[3:7], x[7:10], x[10:13], 0.0), setpoint,
+        setpoint = np.array([0.0, 0.0, descent_setpoint(h0, k * POLICY_PERIOD, ratio, 0.0)])
+        prev = np.clip(np.asarray(policy(observation(make_state(x[POS], x[QUAT], x[VEL], x[OMEGA], 0.0), setpoint,
                                                                   prev.astype(np.float32))), float), -1.0, 1.0)
         after = backend.step(torch.as_tensor(action_to_rpm(prev, NOMINAL.rpm_max), dtype=torch.float32)[None],
                              zeros, zeros)
-        z.append(float(after[0, 2]))
-        vz.append(float(after[0, 9]))
+        z.append(float(after[0, POS][2]))
+        vz.append(float(after[0, VEL][2]))
         keep_on_floor(backend, after, v)
     return np.array(z), np.array(vz)
 
@@ -81,9 +82,9 @@ def main() -> None:
             floor = math.sqrt(2 * h0 / a)  # s: the setpoint reaches the floor
             timer = floor + SPIN_DOWN_S  # the open-loop descent's timer
             k = int(np.argmax(z < LANDED))  # the period it is first below landed_height
-            landed = (k + 1) * 0.01
+            landed = (k + 1) * POLICY_PERIOD
             worst = max(worst, landed - floor)
-            t = int(round(timer / 0.01)) - 1
+            t = int(round(timer / POLICY_PERIOD)) - 1
             rows.append(f"| {name} | {h0:g} | {landed - floor:.2f} | {z[t]:.2f} m, {vz[t]:.2f} m/s | {vz[k]:.2f} |")
     body = f"""Policy: `policies/pretrained/quad_hover` (its export), setpoints of `deploy.safety.OnboardDescent` (descent_thrust_ratio {SafetyConfig().descent_thrust_ratio}), torch simulator, from rest.
 

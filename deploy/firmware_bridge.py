@@ -30,7 +30,7 @@ from typing import Callable
 
 import numpy as np
 
-from sim.crazyflie.contract import POLICY_PERIOD
+from sim.crazyflie.contract import OBS_POSITION, OBS_VELOCITY, POLICY_PERIOD
 
 from .policy_node import ControllerNode, Policy
 from .ros import run_node
@@ -68,7 +68,7 @@ class GlueAdapter:
 
     def __call__(self, obs: np.ndarray) -> np.ndarray:
         st = self.latest()
-        return self._fly(st.pos - obs[0:3], st.vel - obs[12:15])
+        return self._fly(st.pos - obs[OBS_POSITION], st.vel - obs[OBS_VELOCITY])
 
     def fly_to(self, setpoint: np.ndarray) -> np.ndarray | None:
         """The MCU's action for a position setpoint (world, m; velocity reference 0) from the latest state,

@@ -73,10 +73,12 @@ def keep_on_floor(backend: TorchBackend | MujocoBackend | PybulletBackend, state
     attitude is kept)."""
     import torch
 
-    if float(state[0, 2]) < 0.0:
+    from sim.crazyflie.dynamics import OMEGA, POS, VEL
+
+    if float(state[0, POS][2]) < 0.0:
         s = state.clone()
-        s[0, 2] = 0.0
-        s[0, 7:13] = 0.0
+        s[0, POS.start + 2] = 0.0
+        s[0, VEL], s[0, OMEGA] = 0.0, 0.0
         backend.set_state(torch.arange(1), s, vehicle)
 
 
@@ -91,7 +93,7 @@ class SimBridge(Node):
         from std_msgs.msg import Float32MultiArray
 
         from sim.crazyflie.contract import POLICY_PERIOD
-        from sim.crazyflie.dynamics import STATE_DIM, VehicleBatch
+        from sim.crazyflie.dynamics import POS, QUAT, RPM, STATE_DIM, VehicleBatch
         from sim.crazyflie.hover import make_backend
         from sim.crazyflie.params import NOMINAL
 
@@ -121,9 +123,9 @@ class SimBridge(Node):
         self.backend = make_backend(backend, 1, NOMINAL, 1, "cpu")
         self.vehicle = VehicleBatch.nominal(1, NOMINAL)
         s = torch.zeros(1, STATE_DIM)
-        s[0, 0:3] = torch.as_tensor(p0)
-        s[0, 3] = 1.0
-        s[0, 13:17] = NOMINAL.hover_rpm
+        s[0, POS] = torch.as_tensor(p0)
+        s[0, QUAT.start] = 1.0  # level: w of (w, x, y, z)
+        s[0, RPM] = NOMINAL.hover_rpm
         self.backend.set_state(torch.arange(1), s, self.vehicle)
         self.rpm_cmd = torch.zeros(1, 4)
         self.zeros = torch.zeros(1, 3)
@@ -198,8 +200,10 @@ class SimBridge(Node):
         # Odometry before the clock: a policy node ticking on /clock then sees the state of the
         # same instant (one period of latency less).
         ns = round(self.steps * self.period * 1e9)
+        from sim.crazyflie.dynamics import OMEGA, POS, QUAT, VEL
+
         s = self.backend.state[0].double().numpy()
-        state = State(pos=s[0:3], quat=s[3:7], vel=s[7:10], omega=s[10:13], stamp=ns * 1e-9)
+        state = State(pos=s[POS], quat=s[QUAT], vel=s[VEL], omega=s[OMEGA], stamp=ns * 1e-9)
         self.odom_pub.publish(fill_odometry(self._odom_msg(), state, self.world_frame, self.robot))
         clock = self._clock_msg()
         clock.clock.sec, clock.clock.nanosec = divmod(ns, 1_000_000_000)

@@ -25,6 +25,11 @@ class UnsupportedLayerError(Exception):
     pass
 
 
+# policy_self_test's tolerance, written into policy.h (POLICY_SELF_TEST_TOL) for every caller (the boot
+# self-tests of the firmware and of the emulated board, the host driver): the stored reference is
+# PyTorch's float32 output, from which the MCU's float32 and newlib tanhf differ by rounding only
+# (2-5e-7 for the deployed 32 x 32 tanh actor, policies/export.py).
+SELF_TEST_TOL = 1e-5
 DRIVER = Path(__file__).with_name("policy_driver.c")  # policy_step over a file of observations
 DRIVER_OUT = np.dtype([("rc", "<i4"), ("action", "<f4", (CONTRACT.action_size,))])
 
@@ -104,6 +109,7 @@ def generate_c(actor: nn.Module, out_dir: Path, header_note: str = "") -> tuple[
 #define POLICY_ACT_DIM {n_act}
 #define POLICY_PERIOD_MS {int(round(CONTRACT.policy_period_s * 1000))}
 #define POLICY_RPM_MAX {CONTRACT.rpm_max:.1f}f
+#define POLICY_SELF_TEST_TOL {SELF_TEST_TOL:g}f /* policy_self_test's tolerance on its stored reference */
 
 #define POLICY_OK 0
 #define POLICY_ERR_INPUT 1  /* an observation was NaN or infinite */

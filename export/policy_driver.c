@@ -4,7 +4,7 @@
  * usage: policy_driver <obs.bin> <out.bin>
  *   obs.bin: float32 rows of POLICY_OBS_DIM (native byte order)
  *   out.bin: per row, int32 return code then POLICY_ACT_DIM float32 actions
- * Prints "self_test <result>" (policy_self_test(1e-5f)) on stdout. Exit 0 unless I/O failed.
+ * Prints "self_test <result>" (policy_self_test(POLICY_SELF_TEST_TOL)) on stdout. Exit 0 unless I/O failed.
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -24,7 +24,7 @@ int main(int argc, char **argv)
     return 2;
   }
   policy_reset();
-  printf("self_test %d\n", policy_self_test(1e-5f));
+  printf("self_test %d\n", policy_self_test(POLICY_SELF_TEST_TOL));
 
   float obs[POLICY_OBS_DIM];
   float action[POLICY_ACT_DIM];

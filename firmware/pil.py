@@ -40,7 +40,7 @@ import numpy as np
 import torch
 
 from export.onnx_policy import OnnxPolicy
-from sim.crazyflie.contract import CONTRACT
+from sim.crazyflie.contract import CONTRACT, OBS_ROTATION
 from sim.crazyflie.params import NOMINAL
 
 from .build import FIRMWARE_DIR, build_pil_image, check_export_dir
@@ -376,7 +376,7 @@ class McuPolicy:
         ``samples`` fixed observations around hover on both; returns the largest action difference."""
         rng = np.random.default_rng(0)
         hover = np.zeros(CONTRACT.obs_size, np.float32)
-        hover[3:12] = np.eye(3, dtype=np.float32).reshape(9)
+        hover[OBS_ROTATION] = np.eye(3, dtype=np.float32).reshape(9)
         obs = (hover + rng.normal(0.0, 0.3, (samples, CONTRACT.obs_size))).astype(np.float32)
         actions, rcs, _ = self.exchange(obs)
         if (rcs != 0).any():

@@ -31,6 +31,15 @@ class ContractBase:
     def obs_size(self) -> int:
         return sum(f.size for f in self.observation)
 
+    def slice(self, name: str) -> slice:
+        """Where the observation field ``name`` is in the observation vector."""
+        start = 0
+        for f in self.observation:
+            if f.name == name:
+                return slice(start, start + f.size)
+            start += f.size
+        raise KeyError(f"no observation field {name!r} in contract {self.version}")
+
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
 

@@ -100,6 +100,15 @@ def test_controller_adapter_compiles_with_firmware_flags(export_dir, build_dir):
     build.make("adapter-check", build_dir, POLICY_DIR=export_dir)
 
 
+def test_the_glue_header_places_the_observation_as_the_contract_does():
+    """cf_policy_glue.h is written by hand: its offsets must be the contract's (sim/crazyflie/contract.py)."""
+    header = (build.FIRMWARE_DIR / "crazyflie" / "src" / "cf_policy_glue.h").read_text()
+    defined = {k: int(v) for k, v in re.findall(r"#define (CFP_OBS_\w+|CFP_ACT_DIM) (\d+)", header)}
+    starts = [CONTRACT.slice(f.name).start for f in CONTRACT.observation]
+    assert [defined[k] for k in ("CFP_OBS_POS", "CFP_OBS_ROT", "CFP_OBS_VEL", "CFP_OBS_OMEGA", "CFP_OBS_PREV")] == starts
+    assert (defined["CFP_OBS_DIM"], defined["CFP_ACT_DIM"]) == (CONTRACT.obs_size, CONTRACT.action_size)
+
+
 @requires("arm-none-eabi-gcc")
 @pytest.mark.parametrize("define, value, message", [("POLICY_OBS_DIM", "23", "observation size"),
                                                     ("POLICY_ACT_DIM", "3", "action size"),
@@ -126,6 +135,18 @@ def test_controller_adapter_refuses_a_policy_of_another_contract(export_dir, bui
     assert changed != header
     (tmp_path / "policy.h").write_text(changed)
     with pytest.raises(build.BuildError, match="is not of contract crazyflie-rpm-v1"):
+        build.make("adapter-check", build_dir, POLICY_DIR=tmp_path)
+
+
+@requires("arm-none-eabi-gcc")
+def test_controller_adapter_refuses_a_policy_header_without_its_self_test_tolerance(export_dir, build_dir, tmp_path):
+    """An export from before policy.h carried POLICY_SELF_TEST_TOL: one line that says to re-export."""
+    (tmp_path / "policy.c").write_text((export_dir / "policy.c").read_text())
+    header = (export_dir / "policy.h").read_text()
+    changed = re.sub(r"#define POLICY_SELF_TEST_TOL .*\n", "", header)
+    assert changed != header
+    (tmp_path / "policy.h").write_text(changed)
+    with pytest.raises(build.BuildError, match="predates POLICY_SELF_TEST_TOL"):
         build.make("adapter-check", build_dir, POLICY_DIR=tmp_path)
 
 

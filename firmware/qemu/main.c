@@ -30,9 +30,6 @@
 
 static cfp_t glue;
 
-/* The self-test reference is PyTorch's output; float32 on the MCU differs by rounding only. */
-#define SELF_TEST_TOL 1e-5f
-
 /* Compile-time check (C99 has no static_assert): an observation fits in one frame. */
 typedef char obs_fits_frame[(POLICY_OBS_DIM * 4 <= FRAME_MAX_PAYLOAD) ? 1 : -1];
 
@@ -46,7 +43,7 @@ static void boot_report(void)
 {
   const uint32_t t0 = ticks_now();
   const uint32_t t1 = ticks_now();
-  const int32_t rc = policy_self_test(SELF_TEST_TOL);
+  const int32_t rc = policy_self_test(POLICY_SELF_TEST_TOL);
   const uint32_t t2 = ticks_now();
   /* int32 rc, uint32 self-test ticks, uint32 overhead ticks of one measurement, dims, float32 thrust
    * (N) of the glue's normalized motor force 1, float32 thrust (N) below which it stops a motor. */

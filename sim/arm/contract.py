@@ -45,3 +45,6 @@ class ArmContract(ContractBase):
 
 CONTRACT = ArmContract()
 assert CONTRACT.obs_size == base.POLICY_DIM, "contract and observation layout disagree"
+assert [CONTRACT.slice(f.name) for f in CONTRACT.observation] == [
+    base.JOINT_POS, base.JOINT_VEL, base.EE_POS, base.GRIPPER, base.CUBE_POS, base.CUBE_QUAT, base.GOAL_POS,
+    base.EE_YAW], "the observation's slices (base.py) are not the contract's fields"

@@ -38,3 +38,6 @@ CONTRACT = PolicyContract()
 OBS_DIM = CONTRACT.obs_size  # 22
 ACT_DIM = CONTRACT.action_size  # 4
 POLICY_PERIOD = CONTRACT.policy_period_s  # s
+# Where each field is in the observation (cf_policy_glue.h's CFP_OBS_* repeat the starts; a test compares them).
+OBS_POSITION, OBS_ROTATION, OBS_VELOCITY, OBS_ANGULAR_VELOCITY, OBS_PREVIOUS_ACTION = (
+    CONTRACT.slice(f.name) for f in CONTRACT.observation)

@@ -19,6 +19,9 @@
 #ifndef POLICY_CONTRACT_CRAZYFLIE_RPM_V1
 #error "policy.h is not of contract crazyflie-rpm-v1 (or predates contract macros): re-export it"
 #endif
+#ifndef POLICY_SELF_TEST_TOL
+#error "policy.h predates POLICY_SELF_TEST_TOL (the boot self-test's tolerance): re-export it"
+#endif
 
 /* main_loop_hz: the rate cfp_update() is called at and its input's step counts (the firmware's
  * RATE_MAIN_LOOP); the policy runs every POLICY_PERIOD_MS of those steps' time. */

@@ -52,10 +52,6 @@ _Static_assert(POLICY_ACT_DIM == CFP_ACT_DIM && CFP_ACT_DIM == STABILIZER_NR_OF_
                "policy.h: action size is not the glue's CFP_ACT_DIM (one per motor)");
 _Static_assert(POLICY_PERIOD_MS == 10, "policy.h: period is not the contract's 10 ms");
 
-/* policy_self_test tolerance: the stored reference is PyTorch's output; the MCU's float32 and
- * newlib tanhf differ from it by float rounding only (~1e-7). */
-#define SELF_TEST_TOL 1e-5f
-
 #if (RATE_MAIN_LOOP * POLICY_PERIOD_MS) % 1000 != 0
 #error "the policy period is not a whole number of stabilizer steps"
 #endif
@@ -91,7 +87,7 @@ void controllerOutOfTreeInit(void)
  * not fly. */
 bool controllerOutOfTreeTest(void)
 {
-  const int rc = policy_self_test(SELF_TEST_TOL);
+  const int rc = policy_self_test(POLICY_SELF_TEST_TOL);
   DEBUG_PRINT("policy self-test %s (rc %d)\n", rc == 0 ? "passed" : "FAILED", rc);
   return rc == 0 && controllerPidTest();
 }

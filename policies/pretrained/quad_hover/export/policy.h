@@ -14,6 +14,7 @@
 #define POLICY_ACT_DIM 4
 #define POLICY_PERIOD_MS 10
 #define POLICY_RPM_MAX 21702.0f
+#define POLICY_SELF_TEST_TOL 1e-05f /* policy_self_test's tolerance on its stored reference */
 
 #define POLICY_OK 0
 #define POLICY_ERR_INPUT 1  /* an observation was NaN or infinite */
