@@ -101,8 +101,8 @@ class Scope:
     file: Path
     declared: set[str] = field(default_factory=set)
 
-    def child(self, file: Path | None = None, configs: dict[str, str] | None = None) -> "Scope":
-        return Scope(dict(self.configs) | (configs or {}), dict(self.env), file or self.file, self.declared)
+    def child(self, configs: dict[str, str] | None = None) -> "Scope":
+        return Scope(dict(self.configs) | (configs or {}), dict(self.env), self.file, self.declared)
 
 
 def _parse(text: str, i: int, stop: str) -> tuple[list, int]:
