@@ -738,6 +738,25 @@ def ament_prefix(tmp_path, monkeypatch) -> Path:
     return prefix
 
 
+def test_every_parameter_of_the_shipped_params_file_is_one_a_node_declares():
+    """rclpy ignores a params-file key that no node declares: a misspelt safety limit would fly with the
+    default, unsaid. Each key of launch/hover.yaml is declared (param/vector_param) by the node of its
+    section, or by some node for the /** section."""
+    import yaml
+
+    def declared(path: Path) -> set[str]:
+        return set(re.findall(r"\b(?:vector_)?param\(self, \"(\w+)\"", path.read_text()))
+
+    nodes = {p.stem: declared(p) for p in (REPO / "deploy").glob("*.py")}
+    sections = yaml.safe_load((REPO / "launch/hover.yaml").read_text())
+    assert {"/**", "/**/sim_bridge", "/**/crazyflie_bridge"} <= set(sections)
+    for section, body in sections.items():
+        node = section.removeprefix("/**").removeprefix("/")
+        known = nodes[node] if node else set().union(*nodes.values())
+        unknown = set(body["ros__parameters"]) - known
+        assert not unknown, f"{section}: {sorted(unknown)} declared by no node"
+
+
 def test_hover_launch_plans_the_documented_processes(ament_prefix):
     def names(**a):
         return [p.name for p in plan(REPO / "launch/hover.launch.xml", a)]
