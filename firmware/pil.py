@@ -58,6 +58,9 @@ GLUE_MODES = ("idle", "policy", "fallback")
 GLUE_FAULTS = ("none", "dead-man", "policy error")
 MAX_PAYLOAD = 96
 HEADER_SIZE = 5
+# Payloads (little-endian), as frame.h describes them: boot report; action (rc, action[4], ticks);
+# motors (rc, mode, fault, 2 pad bytes, action[4], normalized motor force[4], ticks).
+BOOT_FORMAT, ACTION_FORMAT, MOTORS_FORMAT = "<iIIIIff", "<i4fI", "<iBB2x8fI"
 FRAMES_PER_WRITE = 32  # keeps both pipe directions far below their 64 KB buffers
 # MCU vs onnxruntime, per action, for the same network: the export's C check allows 1e-5 against
 # onnxruntime on 20k observations (3-5e-7 measured on the MCU); another network differs by ~0.1.
@@ -296,9 +299,9 @@ class McuPolicy:
 
     def _read_boot(self) -> BootReport:
         f = self.read_frame()
-        if f.type != FRAME_BOOT or len(f.payload) != 28:
+        if f.type != FRAME_BOOT or len(f.payload) != struct.calcsize(BOOT_FORMAT):
             raise self._error(f"expected the boot report, got frame type {chr(f.type)!r}")
-        rc, ticks, overhead, obs_dim, act_dim, thrust_max, thrust_min = struct.unpack("<iIIIIff", f.payload)
+        rc, ticks, overhead, obs_dim, act_dim, thrust_max, thrust_min = struct.unpack(BOOT_FORMAT, f.payload)
         if (obs_dim, act_dim) != (CONTRACT.obs_size, CONTRACT.action_size):
             raise self._error(f"the image's policy maps {obs_dim} -> {act_dim}, the contract is "
                               f"{CONTRACT.obs_size} -> {CONTRACT.action_size}")
@@ -334,9 +337,9 @@ class McuPolicy:
                 while f.type == FRAME_ACTION and 0 < (s - f.seq) & 0xFF < 128:
                     self.stats.late_answers += 1
                     f = self.read_frame()
-                if f.type != FRAME_ACTION or f.seq != s or len(f.payload) != 24:
+                if f.type != FRAME_ACTION or f.seq != s or len(f.payload) != struct.calcsize(ACTION_FORMAT):
                     raise self._error(f"expected the action for frame {s}, got type {chr(f.type)!r} seq {f.seq}")
-                rc, a0, a1, a2, a3, t = struct.unpack("<i4fI", f.payload)
+                rc, a0, a1, a2, a3, t = struct.unpack(ACTION_FORMAT, f.payload)
                 actions[i], rcs[i], ticks[i] = (a0, a1, a2, a3), rc, t
         return actions, rcs, ticks
 
@@ -363,12 +366,11 @@ class McuPolicy:
         while f.type in (FRAME_ACTION, FRAME_MOTORS) and 0 < (seq - f.seq) & 0xFF < 128:  # late, see exchange
             self.stats.late_answers += 1
             f = self.read_frame()
-        if f.type != FRAME_MOTORS or f.seq != seq or len(f.payload) != 44:
+        if f.type != FRAME_MOTORS or f.seq != seq or len(f.payload) != struct.calcsize(MOTORS_FORMAT):
             raise self._error(f"expected the motors for frame {seq}, got type {chr(f.type)!r} seq {f.seq}")
-        rc, mode, fault = struct.unpack_from("<iBB", f.payload)
-        values = np.frombuffer(f.payload, np.float32, 8, offset=8)
-        (ticks,) = struct.unpack_from("<I", f.payload, 40)
-        return GlueOutput(mode, fault, rc, values[:4].copy(), values[4:].copy(), self.instructions(ticks))
+        rc, mode, fault, *values, ticks = struct.unpack(MOTORS_FORMAT, f.payload)
+        values = np.array(values, np.float32)
+        return GlueOutput(mode, fault, rc, values[:4], values[4:], self.instructions(ticks))
 
     def check_against(self, onnx: OnnxPolicy, samples: int = 32, tol: float = MATCH_TOL) -> float:
         """Refuse an image whose policy.c is not ``onnx``'s network (a stale or swapped file next to

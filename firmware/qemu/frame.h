@@ -29,7 +29,7 @@
 #define FRAME_ACTION 'A' /* MCU -> host: int32 rc, float32 action[4], uint32 SysTick ticks of policy_step */
 #define FRAME_BOOT 'B'   /* MCU -> host: int32 self-test rc, uint32 self-test ticks, uint32 timer overhead
                           * ticks, uint32 obs dim, uint32 action dim, float32 thrust (N) of the glue's
-                          * normalized motor force 1 */
+                          * normalized motor force 1, float32 thrust (N) below which it stops a motor */
 #define FRAME_NACK 'N'   /* MCU -> host: uint32 number of bad frames so far (bad CRC, size or type) */
 #define FRAME_QUIT 'Q'   /* host -> MCU: no payload; the image exits through semihosting */
 /* The onboard controller's glue (crazyflie/src/cf_policy_glue.c) between them, in firmware units:
