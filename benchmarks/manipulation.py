@@ -121,7 +121,7 @@ def cached(run: Path, args: list[str]) -> dict | None:
 
     want = OmegaConf.to_container(compose_config([*args, "progress=false"]))
     have = OmegaConf.to_container(OmegaConf.load(run / "config.yaml"))
-    differ = [k for k in diff_keys(want, have) if k not in ("run_dir", "progress")]
+    differ = [k for k in diff_keys(want, have) if k not in ("run_dir", "progress", "log_every_seconds")]  # not results
     if differ:
         raise SystemExit(f"error: {run} was made with other settings ({', '.join(differ)}): delete it or give "
                          f"another --work")

@@ -84,6 +84,10 @@ def test_manipulation_reuses_a_run_only_if_it_has_the_same_settings(tmp_path):
     OmegaConf.save(compose_config([*args, "progress=false"]), run / "config.yaml")
     (run / "results.json").write_text(json.dumps({"env_steps": 50000}))
     assert cached(run, args) == {"env_steps": 50000}
+    saved = OmegaConf.load(run / "config.yaml")
+    del saved["log_every_seconds"]  # a run from before that key: only what is printed differs
+    OmegaConf.save(saved, run / "config.yaml")
+    assert cached(run, args) == {"env_steps": 50000}
     with pytest.raises(SystemExit, match=r"other settings \(algo.variant, max_env_steps\)"):
         cached(run, [*args[:2], "algo.variant=sac", *args[3:-1], "max_env_steps=150000"])
 
