@@ -61,7 +61,7 @@ class RunConfig:
     eval_at_start: bool = False  # also evaluate before the first update (the start of a learning curve)
     checkpoint_every_seconds: float = 30.0  # also checkpoint this often between evaluations
     progress: bool = True  # progress bar
-    log_every_seconds: float = 60.0  # with progress=false (logs), a line of the steps, rate and loss this often
+    log_every_seconds: float = 60.0  # with progress=false (logs), a line of the steps, rate and reward this often
 
 
 # Keys a resumed run may change: budgets and presentation, never what is learned.
