@@ -60,6 +60,7 @@ from .ros import (
     WORLD_FRAME,
     Node,
     param,
+    refuse_unknown_parameters,
     rotor_command_msg,
     run_node,
     vector_param,
@@ -115,6 +116,7 @@ class ControllerNode(Node):
     def __init__(self, name: str, make_policy: Callable[[str], tuple[Policy, dict]], **node_options):
         """``node_options`` go to rclpy's Node (``context=`` for a node built inside a test)."""
         super().__init__(name, **node_options)
+        refuse_unknown_parameters(self)
         from nav_msgs.msg import Odometry
         from rclpy.clock import Clock, ClockType
         from std_msgs.msg import Float32MultiArray, String

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 from .launch import LaunchError, package_prefix
-from .ros import Node, drain, param, run_node, say
+from .ros import Node, drain, param, refuse_unknown_parameters, run_node, say
 
 PRIMITIVES = {"bool", "byte", "char", "float32", "float64", "int8", "uint8", "int16", "uint16", "int32", "uint32",
               "int64", "uint64", "string", "wstring"}
@@ -127,6 +127,7 @@ def new_writer(f):
 class Recorder(Node):
     def __init__(self):
         super().__init__("recorder")
+        refuse_unknown_parameters(self)
         robot = param(self, "robot", "cf1", "robot name, used in the default file name")
         where = param(self, "path", "bags", "a .mcap file or a directory")
         import mcap.writer  # noqa: F401  (a missing package is one error line, before an empty file is made)

@@ -54,12 +54,45 @@ def ensure_ament_prefix() -> None:
         os.environ["AMENT_PREFIX_PATH"] = sys.prefix
 
 
+# Every parameter a node of this package declares (param() refuses any other name), so that a given
+# parameter no node has is refused (refuse_unknown_parameters): rclpy ignores it, and a misspelt limit
+# in a params file (max_tilt_degs) would fly with the default, unsaid.
+PARAMETERS = frozenset({
+    # the nodes that fly a policy (policy_node, firmware_bridge, crazyflie_bridge), most of them the safety layer's
+    "robot", "policy", "world_frame", "target", "stale_timeout", "geofence_min", "geofence_max", "max_action",
+    "descent_thrust_ratio", "ground_height", "landed_height", "recover_count", "max_recoveries",
+    "recovery_window", "takeoff_speed", "ground_timeout", "max_arm_tilt_deg", "max_arm_speed", "max_arm_rate",
+    "max_tilt_deg", "max_jump", "max_attitude_jump_deg", "auto_arm", "wait_for_recorder_s", "clock_timeout",
+    "uri", "reconnect_s",  # crazyflie_bridge
+    "physics", "real_time_factor", "hold_until_command", "clamped", "lockstep", "lockstep_timeout",  # sim_bridge
+    "command_timeout", "initial_position",
+    "path",  # recorder
+})
+# Parameters of rclpy itself that a launch may give any node.
+ROS_PARAMETERS = frozenset({"use_sim_time", "start_type_description_service"})
+
+
+def refuse_unknown_parameters(node: Node) -> None:
+    """Raise ValueError (one line from run_node) if ``node`` was given (params file, ``name:=value``)
+    a parameter that no node of this package declares. Call it first thing after Node.__init__:
+    before a radio link or an emulator starts."""
+    given = node._parameter_overrides  # rclpy's own record of them (no public accessor)
+    unknown = sorted(n for n in given if n not in PARAMETERS | ROS_PARAMETERS and not n.startswith("qos_overrides."))
+    if unknown:
+        it = "them" if len(unknown) > 1 else "it"
+        raise ValueError(f"parameter{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}: no node of this package "
+                         f"has {it} (misspelt?); ROS 2 would ignore {it} and keep the default")
+
+
 def param(node: Node, name: str, default, description: str = ""):
     """Declare a ROS parameter and return its value (lists come back as Python lists). A value of
     another type than the default's (ROS 2 types parameters strictly: 1 is not a double) raises
     ValueError, which run_node prints as one line."""
     from rcl_interfaces.msg import ParameterDescriptor
     from rclpy.exceptions import ParameterException
+
+    if name not in PARAMETERS:
+        raise AssertionError(f"parameter {name}: add it to deploy.ros.PARAMETERS (refuse_unknown_parameters' list)")
 
     try:
         value = node.declare_parameter(name, default, ParameterDescriptor(description=description)).value

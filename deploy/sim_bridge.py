@@ -50,7 +50,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .ros import CONTROL_PUB_QOS, CONTROL_QOS, ODOM, ROTOR_CMD, WORLD_FRAME, Node, param, run_node, vector_param
+from .ros import (CONTROL_PUB_QOS, CONTROL_QOS, ODOM, ROTOR_CMD, WORLD_FRAME, Node, param, refuse_unknown_parameters,
+                  run_node, vector_param)
 from .state import State, fill_odometry
 
 if TYPE_CHECKING:
@@ -86,6 +87,7 @@ class SimBridge(Node):
     def __init__(self, **node_options):
         """``node_options`` go to rclpy's Node (``context=`` for a node built inside a test)."""
         super().__init__("sim_bridge", **node_options)
+        refuse_unknown_parameters(self)
         import torch
         from nav_msgs.msg import Odometry
         from rclpy.clock import Clock, ClockType

@@ -194,6 +194,9 @@ def test_a_hil_failsafe_is_flown_by_the_mcu_to_the_floor(prefix):
     (dict(clock_timeout="-1.0"), "parameter clock_timeout=-1.0: expected a positive time (s)"),
     (dict(recover_count=0), "recover_count 0: expected a whole number >= 1"),
     (dict(target=[0.0, 0.0, 3.0]), "target [0.0, 0.0, 3.0] must lie inside the geofence [-1.5, -1.5, -0.2]..[1.5, 1.5, 2.5]"),
+    # ignored by rclpy: the vehicle would have flown with the default limit
+    (dict(max_tilt_degs=45.0), "parameter max_tilt_degs: no node of this package has it (misspelt?); ROS 2 would "
+                               "ignore it and keep the default"),
 ])
 def test_bad_parameters_are_one_error_line(seeded_policy, params, message):
     with world() as w:
@@ -223,6 +226,7 @@ def test_start_up_errors_before_the_node_are_one_error_line(robot, params, messa
     (dict(max_action=0.8), "max_action 0.8: the real vehicle's onboard policy does not take it"),
     (dict(reconnect_s=-1.0), "reconnect_s -1: expected >= 0 s (0: never reconnect)"),
     (dict(auto_arm=True), "auto_arm: a real vehicle is armed by a call to the arm service, never automatically"),
+    (dict(reconect_s=1.0, geofence=[1.0]), "parameters geofence, reconect_s: no node of this package has them"),
 ])
 def test_the_real_vehicles_bridge_refuses_bad_parameters_before_the_radio(seeded_policy, params, message):
     """A parameter the real vehicle's bridge cannot take is one error line, before it opens a radio link."""
@@ -232,6 +236,26 @@ def test_the_real_vehicles_bridge_refuses_bad_parameters_before_the_radio(seeded
         out = w.output(proc)
     assert f"error: {message}" in out, out
     assert "Traceback" not in out and "connecting" not in out, out
+
+
+def test_a_node_declares_only_parameters_of_the_list_unknown_ones_are_checked_against():
+    """refuse_unknown_parameters knows a parameter by deploy.ros.PARAMETERS: a node declaring one missing
+    there would have it refused when given. param() says so at once (each node is built by these tests)."""
+    import rclpy
+
+    from deploy.ros import param
+    from deploy.testing import free_domain_id
+
+    ctx = rclpy.Context()
+    rclpy.init(args=[], context=ctx, domain_id=free_domain_id())
+    try:
+        node = rclpy.create_node("declares", context=ctx)
+        with pytest.raises(AssertionError, match="parameter max_speed: add it to deploy.ros.PARAMETERS"):
+            param(node, "max_speed", 1.0)
+        assert param(node, "max_jump", 0.4) == 0.4
+        node.destroy_node()
+    finally:
+        rclpy.shutdown(context=ctx)
 
 
 def test_the_hil_bridge_refuses_a_max_action_below_1_before_the_mcu(seeded_policy):
