@@ -30,6 +30,7 @@ from deploy.crazyflie_bridge import (
 )
 from deploy.launch import LaunchError, Scope, parse_cli, plan, substitute
 from deploy.policy_node import STATUS_EVERY
+from deploy.ros import PARAMETERS
 from deploy.safety import (
     CLOCK_RESTART_WINDOW_S,
     CLOCK_RESTARTS_MAX,
@@ -741,13 +742,15 @@ def ament_prefix(tmp_path, monkeypatch) -> Path:
 def test_every_parameter_of_the_shipped_params_file_is_one_a_node_declares():
     """rclpy ignores a params-file key that no node declares: a misspelt safety limit would fly with the
     default, unsaid. Each key of launch/hover.yaml is declared (param/vector_param) by the node of its
-    section, or by some node for the /** section."""
+    section, or by some node for the /** section; and deploy.ros.PARAMETERS, by which the nodes refuse
+    an unknown one, is what they declare."""
     import yaml
 
     def declared(path: Path) -> set[str]:
         return set(re.findall(r"\b(?:vector_)?param\(self, \"(\w+)\"", path.read_text()))
 
     nodes = {p.stem: declared(p) for p in (REPO / "deploy").glob("*.py")}
+    assert set().union(*nodes.values()) == PARAMETERS, "deploy.ros.PARAMETERS lists what the nodes declare"
     sections = yaml.safe_load((REPO / "launch/hover.yaml").read_text())
     assert {"/**", "/**/sim_bridge", "/**/crazyflie_bridge"} <= set(sections)
     for section, body in sections.items():
