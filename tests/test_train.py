@@ -767,8 +767,8 @@ def test_resume_errors_overwrite_nothing(tmp_path):
 
 
 def test_without_the_bar_a_line_tells_the_progress_between_evaluations(tmp_path, capsys):
-    """progress=false (a log file): a line of steps, rate and loss every log_every_seconds, so a run
-    whose evaluations are minutes apart (perception DSRL) is not silent between them."""
+    """progress=false (a log file): a line of steps, rate and reward (diffusion_bc: loss) every
+    log_every_seconds, so a run whose evaluations are minutes apart (perception DSRL) is not silent between them."""
     run = tmp_path / "run"
     assert train_main([*TINY, f"run_dir={run}", "max_env_steps=4096", "eval_every_steps=100000000",
                        "log_every_seconds=1e-9"]) == 0
