@@ -193,6 +193,9 @@ class DSRL:
         act_dim = env.single_action_space.shape[0]
         base, self.base_digest = load_base(cfg.base, env.cfg.name, obs_dim, act_dim, device)
         self.exec_horizon = base.exec_horizon
+        # env steps of one train_iteration: a decision (a chunk) in every environment
+        self.iteration_steps = env.num_envs * self.exec_horizon
+        self.iteration_size = f"algo.num_envs x the base's exec_horizon {self.exec_horizon}"
         self.latent_dim = latent_dim = base.latent_dim
         self.actor = SteeredDiffusionPolicy(base.spec, dict(obs_dim=obs_dim, act_dim=latent_dim,
                                             hidden=list(cfg.actor_hidden), activation="relu", init_action=0.0,

@@ -53,6 +53,8 @@ class PPOConfig:
 class PPO:
     def __init__(self, cfg: PPOConfig, env, device: torch.device, seed: int):
         self.cfg, self.env, self.device = cfg, env, device
+        # env steps of one train_iteration (the trainer refuses a smaller budget), and what sets them
+        self.iteration_steps, self.iteration_size = env.num_envs * cfg.horizon, "algo.num_envs x algo.horizon"
         if cfg.minibatches > env.num_envs * cfg.horizon:  # empty minibatches: NaN losses, nothing learnt
             raise ValueError(f"minibatches {cfg.minibatches}: more than the num_envs x horizon = "
                              f"{env.num_envs * cfg.horizon} transitions of an iteration")

@@ -41,6 +41,7 @@ class SACConfig:
 class SAC:
     def __init__(self, cfg: SACConfig, env, device: torch.device, seed: int):
         self.cfg, self.env, self.device = cfg, env, device
+        self.iteration_steps, self.iteration_size = env.num_envs, "algo.num_envs"  # env steps of one train_iteration
         torch.manual_seed(seed)
         obs_dim = env.single_observation_space["policy"].shape[0]
         critic_dim = env.single_observation_space["critic"].shape[0]

@@ -174,12 +174,6 @@ def run(cfg: DictConfig, run_dir: Path, resume_state: dict | None, t_start: floa
     """Train until the budget ends or a confirmed pass; ``t_start`` (s since the epoch) is what
     the time to success counts from; ``lock``: the run directory's lock if the caller holds it already."""
     task_cfg, algo_cfg = to_objects(cfg)
-    if algo_cfg.name == "ppo" and cfg.max_env_steps < algo_cfg.num_envs * algo_cfg.horizon:
-        # The budget is checked after each iteration: it would train a whole one, past the budget, unsaid.
-        # (Here, not in compose_config: a resume composes the saved run's algo settings only later.)
-        raise UserError(f"max_env_steps={cfg.max_env_steps}: less than one PPO iteration, algo.num_envs x "
-                        f"algo.horizon = {algo_cfg.num_envs} x {algo_cfg.horizon} = "
-                        f"{algo_cfg.num_envs * algo_cfg.horizon:,} env steps")
     device = torch.device(cfg.device)
     ieee_float32_on(device)
     torch.set_num_threads(cfg.threads)
@@ -194,6 +188,11 @@ def run(cfg: DictConfig, run_dir: Path, resume_state: dict | None, t_start: floa
         algo = make_algo(algo_cfg.name, algo_cfg, env, device, cfg.seed)
     except ValueError as e:
         raise UserError(f"algo {algo_cfg.name}: {e}") from None
+    offline = is_offline(cfg.algo)
+    if not offline and cfg.max_env_steps < algo.iteration_steps:
+        # The budget is checked after each iteration: it would train a whole one, past the budget, unsaid.
+        raise UserError(f"max_env_steps={cfg.max_env_steps}: less than one iteration of algo={algo_cfg.name}, "
+                        f"{algo.iteration_steps:,} env steps ({algo.iteration_size})")
     if getattr(algo, "buffer", None) is not None:  # off-policy: its replay rows go to segment files, new ones per save
         algo.buffer.persist(run_dir / ckpt.REPLAY)
     try:
@@ -204,7 +203,6 @@ def run(cfg: DictConfig, run_dir: Path, resume_state: dict | None, t_start: floa
         if resume_state is None:
             save_config(cfg, run_dir)
 
-        offline = is_offline(cfg.algo)
         budget, eval_every, unit = ((algo_cfg.gradient_steps, algo_cfg.eval_every_updates, "update") if offline
                                     else (cfg.max_env_steps, cfg.eval_every_steps, "step"))
         steps_key = "gradient_steps" if offline else "env_steps"  # what tr["env_steps"] counts

@@ -540,8 +540,10 @@ def test_the_usage_of_policies_eval_names_every_option_it_takes(capsys):
     (["task=arm_push", "algo=diffusion_bc", "max_env_steps=100"], "max_env_steps=100: algo=diffusion_bc takes no "
      "environment steps (it learns offline); its budget is algo.gradient_steps, its evaluations every "
      "algo.eval_every_updates"),  # was ignored
-    (["max_env_steps=1000"], "max_env_steps=1000: less than one PPO iteration, algo.num_envs x algo.horizon = "
-     "1024 x 16 = 16,384 env steps"),  # trained 16,384 steps unsaid
+    (["max_env_steps=1000"], "max_env_steps=1000: less than one iteration of algo=ppo, 16,384 env steps "
+     "(algo.num_envs x algo.horizon)"),  # trained 16,384 steps unsaid
+    (["algo=sac", "max_env_steps=63"], "max_env_steps=63: less than one iteration of algo=sac, 64 env steps "
+     "(algo.num_envs)"),
     (["algo.actor_hidden=[0]"], "algo.actor_hidden=[0]: expected layer widths of at least 1"),  # trained a 0-wide net
     (["algo=sac", "algo.critic_hidden=[64,-3]"], "algo.critic_hidden=[64, -3]: expected layer widths of at least 1"),
     (["task=arm_push", "algo=diffusion_bc", "algo.hidden=0"], "algo.hidden=0: expected at least 1"),
