@@ -50,6 +50,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from sim.crazyflie.dynamics import OMEGA, POS, QUAT, RPM, STATE_DIM, VEL, VehicleBatch
+
 from .ros import (CONTROL_PUB_QOS, CONTROL_QOS, ODOM, ROTOR_CMD, WORLD_FRAME, Node, param, refuse_unknown_parameters,
                   run_node, vector_param)
 from .state import State, fill_odometry
@@ -57,7 +59,7 @@ from .state import State, fill_odometry
 if TYPE_CHECKING:
     import torch
 
-    from sim.crazyflie.dynamics import TorchBackend, VehicleBatch
+    from sim.crazyflie.dynamics import TorchBackend
     from sim.crazyflie.mujoco_backend import MujocoBackend
     from sim.crazyflie.pybullet_backend import PybulletBackend
 
@@ -73,8 +75,6 @@ def keep_on_floor(backend: TorchBackend | MujocoBackend | PybulletBackend, state
     ``sim.crazyflie.hover.make_backend``'s) below it is put back on it at rest (no contact model: its
     attitude is kept)."""
     import torch
-
-    from sim.crazyflie.dynamics import OMEGA, POS, VEL
 
     if float(state[0, POS][2]) < 0.0:
         s = state.clone()
@@ -95,7 +95,6 @@ class SimBridge(Node):
         from std_msgs.msg import Float32MultiArray
 
         from sim.crazyflie.contract import POLICY_PERIOD
-        from sim.crazyflie.dynamics import POS, QUAT, RPM, STATE_DIM, VehicleBatch
         from sim.crazyflie.hover import make_backend
         from sim.crazyflie.params import NOMINAL
 
@@ -202,8 +201,6 @@ class SimBridge(Node):
         # Odometry before the clock: a policy node ticking on /clock then sees the state of the
         # same instant (one period of latency less).
         ns = round(self.steps * self.period * 1e9)
-        from sim.crazyflie.dynamics import OMEGA, POS, QUAT, VEL
-
         s = self.backend.state[0].double().numpy()
         state = State(pos=s[POS], quat=s[QUAT], vel=s[VEL], omega=s[OMEGA], stamp=ns * 1e-9)
         self.odom_pub.publish(fill_odometry(self._odom_msg(), state, self.world_frame, self.robot))
