@@ -555,8 +555,13 @@ def test_dsrl_refuses_a_bad_base(tmp_path, run_dir, base_run):
     assert r.returncode == 2 and "was trained on 'arm_push'" in r.stderr
     r = cli("policies.train", "task=arm_push", "algo=dsrl", f"run_dir={tmp_path / 'd'}", *FAST)
     assert r.returncode == 2 and "algo=dsrl needs algo.base=" in r.stderr
-    for override, expected in (("algo.noise_bound=0", "expected b > 0"), ("algo.utd=-1", "expected > 0 gradient")):
-        r = cli("policies.train", "task=arm_push", "algo=dsrl", f"algo.base={base_run}", override,
+    exec_horizon = torch.load(Path(base_run) / ckpt.BEST, weights_only=False)["policy_spec"]["exec_horizon"]
+    for override, expected in (("algo.noise_bound=0", "expected b > 0"), ("algo.utd=-1", "expected > 0 gradient"),
+                               (f"max_env_steps={3 * exec_horizon - 1}",  # (with algo.num_envs=3, below)
+                                f"max_env_steps={3 * exec_horizon - 1}: less than one iteration of algo=dsrl, "
+                                f"{3 * exec_horizon} env steps (algo.num_envs x the base's exec_horizon "
+                                f"{exec_horizon})")):
+        r = cli("policies.train", "task=arm_push", "algo=dsrl", f"algo.base={base_run}", "algo.num_envs=3", override,
                 f"run_dir={tmp_path / 'e'}", *FAST)
         assert r.returncode == 2 and expected in r.stderr and "Traceback" not in r.stderr, (override, r.stderr)
         assert not (tmp_path / "e").exists()
