@@ -393,10 +393,10 @@ class CrazyflieBridge(ControllerNode):
             self._report_change()
 
 
-def main(args: list[str] | None = None) -> int:
+def main() -> int:
     from export.onnx_policy import ContractError
 
-    return run_node(CrazyflieBridge, (ContractError,), args)
+    return run_node(CrazyflieBridge, (ContractError,))
 
 
 if __name__ == "__main__":

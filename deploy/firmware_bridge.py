@@ -161,12 +161,12 @@ class FirmwareBridge(ControllerNode):
             self.mcu.close()
 
 
-def main(args: list[str] | None = None) -> int:
+def main() -> int:
     from export.onnx_policy import ContractError
     from firmware.build import BuildError
     from firmware.pil import PilError
 
-    return run_node(FirmwareBridge, (ContractError, BuildError, PilError), args)
+    return run_node(FirmwareBridge, (ContractError, BuildError, PilError))
 
 
 if __name__ == "__main__":

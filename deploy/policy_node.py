@@ -116,7 +116,7 @@ class ControllerNode(Node):
     def __init__(self, name: str, make_policy: Callable[[str], tuple[Policy, dict]], **node_options):
         """``node_options`` go to rclpy's Node (``context=`` for a node built inside a test)."""
         super().__init__(name, **node_options)
-        refuse_unknown_parameters(self)
+        refuse_unknown_parameters(self, name)
         from nav_msgs.msg import Odometry
         from rclpy.clock import Clock, ClockType
         from std_msgs.msg import Float32MultiArray, String
@@ -418,10 +418,10 @@ class ControllerNode(Node):
               f"inference ms {self.inference.summary()}", flush=True)
 
 
-def main(args: list[str] | None = None) -> int:
+def main() -> int:
     from export.onnx_policy import ContractError
 
-    return run_node(lambda: ControllerNode("policy_node", load_onnx_policy), (ContractError,), args)
+    return run_node(lambda: ControllerNode("policy_node", load_onnx_policy), (ContractError,))
 
 
 if __name__ == "__main__":

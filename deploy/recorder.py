@@ -127,7 +127,7 @@ def new_writer(f):
 class Recorder(Node):
     def __init__(self):
         super().__init__("recorder")
-        refuse_unknown_parameters(self)
+        refuse_unknown_parameters(self, "recorder")
         robot = param(self, "robot", "cf1", "robot name, used in the default file name")
         where = param(self, "path", "bags", "a .mcap file or a directory")
         import mcap.writer  # noqa: F401  (a missing package is one error line, before an empty file is made)
@@ -202,8 +202,8 @@ RECORD_AFTER_STOP_S = 4.8
 RECORD_QUIET_S = 0.25
 
 
-def main(args: list[str] | None = None) -> int:
-    return run_node(Recorder, (), args)
+def main() -> int:
+    return run_node(Recorder, ())
 
 
 if __name__ == "__main__":

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import faulthandler
 import os
+import re
 import signal
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import Callable
 
 import numpy as np
@@ -54,34 +56,89 @@ def ensure_ament_prefix() -> None:
         os.environ["AMENT_PREFIX_PATH"] = sys.prefix
 
 
-# Every parameter a node of this package declares (param() refuses any other name), so that a given
-# parameter no node has is refused (refuse_unknown_parameters): rclpy ignores it, and a misspelt limit
-# in a params file (max_tilt_degs) would fly with the default, unsaid.
-PARAMETERS = frozenset({
-    # the nodes that fly a policy (policy_node, firmware_bridge, crazyflie_bridge), most of them the safety layer's
+# Every parameter each node of this package declares (param() refuses a name no node has), so that a
+# given parameter no node has, or one given to a node that does not have it, is refused
+# (refuse_unknown_parameters): rclpy ignores it, and a misspelt limit in a params file (max_tilt_degs),
+# or one written in another node's section, would fly with the default, unsaid.
+CONTROLLER_PARAMETERS = frozenset({  # policy.ControllerNode: policy_node, firmware_bridge, crazyflie_bridge
     "robot", "policy", "world_frame", "target", "stale_timeout", "geofence_min", "geofence_max", "max_action",
     "descent_thrust_ratio", "ground_height", "landed_height", "recover_count", "max_recoveries",
     "recovery_window", "takeoff_speed", "ground_timeout", "max_arm_tilt_deg", "max_arm_speed", "max_arm_rate",
     "max_tilt_deg", "max_jump", "max_attitude_jump_deg", "auto_arm", "wait_for_recorder_s", "clock_timeout",
-    "uri", "reconnect_s",  # crazyflie_bridge
-    "physics", "real_time_factor", "hold_until_command", "clamped", "lockstep", "lockstep_timeout",  # sim_bridge
-    "command_timeout", "initial_position",
-    "path",  # recorder
 })
+NODE_PARAMETERS: dict[str, frozenset[str]] = {  # by the name each node is built with
+    "policy_node": CONTROLLER_PARAMETERS,
+    "firmware_bridge": CONTROLLER_PARAMETERS,
+    "crazyflie_bridge": CONTROLLER_PARAMETERS | {"uri", "reconnect_s"},
+    "sim_bridge": frozenset({"robot", "world_frame", "physics", "real_time_factor", "hold_until_command", "clamped",
+                             "lockstep", "lockstep_timeout", "command_timeout", "initial_position"}),
+    "recorder": frozenset({"robot", "path"}),
+}
+PARAMETERS = frozenset().union(*NODE_PARAMETERS.values())
 # Parameters of rclpy itself that a launch may give any node.
 ROS_PARAMETERS = frozenset({"use_sim_time", "start_type_description_service"})
 
 
-def refuse_unknown_parameters(node: Node) -> None:
-    """Raise ValueError (one line from run_node) if ``node`` was given (params file, ``name:=value``)
-    a parameter that no node of this package declares. Call it first thing after Node.__init__:
-    before a radio link or an emulator starts."""
+def _ros_parameter(name: str) -> bool:
+    return name in ROS_PARAMETERS or name.startswith("qos_overrides.")
+
+
+def params_file_sections(path: Path) -> list[tuple[str, list[str]]]:
+    """The node sections of a ROS 2 params file: (node name pattern, its parameter names), the pattern
+    fully qualified as rcl reads it (a leading / added, nested namespace keys joined), nested parameter
+    keys joined with '.'."""
+    import yaml
+
+    def names(body: dict, prefix: str = "") -> list[str]:
+        return [n for k, v in body.items()
+                for n in (names(v, f"{prefix}{k}.") if isinstance(v, dict) else [f"{prefix}{k}"])]
+
+    def walk(tree: dict, ns: str) -> list[tuple[str, list[str]]]:
+        out = []
+        for key, body in tree.items():
+            name = f"{ns}/{str(key).strip('/')}"
+            if isinstance(body, dict) and "ros__parameters" in body:
+                out.append((name, names(body["ros__parameters"] or {})))
+            elif isinstance(body, dict):
+                out += walk(body, name)
+        return out
+
+    return walk(yaml.safe_load(path.read_text()) or {}, "")
+
+
+def names_node(pattern: str, fqn: str, name: str) -> bool:
+    """Whether the params-file section ``pattern`` is written for the node ``name`` (its last token is
+    that name, no wildcard) and applies to it at ``fqn`` (ROS 2 wildcards: * one token, ** any number)."""
+    if pattern.rsplit("/", 1)[-1] != name:
+        return False
+    tokens = [re.escape(t) for t in pattern.strip("/").split("/")]
+    regex = "".join("(/[^/]+)*" if t == r"\*\*" else "/[^/]+" if t == r"\*" else f"/{t}" for t in tokens)
+    return re.fullmatch(regex, fqn) is not None
+
+
+def refuse_unknown_parameters(node: Node, kind: str) -> None:
+    """Raise ValueError (one line from run_node) if ``node`` (built as ``kind``, a key of NODE_PARAMETERS)
+    was given (params file, ``name:=value``) a parameter that no node of this package declares, or a
+    params file (this process's command line, as run_node gives it to rclpy) has a section written for
+    this node with a parameter that it does not declare (another node's, in the wrong section). Call it
+    first thing after Node.__init__: before a radio link or an emulator starts."""
     given = node._parameter_overrides  # rclpy's own record of them (no public accessor)
-    unknown = sorted(n for n in given if n not in PARAMETERS | ROS_PARAMETERS and not n.startswith("qos_overrides."))
+    unknown = sorted(n for n in given if n not in PARAMETERS and not _ros_parameter(n))
     if unknown:
         it = "them" if len(unknown) > 1 else "it"
         raise ValueError(f"parameter{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}: no node of this package "
                          f"has {it} (misspelt?); ROS 2 would ignore {it} and keep the default")
+    files = [Path(sys.argv[i + 1]) for i, a in enumerate(sys.argv[:-1]) if a == "--params-file"]
+    for path in files:
+        for pattern, names in params_file_sections(path):
+            if not names_node(pattern, node.get_fully_qualified_name(), node.get_name()):
+                continue
+            for n in names:
+                if n not in NODE_PARAMETERS[kind] and not _ros_parameter(n):
+                    owners = [k for k, v in NODE_PARAMETERS.items() if n in v]
+                    raise ValueError(f"parameter {n} in the section {pattern} of {path}: {kind} has no such "
+                                     f"parameter, {', '.join(owners)} {'has' if len(owners) == 1 else 'have'} "
+                                     "(move it to their section, or /** for every node); ROS 2 would ignore it")
 
 
 def param(node: Node, name: str, default, description: str = ""):
@@ -205,8 +262,7 @@ def drain(node: Node, received: Callable[[], int], limit_s: float = 1.0, quiet_s
 TEARDOWN_LIMIT_S = 3.0
 
 
-def run_node(make: Callable[[], Node], user_errors: tuple[type[Exception], ...] = (),
-             args: list[str] | None = None) -> int:
+def run_node(make: Callable[[], Node], user_errors: tuple[type[Exception], ...] = ()) -> int:
     """rclpy.init, build the node, spin until Ctrl-C / SIGTERM / shutdown, clean up.
 
     ValueError, OSError, a missing module or one of ``user_errors`` raised while building the node,
@@ -222,7 +278,8 @@ def run_node(make: Callable[[], Node], user_errors: tuple[type[Exception], ...] 
     stop = stop_on_signals()  # before anything starts: a signal while the node is built stops it after
     ensure_ament_prefix()
     try:
-        rclpy.init(args=sys.argv if args is None else args, signal_handler_options=SignalHandlerOptions.NO)
+        # (refuse_unknown_parameters reads sys.argv's params files too)
+        rclpy.init(args=sys.argv, signal_handler_options=SignalHandlerOptions.NO)
     except _rclpy.RCLError as e:  # e.g. __ns:=/cf-1, no ROS name: rcl's reason, without its lexer's
         print(f"error: the ROS arguments: {str(e).split('. Error:')[0]}", file=sys.stderr)
         return 2

@@ -87,7 +87,7 @@ class SimBridge(Node):
     def __init__(self, **node_options):
         """``node_options`` go to rclpy's Node (``context=`` for a node built inside a test)."""
         super().__init__("sim_bridge", **node_options)
-        refuse_unknown_parameters(self)
+        refuse_unknown_parameters(self, "sim_bridge")
         import torch
         from nav_msgs.msg import Odometry
         from rclpy.clock import Clock, ClockType
@@ -211,8 +211,8 @@ class SimBridge(Node):
         self._published_at = time.monotonic()
 
 
-def main(args: list[str] | None = None) -> int:
-    return run_node(SimBridge, (), args)
+def main() -> int:
+    return run_node(SimBridge, ())
 
 
 if __name__ == "__main__":

@@ -238,6 +238,29 @@ def test_the_real_vehicles_bridge_refuses_bad_parameters_before_the_radio(seeded
     assert "Traceback" not in out and "connecting" not in out, out
 
 
+def test_a_parameter_in_another_nodes_section_is_one_error_line(seeded_policy, tmp_path):
+    """A params file's section written for a node (/**/sim_bridge) with a parameter of another node
+    (the safety layer's max_tilt_deg): rclpy gives it to no node, and the policy would fly with its
+    default. The node the section names refuses to start; one whose section is right starts."""
+    wrong = tmp_path / "wrong.yaml"
+    wrong.write_text("/**:\n  ros__parameters:\n    stale_timeout: 0.05\n"
+                     "/**/sim_bridge:\n  ros__parameters:\n    command_timeout: 0.5\n    max_tilt_deg: 45.0\n")
+    right = tmp_path / "right.yaml"
+    right.write_text("/**:\n  ros__parameters:\n    max_tilt_deg: 45.0\n"
+                     "/cf1:\n  sim_bridge:\n    ros__parameters:\n      command_timeout: 0.5\n"
+                     "/cf2/sim_bridge:\n  ros__parameters:\n    uri: radio://0/80/2M\n")  # not this node's
+    with world() as w:
+        bad = w.start(*w.node_cmd("sim_bridge", clamped=True), "--params-file", str(wrong), name="bad")
+        good = w.start(*w.node_cmd("sim_bridge", robot="cf1", clamped=True), "--params-file", str(right), name="good")
+        assert bad.wait(timeout=60) == 2, w.output(bad)
+        w.spin_until(lambda: "sim_bridge: torch backend" in w.output(good), 60, "the right file's node to start")
+        assert good.poll() is None, w.output(good)
+        out = w.output(bad)
+    assert (f"error: parameter max_tilt_deg in the section /**/sim_bridge of {wrong}: sim_bridge has no such "
+            "parameter, policy_node, firmware_bridge, crazyflie_bridge have") in out, out
+    assert "Traceback" not in out, out
+
+
 def test_a_node_declares_only_parameters_of_the_list_unknown_ones_are_checked_against():
     """refuse_unknown_parameters knows a parameter by deploy.ros.PARAMETERS: a node declaring one missing
     there would have it refused when given. param() says so at once (each node is built by these tests)."""

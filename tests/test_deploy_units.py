@@ -30,7 +30,7 @@ from deploy.crazyflie_bridge import (
 )
 from deploy.launch import LaunchError, Scope, parse_cli, plan, substitute
 from deploy.policy_node import STATUS_EVERY
-from deploy.ros import PARAMETERS
+from deploy.ros import NODE_PARAMETERS, PARAMETERS, names_node, params_file_sections
 from deploy.safety import (
     CLOCK_RESTART_WINDOW_S,
     CLOCK_RESTARTS_MAX,
@@ -742,22 +742,52 @@ def ament_prefix(tmp_path, monkeypatch) -> Path:
 def test_every_parameter_of_the_shipped_params_file_is_one_a_node_declares():
     """rclpy ignores a params-file key that no node declares: a misspelt safety limit would fly with the
     default, unsaid. Each key of launch/hover.yaml is declared (param/vector_param) by the node of its
-    section, or by some node for the /** section; and deploy.ros.PARAMETERS, by which the nodes refuse
-    an unknown one, is what they declare."""
-    import yaml
+    section, or by some node for the /** section; and deploy.ros.NODE_PARAMETERS, by which the nodes
+    refuse an unknown one, is what each declares (the controller nodes: policy_node's ControllerNode and
+    their own)."""
+    def declared(name: str) -> set[str]:
+        return set(re.findall(r"\b(?:vector_)?param\(self, \"(\w+)\"", (REPO / f"deploy/{name}.py").read_text()))
 
-    def declared(path: Path) -> set[str]:
-        return set(re.findall(r"\b(?:vector_)?param\(self, \"(\w+)\"", path.read_text()))
-
-    nodes = {p.stem: declared(p) for p in (REPO / "deploy").glob("*.py")}
-    assert set().union(*nodes.values()) == PARAMETERS, "deploy.ros.PARAMETERS lists what the nodes declare"
-    sections = yaml.safe_load((REPO / "launch/hover.yaml").read_text())
+    nodes = {name: declared(name) for name in ("sim_bridge", "recorder")}
+    nodes |= {name: declared("policy_node") | declared(name) for name in ("firmware_bridge", "crazyflie_bridge")}
+    nodes["policy_node"] = declared("policy_node")
+    assert nodes == NODE_PARAMETERS, "deploy.ros.NODE_PARAMETERS lists what each node declares"
+    assert set().union(*nodes.values()) == PARAMETERS
+    sections = dict(params_file_sections(REPO / "launch/hover.yaml"))
     assert {"/**", "/**/sim_bridge", "/**/crazyflie_bridge"} <= set(sections)
-    for section, body in sections.items():
+    for section, names in sections.items():
         node = section.removeprefix("/**").removeprefix("/")
-        known = nodes[node] if node else set().union(*nodes.values())
-        unknown = set(body["ros__parameters"]) - known
+        unknown = set(names) - (nodes[node] if node else PARAMETERS)
         assert not unknown, f"{section}: {sorted(unknown)} declared by no node"
+
+
+def test_params_file_sections_are_read_and_matched_as_rcl_does(tmp_path):
+    """The sections a node checks its own parameters in: rcl's reading of a params file (a leading /
+    added, nested namespace keys joined, nested parameter names joined with '.') and its wildcards."""
+    path = write(tmp_path / "p.yaml", """
+/**:
+  ros__parameters: {target: [0.0, 0.0, 1.0]}
+sim_bridge:
+  ros__parameters: {qos_overrides: {/clock: {publisher: {depth: 5}}}}
+/cf1:
+  policy_node:
+    ros__parameters: {max_tilt_deg: 45.0}
+/*/cf2/crazyflie_bridge:
+  ros__parameters: {uri: radio://0/80/2M}
+""")
+    assert params_file_sections(path) == [
+        ("/**", ["target"]), ("/sim_bridge", ["qos_overrides./clock.publisher.depth"]),
+        ("/cf1/policy_node", ["max_tilt_deg"]), ("/*/cf2/crazyflie_bridge", ["uri"])]
+    assert names_node("/**/sim_bridge", "/cf1/sim_bridge", "sim_bridge")
+    assert names_node("/**/sim_bridge", "/sim_bridge", "sim_bridge")  # ** is any number of tokens, none too
+    assert names_node("/sim_bridge", "/sim_bridge", "sim_bridge")
+    assert not names_node("/sim_bridge", "/cf1/sim_bridge", "sim_bridge")
+    assert not names_node("/**", "/cf1/sim_bridge", "sim_bridge")  # every node's: not written for this one
+    assert not names_node("/**/policy_node", "/cf1/sim_bridge", "sim_bridge")
+    assert not names_node("/cf2/policy_node", "/cf1/policy_node", "policy_node")
+    assert names_node("/*/cf2/crazyflie_bridge", "/lab/cf2/crazyflie_bridge", "crazyflie_bridge")
+    assert not names_node("/*/cf2/crazyflie_bridge", "/cf2/crazyflie_bridge", "crazyflie_bridge")  # * is one token
+    assert not names_node("/cf.1/policy_node", "/cfx1/policy_node", "policy_node")  # no regex of its own
 
 
 def test_hover_launch_plans_the_documented_processes(ament_prefix):
@@ -2179,7 +2209,7 @@ class Stopping(Node):
         raise KeyboardInterrupt  # as Ctrl-C during a callback
 {methods}
 
-sys.exit(run_node(Stopping, (), []))
+sys.exit(run_node(Stopping))
 """
 
 CLOSER = """
@@ -2233,7 +2263,7 @@ def make():
     raise ModuleNotFoundError("No module named {name!r}", name={name!r})
 
 
-sys.exit(run_node(make, (), []))
+sys.exit(run_node(make))
 """
 
 
