@@ -84,26 +84,49 @@ def _ros_parameter(name: str) -> bool:
 
 
 def params_file_sections(path: Path) -> list[tuple[str, list[str]]]:
-    """The node sections of a ROS 2 params file: (node name pattern, its parameter names), the pattern
-    fully qualified as rcl reads it (a leading / added, nested namespace keys joined), nested parameter
-    keys joined with '.'."""
+    """The node sections of a ROS 2 params file as rcl reads them: (node name pattern, its parameter
+    names), the pattern fully qualified (a leading / added, nested namespace keys joined), nested
+    parameter keys joined with '.'. Read as YAML nodes, not values: every document of the file, a
+    section repeated (rcl merges it), a tag rcl ignores. ValueError (one line) if it is no YAML."""
     import yaml
 
-    def names(body: dict, prefix: str = "") -> list[str]:
-        return [n for k, v in body.items()
-                for n in (names(v, f"{prefix}{k}.") if isinstance(v, dict) else [f"{prefix}{k}"])]
+    def names(body: yaml.Node, prefix: str = "") -> list[str]:
+        if not isinstance(body, yaml.MappingNode) or not body.value:  # a value (an empty mapping: rcl's too)
+            return [prefix.removesuffix(".")]
+        return [n for k, v in body.value for n in names(v, f"{prefix}{k.value}.")]
 
-    def walk(tree: dict, ns: str) -> list[tuple[str, list[str]]]:
+    def walk(tree: yaml.Node, ns: str) -> list[tuple[str, list[str]]]:
         out = []
-        for key, body in tree.items():
-            name = f"{ns}/{str(key).strip('/')}"
-            if isinstance(body, dict) and "ros__parameters" in body:
-                out.append((name, names(body["ros__parameters"] or {})))
-            elif isinstance(body, dict):
-                out += walk(body, name)
+        for key, body in tree.value if isinstance(tree, yaml.MappingNode) else ():
+            if key.value == "ros__parameters":
+                out.append((ns or "/", names(body) if isinstance(body, yaml.MappingNode) and body.value else []))
+            else:  # a node or a namespace; a node's mapping may hold further nodes, as rcl reads it
+                out += walk(body, f"{ns}/{str(key.value).strip('/')}")
         return out
 
-    return walk(yaml.safe_load(path.read_text()) or {}, "")
+    try:
+        return [section for doc in yaml.compose_all(path.read_text()) for section in walk(doc, "")]
+    except yaml.YAMLError as e:
+        raise ValueError(f"params file {path}: not YAML ({str(e).splitlines()[0]})") from None
+
+
+def ros_params_files(argv: list[str]) -> list[Path]:
+    """The params files of a command line as rcl takes them: ``--params-file <path>`` inside a
+    ``--ros-args`` block (which ends at ``--`` or the end; there may be several)."""
+    takes_value = {"-p", "--param", "-r", "--remap", "-e", "--enclave", "--log-level", "--log-config-file",
+                   "--log-file-name", "--params-file"}
+    files, inside, i = [], False, 0
+    while i < len(argv):
+        if argv[i] == "--ros-args":
+            inside = True
+        elif inside and argv[i] == "--":
+            inside = False
+        elif inside and argv[i] in takes_value and i + 1 < len(argv):
+            if argv[i] == "--params-file":
+                files.append(Path(argv[i + 1]))
+            i += 1
+        i += 1
+    return files
 
 
 def names_node(pattern: str, fqn: str, name: str) -> bool:
@@ -119,26 +142,28 @@ def names_node(pattern: str, fqn: str, name: str) -> bool:
 def refuse_unknown_parameters(node: Node, kind: str) -> None:
     """Raise ValueError (one line from run_node) if ``node`` (built as ``kind``, a key of NODE_PARAMETERS)
     was given (params file, ``name:=value``) a parameter that no node of this package declares, or a
-    params file (this process's command line, as run_node gives it to rclpy) has a section written for
+    params file of this process's command line (run_node gives rclpy sys.argv) has a section written for
     this node with a parameter that it does not declare (another node's, in the wrong section). Call it
-    first thing after Node.__init__: before a radio link or an emulator starts."""
+    first thing after Node.__init__: before a radio link or an emulator starts. param() then holds the
+    node's declarations to NODE_PARAMETERS[kind]."""
+    node._parameter_kind = kind
     given = node._parameter_overrides  # rclpy's own record of them (no public accessor)
     unknown = sorted(n for n in given if n not in PARAMETERS and not _ros_parameter(n))
     if unknown:
         it = "them" if len(unknown) > 1 else "it"
         raise ValueError(f"parameter{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}: no node of this package "
                          f"has {it} (misspelt?); ROS 2 would ignore {it} and keep the default")
-    files = [Path(sys.argv[i + 1]) for i, a in enumerate(sys.argv[:-1]) if a == "--params-file"]
-    for path in files:
+    for path in ros_params_files(sys.argv):
         for pattern, names in params_file_sections(path):
             if not names_node(pattern, node.get_fully_qualified_name(), node.get_name()):
                 continue
             for n in names:
                 if n not in NODE_PARAMETERS[kind] and not _ros_parameter(n):
                     owners = [k for k, v in NODE_PARAMETERS.items() if n in v]
-                    raise ValueError(f"parameter {n} in the section {pattern} of {path}: {kind} has no such "
-                                     f"parameter, {', '.join(owners)} {'has' if len(owners) == 1 else 'have'} "
-                                     "(move it to their section, or /** for every node); ROS 2 would ignore it")
+                    has = f"{', '.join(owners)} {'has' if len(owners) == 1 else 'have'}" if owners else "no node has"
+                    raise ValueError(f"parameter {n} in the section {pattern} of {path}: {kind} has no such parameter "
+                                     f"({has} it); ROS 2 would ignore it. Write it in the section of a node that "
+                                     "takes it, by the name that node runs under, or under /**")
 
 
 def param(node: Node, name: str, default, description: str = ""):
@@ -148,8 +173,10 @@ def param(node: Node, name: str, default, description: str = ""):
     from rcl_interfaces.msg import ParameterDescriptor
     from rclpy.exceptions import ParameterException
 
-    if name not in PARAMETERS:
-        raise AssertionError(f"parameter {name}: add it to deploy.ros.PARAMETERS (refuse_unknown_parameters' list)")
+    kind = getattr(node, "_parameter_kind", None)  # set by refuse_unknown_parameters
+    if name not in (PARAMETERS if kind is None else NODE_PARAMETERS[kind]):
+        where = "any of deploy.ros.NODE_PARAMETERS" if kind is None else f"deploy.ros.NODE_PARAMETERS['{kind}']"
+        raise AssertionError(f"parameter {name}: not in {where} (refuse_unknown_parameters' lists): add it there")
 
     try:
         value = node.declare_parameter(name, default, ParameterDescriptor(description=description)).value

@@ -98,9 +98,10 @@ again, DISARMED (``auto_arm`` arms it again on the first valid state unless the 
 stopped it since the last arming; an emergency stop stays latched): its kept times would lie ahead.
 It is seen only if the new clock is first heard before it has passed the old one. A new simulator
 process is heard once DDS has discovered it (2.9 s after its first message in one test run here; Fast
-DDS announces a participant 5 times at 100 ms, then every 3 s): one restarted within about 3 s of its
-own start can first be heard ahead of where the old clock stopped, and is taken for a clock that stopped
-and went on (the stale rule's failsafe, then a recovery, as for a paused simulator).
+DDS announces a participant 5 times at 100 ms, then every 3 s): a simulator restarted after its
+predecessor had run less than about 3 s of simulated time (at real_time_factor 1) can first be heard
+ahead of where the old clock stopped, and is taken for a clock that stopped and went on (the stale
+rule's failsafe, then a recovery, as for a paused simulator).
 A clock that goes back ``CLOCK_RESTARTS_MAX`` times within ``CLOCK_RESTART_WINDOW_S`` of steady wall
 time is taken for two clocks (two simulators publishing /clock), not for restarts, which come seconds
 apart: arming, by the operator or ``auto_arm``, is refused until the clock has gone that long without

@@ -257,25 +257,32 @@ def test_a_parameter_in_another_nodes_section_is_one_error_line(seeded_policy, t
         assert good.poll() is None, w.output(good)
         out = w.output(bad)
     assert (f"error: parameter max_tilt_deg in the section /**/sim_bridge of {wrong}: sim_bridge has no such "
-            "parameter, policy_node, firmware_bridge, crazyflie_bridge have") in out, out
+            "parameter (policy_node, firmware_bridge, crazyflie_bridge have it)") in out, out
     assert "Traceback" not in out, out
 
 
 def test_a_node_declares_only_parameters_of_the_list_unknown_ones_are_checked_against():
-    """refuse_unknown_parameters knows a parameter by deploy.ros.PARAMETERS: a node declaring one missing
-    there would have it refused when given. param() says so at once (each node is built by these tests)."""
+    """refuse_unknown_parameters knows a node's parameters by deploy.ros.NODE_PARAMETERS: a node declaring one
+    missing there would have it refused when given. param() says so at once (each node is built by these
+    tests): against the node's own list once refuse_unknown_parameters has named it, else against them all."""
     import rclpy
 
-    from deploy.ros import param
+    from deploy.ros import param, refuse_unknown_parameters
     from deploy.testing import free_domain_id
 
     ctx = rclpy.Context()
     rclpy.init(args=[], context=ctx, domain_id=free_domain_id())
     try:
         node = rclpy.create_node("declares", context=ctx)
-        with pytest.raises(AssertionError, match="parameter max_speed: add it to deploy.ros.PARAMETERS"):
+        with pytest.raises(AssertionError, match="parameter max_speed: not in any of deploy.ros.NODE_PARAMETERS"):
             param(node, "max_speed", 1.0)
         assert param(node, "max_jump", 0.4) == 0.4
+        node.destroy_node()
+        node = rclpy.create_node("sim_bridge", context=ctx)
+        refuse_unknown_parameters(node, "sim_bridge")
+        with pytest.raises(AssertionError, match=re.escape("max_jump: not in deploy.ros.NODE_PARAMETERS['sim_bridge']")):
+            param(node, "max_jump", 0.4)  # the safety layer's, not the simulator's
+        assert param(node, "clamped", False) is False
         node.destroy_node()
     finally:
         rclpy.shutdown(context=ctx)

@@ -30,7 +30,7 @@ from deploy.crazyflie_bridge import (
 )
 from deploy.launch import LaunchError, Scope, parse_cli, plan, substitute
 from deploy.policy_node import STATUS_EVERY
-from deploy.ros import NODE_PARAMETERS, PARAMETERS, names_node, params_file_sections
+from deploy.ros import NODE_PARAMETERS, PARAMETERS, names_node, params_file_sections, ros_params_files
 from deploy.safety import (
     CLOCK_RESTART_WINDOW_S,
     CLOCK_RESTARTS_MAX,
@@ -787,7 +787,33 @@ sim_bridge:
     assert not names_node("/cf2/policy_node", "/cf1/policy_node", "policy_node")
     assert names_node("/*/cf2/crazyflie_bridge", "/lab/cf2/crazyflie_bridge", "crazyflie_bridge")
     assert not names_node("/*/cf2/crazyflie_bridge", "/cf2/crazyflie_bridge", "crazyflie_bridge")  # * is one token
-    assert not names_node("/cf.1/policy_node", "/cfx1/policy_node", "policy_node")  # no regex of its own
+    # what PyYAML's values would lose or refuse, and rcl reads: another document, a section repeated
+    # (rcl merges the two), a tag, a node's mapping holding another node, an empty parameter mapping
+    path = write(tmp_path / "q.yaml", """
+/**/sim_bridge:
+  ros__parameters: {clamped: true}
+/**/sim_bridge:
+  ros__parameters: {max_jump: 0.4, d: {}}
+---
+/cf1:
+  ros__parameters: {a: !foo 1}
+  sim_bridge:
+    ros__parameters: {lockstep: true}
+""")
+    assert params_file_sections(path) == [("/**/sim_bridge", ["clamped"]), ("/**/sim_bridge", ["max_jump", "d"]),
+                                          ("/cf1", ["a"]), ("/cf1/sim_bridge", ["lockstep"])]
+    with pytest.raises(ValueError, match="params file .*r.yaml: not YAML"):
+        params_file_sections(write(tmp_path / "r.yaml", "a: [1\n"))
+
+
+def test_params_files_are_those_of_the_ros_arguments():
+    """rcl reads --params-file inside a --ros-args block only (to -- or the end; there may be several),
+    and the value of another ROS argument is not one."""
+    argv = ["node", "--params-file", "not.yaml", "--ros-args", "-p", "x:=1", "--params-file", "a.yaml", "--",
+            "--params-file", "user.yaml", "--ros-args", "-r", "__ns:=/cf1", "--params-file", "b.yaml",
+            "-p", "--params-file"]
+    assert ros_params_files(argv) == [Path("a.yaml"), Path("b.yaml")]
+    assert ros_params_files(["node", "--ros-args", "-p", "--params-file", "--params-file", "c.yaml"]) == [Path("c.yaml")]
 
 
 def test_hover_launch_plans_the_documented_processes(ament_prefix):
