@@ -24,8 +24,10 @@ STEPS = 100  # 1 s of flight
 TOLERANCES = {
     # MuJoCo (RK4, forces at the substep midpoint) matches a float64 RK4 to a few micrometres; what
     # is left is the float32 rounding of the torch state (measured 2.9e-5 m, 2.4e-5 rad, 1e-4 m/s,
-    # 3.8e-5 rad/s). ~10x margin: a wrong frame, sign or parameter shows up far above (holding the
-    # forces at the substep-start attitude alone gives 8.8e-4 m).
+    # 3.8e-5 rad/s). ~10x margin: a wrong frame, sign or integration shows up far above (holding the
+    # forces at the substep-start attitude alone gives 8.8e-4 m). The rotor model (thrust, rotor positions,
+    # yaw signs) is sim/crazyflie/forces.py in every backend, so it cannot differ here: test_physics.py
+    # checks it against the parameters per motor.
     MujocoBackend: dict(pos=2.5e-4, angle=2.5e-4, vel=1e-3, omega=5e-4),
     # PyBullet integrates with semi-implicit Euler, read as leapfrog (pybullet_backend.py). Measured
     # 0.13 mm, 9.4e-5 rad, 0.40 mm/s, 1.8e-4 rad/s at h = 1 ms, halving with h: PyBullet's gyroscopic

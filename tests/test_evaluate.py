@@ -17,7 +17,9 @@ from omegaconf import OmegaConf
 
 from policies import checkpoint as ckpt
 from policies.config import to_objects
-from policies.evaluate import evaluate_backends, evaluate_hover, tilt_deg
+from policies.evaluate import criterion_config, evaluate_backends, evaluate_hover, tilt_deg
+from sim.crazyflie.contract import POLICY_PERIOD
+from sim.crazyflie.dynamics import POS, VEL
 from sim.crazyflie.params import GRAVITY
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -121,6 +123,8 @@ def test_eval_judges_under_the_conditions_its_task_overrides_give(tmp_path):
     task_cfg, _ = to_objects(OmegaConf.create(rec["config"]))
     quiet = ["task.randomization.enabled=false", "task.noise.enabled=false"]
     conditions = override_task(get_task(task_cfg.name).default_config(), quiet)
+    for cfg, on in ((criterion_config(task_cfg, None), True), (criterion_config(task_cfg, conditions), False)):
+        assert cfg.randomization.enabled is on and cfg.noise.enabled is on  # each override taken, not one
     default = evaluate_hover(policy, task_cfg, episodes=20)
     judged = evaluate_hover(policy, task_cfg, episodes=20, conditions=conditions)
     assert abs(judged.mean_final_error - default.mean_final_error) > 1e-3 * default.mean_final_error
@@ -235,18 +239,28 @@ def test_each_failed_episode_is_counted_under_the_bounds_it_broke():
 
 def test_an_episode_that_leaves_the_ball_counts_as_failed_from_then_on():
     """Full thrust on every rotor climbs out of the 1 m ball within ~1 s: every episode fails, and
-    its position error is finite (within 1 m) up to the step it left and NaN from that step on."""
+    its position error is finite (within 1 m) up to the step it left and NaN from that step on. The
+    ball's radius is 1 m, read from the simulator states rather than the evaluation's own constant:
+    the last state inside is within 1 m, and one more period at its speed would take it beyond (the
+    state that left is not seen: the episode resets in that step)."""
     policy, rec = ckpt.load_policy(PRETRAINED)
     task_cfg, _ = to_objects(OmegaConf.create(rec["config"]))
-    res = evaluate_hover(lambda obs: torch.ones(len(obs), 4), task_cfg, episodes=20)
+    states = []  # every step's simulator state, read through the evaluation's frame hook
+    res = evaluate_hover(lambda obs: torch.ones(len(obs), 4), task_cfg, episodes=20,
+                         frames_cb=lambda env, t: states.append(env.backend.state.clone()))
     assert res.left_ball == 20 and res.success_rate == 0.0 and not res.success.any()
     assert res.error_failures == res.tilt_failures == 0  # counted among the episodes that stayed
     err = res.position_error  # [T, episodes]
+    s = torch.stack(states).double()
+    dist = (s[..., POS] - torch.tensor(task_cfg.target, dtype=torch.float64)).norm(dim=-1)
+    speed = s[..., VEL].norm(dim=-1)  # m/s, world
     for k in range(20):
         gone = np.isnan(err[:, k])
         first = int(np.argmax(gone))
         assert gone[first:].all() and not gone[:first].any() and 0 < first < 150, (k, first)
         assert err[first - 1, k] <= 1.0
+        inside, step = float(dist[first - 1, k]), float(speed[first - 1, k]) * POLICY_PERIOD
+        assert (dist[:first, k] <= 1.0).all() and inside + 1.2 * step > 1.0, (k, first, inside, step)
     assert np.isnan(res.mean_final_error) and np.isnan(res.common_offset).all()
 
 

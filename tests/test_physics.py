@@ -100,6 +100,8 @@ def test_battery_sag_scales_every_rotors_thrust():
 
 
 def test_motor_lag_first_order():
+    """d rpm / dt = (command - rpm) / tau for each motor, its own command (a swapped index shows)."""
     tau = NOMINAL.motor_tau
-    d = _deriv([0.0] * 4, cmd=[1000.0] * 4)
-    assert d[RPM][0].item() == pytest.approx(1000.0 / tau, rel=1e-5)
+    cmd = [1000.0, 2000.0, 3000.0, 4000.0]
+    d = _deriv([0.0, 500.0, 0.0, 5000.0], cmd=cmd)
+    assert d[RPM].tolist() == pytest.approx([1000.0 / tau, 1500.0 / tau, 3000.0 / tau, -1000.0 / tau], rel=1e-5)

@@ -253,7 +253,8 @@ def test_same_seed_same_result_and_resume_is_exact(tmp_path, tiny, capsys):
 
     curves = [EventAccumulator(str(d / "tb")).Reload() for d in (straight, split)]
     steps = [[e.step for e in c.Scalars("train/reward")] for c in curves]
-    assert sorted(set(steps[1])) == steps[0], "TensorBoard must keep the curve from before the resume"
+    # the curve from before the resume kept, and no step written twice (the split run ended on a checkpoint)
+    assert steps[1] == steps[0], "TensorBoard must keep the curve from before the resume, once"
     if "algo=sac" in tiny:  # the replay rows are in segment files, not in last.pt
         assert "data" not in torch.load(split / ckpt.LAST, weights_only=False)["algo"]["buffer"]
         segments = sorted((split / ckpt.REPLAY).glob("rows_*.pt"))
@@ -371,7 +372,7 @@ def test_kill9_and_resume(tmp_path, tiny):
             time.sleep(0.2)
     time.sleep(1.0)
     os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
+    assert proc.wait() == -signal.SIGKILL, "the run ended before it was killed"
     state = torch.load(last, weights_only=False)
     saved = state["trainer"]
     assert saved["iteration"] > 0
