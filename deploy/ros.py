@@ -56,8 +56,8 @@ def ensure_ament_prefix() -> None:
         os.environ["AMENT_PREFIX_PATH"] = sys.prefix
 
 
-# Every parameter each node of this package declares (param() refuses a name no node has), so that a
-# given parameter no node has, or one given to a node that does not have it, is refused
+# Every parameter each node of this package declares (param() refuses a name missing from its node's list), so that a
+# given parameter no node has, or one in a params-file section for a node that does not have it, is refused
 # (refuse_unknown_parameters): rclpy ignores it, and a misspelt limit in a params file (max_tilt_degs),
 # or one written in another node's section, would fly with the default, unsaid.
 CONTROLLER_PARAMETERS = frozenset({  # policy.ControllerNode: policy_node, firmware_bridge, crazyflie_bridge

@@ -240,8 +240,9 @@ def test_the_real_vehicles_bridge_refuses_bad_parameters_before_the_radio(seeded
 
 def test_a_parameter_in_another_nodes_section_is_one_error_line(seeded_policy, tmp_path):
     """A params file's section written for a node (/**/sim_bridge) with a parameter of another node
-    (the safety layer's max_tilt_deg): rclpy gives it to no node, and the policy would fly with its
-    default. The node the section names refuses to start; one whose section is right starts."""
+    (the safety layer's max_tilt_deg): it reaches only sim_bridge, which does not declare it, and the
+    policy would fly with its default. The node the section names refuses to start; one whose section
+    is right starts."""
     wrong = tmp_path / "wrong.yaml"
     wrong.write_text("/**:\n  ros__parameters:\n    stale_timeout: 0.05\n"
                      "/**/sim_bridge:\n  ros__parameters:\n    command_timeout: 0.5\n    max_tilt_deg: 45.0\n")
