@@ -110,12 +110,13 @@ def params_file_sections(path: Path) -> list[tuple[str, list[str]]]:
         raise ValueError(f"params file {path}: not YAML ({str(e).splitlines()[0]})") from None
 
 
-def ros_params_files(argv: list[str]) -> list[Path]:
-    """The params files of a command line as rcl takes them: ``--params-file <path>`` inside a
-    ``--ros-args`` block (which ends at ``--`` or the end; there may be several)."""
+def ros_arguments(argv: list[str]) -> tuple[list[Path], list[str]]:
+    """What a command line gives a node's parameters as rcl takes it, inside ``--ros-args`` blocks (each
+    ends at ``--`` or the end; there may be several): the params files (``--params-file <path>``) and
+    the names given a value (``-p``/``--param name:=value``)."""
     takes_value = {"-p", "--param", "-r", "--remap", "-e", "--enclave", "--log-level", "--log-config-file",
                    "--log-file-name", "--params-file"}
-    files, inside, i = [], False, 0
+    files, names, inside, i = [], [], False, 0
     while i < len(argv):
         if argv[i] == "--ros-args":
             inside = True
@@ -124,9 +125,11 @@ def ros_params_files(argv: list[str]) -> list[Path]:
         elif inside and argv[i] in takes_value and i + 1 < len(argv):
             if argv[i] == "--params-file":
                 files.append(Path(argv[i + 1]))
+            elif argv[i] in ("-p", "--param") and ":=" in argv[i + 1]:
+                names.append(argv[i + 1].split(":=", 1)[0])
             i += 1
         i += 1
-    return files
+    return files, names
 
 
 def names_node(pattern: str, fqn: str, name: str) -> bool:
@@ -141,9 +144,9 @@ def names_node(pattern: str, fqn: str, name: str) -> bool:
 
 def refuse_unknown_parameters(node: Node, kind: str) -> None:
     """Raise ValueError (one line from run_node) if ``node`` (built as ``kind``, a key of NODE_PARAMETERS)
-    was given (params file, ``name:=value``) a parameter that no node of this package declares, or a
-    params file of this process's command line (run_node gives rclpy sys.argv) has a section written for
-    this node with a parameter that it does not declare (another node's, in the wrong section). Call it
+    was given (params file, ``name:=value``) a parameter that no node of this package declares, or its
+    command line (run_node gives rclpy sys.argv) gives it another node's parameter: with ``-p``, or in a
+    params-file section written for this node (another node's, in the wrong section). Call it
     first thing after Node.__init__: before a radio link or an emulator starts. param() then holds the
     node's declarations to NODE_PARAMETERS[kind]."""
     node._parameter_kind = kind
@@ -153,7 +156,12 @@ def refuse_unknown_parameters(node: Node, kind: str) -> None:
         it = "them" if len(unknown) > 1 else "it"
         raise ValueError(f"parameter{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}: no node of this package "
                          f"has {it} (misspelt?); ROS 2 would ignore {it} and keep the default")
-    for path in ros_params_files(sys.argv):
+    files, given_here = ros_arguments(sys.argv)
+    for n in given_here:  # a command line's -p is this node's alone (the launcher's <param> too)
+        if n not in NODE_PARAMETERS[kind] and not _ros_parameter(n):
+            owners = ", ".join(k for k, v in NODE_PARAMETERS.items() if n in v)
+            raise ValueError(f"parameter {n}: {kind} has no such parameter ({owners} take it); ROS 2 would ignore it")
+    for path in files:
         for pattern, names in params_file_sections(path):
             if not names_node(pattern, node.get_fully_qualified_name(), node.get_name()):
                 continue

@@ -242,7 +242,7 @@ def test_a_parameter_in_another_nodes_section_is_one_error_line(seeded_policy, t
     """A params file's section written for a node (/**/sim_bridge) with a parameter of another node
     (the safety layer's max_tilt_deg): it reaches only sim_bridge, which does not declare it, and the
     policy would fly with its default. The node the section names refuses to start; one whose section
-    is right starts."""
+    is right starts. So does a node given another node's parameter with -p (a launch file's <param>)."""
     wrong = tmp_path / "wrong.yaml"
     wrong.write_text("/**:\n  ros__parameters:\n    stale_timeout: 0.05\n"
                      "/**/sim_bridge:\n  ros__parameters:\n    command_timeout: 0.5\n    max_tilt_deg: 45.0\n")
@@ -253,13 +253,17 @@ def test_a_parameter_in_another_nodes_section_is_one_error_line(seeded_policy, t
     with world() as w:
         bad = w.start(*w.node_cmd("sim_bridge", clamped=True), "--params-file", str(wrong), name="bad")
         good = w.start(*w.node_cmd("sim_bridge", robot="cf1", clamped=True), "--params-file", str(right), name="good")
+        given = w.start(*w.node_cmd("sim_bridge", clamped=True, max_tilt_deg=45.0), name="given")  # -p: its alone
         assert bad.wait(timeout=60) == 2, w.output(bad)
+        assert given.wait(timeout=60) == 2, w.output(given)
         w.spin_until(lambda: "sim_bridge: torch backend" in w.output(good), 60, "the right file's node to start")
         assert good.poll() is None, w.output(good)
-        out = w.output(bad)
+        out, given_out = w.output(bad), w.output(given)
     assert (f"error: parameter max_tilt_deg in the section /**/sim_bridge of {wrong}: sim_bridge has no such "
             "parameter (policy_node, firmware_bridge, crazyflie_bridge have it)") in out, out
     assert "Traceback" not in out, out
+    assert ("error: parameter max_tilt_deg: sim_bridge has no such parameter (policy_node, firmware_bridge, "
+            "crazyflie_bridge take it)") in given_out and "Traceback" not in given_out, given_out
 
 
 def test_a_node_declares_only_parameters_of_the_list_unknown_ones_are_checked_against():

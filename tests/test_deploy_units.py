@@ -30,7 +30,7 @@ from deploy.crazyflie_bridge import (
 )
 from deploy.launch import LaunchError, Scope, parse_cli, plan, substitute
 from deploy.policy_node import STATUS_EVERY
-from deploy.ros import NODE_PARAMETERS, PARAMETERS, names_node, params_file_sections, ros_params_files
+from deploy.ros import NODE_PARAMETERS, PARAMETERS, names_node, params_file_sections, ros_arguments
 from deploy.safety import (
     CLOCK_RESTART_WINDOW_S,
     CLOCK_RESTARTS_MAX,
@@ -806,14 +806,15 @@ sim_bridge:
         params_file_sections(write(tmp_path / "r.yaml", "a: [1\n"))
 
 
-def test_params_files_are_those_of_the_ros_arguments():
-    """rcl reads --params-file inside a --ros-args block only (to -- or the end; there may be several),
-    and the value of another ROS argument is not one."""
-    argv = ["node", "--params-file", "not.yaml", "--ros-args", "-p", "x:=1", "--params-file", "a.yaml", "--",
-            "--params-file", "user.yaml", "--ros-args", "-r", "__ns:=/cf1", "--params-file", "b.yaml",
-            "-p", "--params-file"]
-    assert ros_params_files(argv) == [Path("a.yaml"), Path("b.yaml")]
-    assert ros_params_files(["node", "--ros-args", "-p", "--params-file", "--params-file", "c.yaml"]) == [Path("c.yaml")]
+def test_params_files_and_values_are_those_of_the_ros_arguments():
+    """rcl reads --params-file and -p inside a --ros-args block only (to -- or the end; there may be
+    several), and the value of another ROS argument is not one."""
+    argv = ["node", "--params-file", "not.yaml", "-p", "no:=1", "--ros-args", "-p", "x:=1", "--params-file", "a.yaml",
+            "--", "--params-file", "user.yaml", "--ros-args", "-r", "__ns:=/cf1", "--params-file", "b.yaml",
+            "--param", "y:=[1, 2]", "-r", "-p", "-p", "--params-file"]
+    assert ros_arguments(argv) == ([Path("a.yaml"), Path("b.yaml")], ["x", "y"])
+    argv = ["node", "--ros-args", "-p", "--params-file", "--params-file", "c.yaml"]
+    assert ros_arguments(argv) == ([Path("c.yaml")], [])
 
 
 def test_hover_launch_plans_the_documented_processes(ament_prefix):
