@@ -1412,7 +1412,9 @@ def test_ctrl_c_stops_with_a_checkpoint_and_a_second_one_at_once(tmp_path, monke
 
 
 def test_the_other_entry_points_end_on_ctrl_c_in_one_line(capsys):
-    """policies.eval, collect and export run their main() through exit_code: Ctrl-C gives 130 and one line."""
+    """policies.eval, collect and export run their main() through exit_code: Ctrl-C gives 130 and one line.
+    So does train before its loop (composing, loading). Each module runs as `python -m` does, with a Ctrl-C
+    raised where its main() starts (in help_requested, the first thing each calls)."""
     from policies.config import exit_code
 
     def interrupted() -> int:
@@ -1420,8 +1422,13 @@ def test_the_other_entry_points_end_on_ctrl_c_in_one_line(capsys):
 
     assert exit_code(interrupted) == 130 and exit_code(lambda: 3) == 3
     assert capsys.readouterr().err == "interrupted (Ctrl-C)\n"
-    for module in ("train", "eval", "collect", "export"):  # train: a Ctrl-C before its loop (composing, loading)
-        assert "sys.exit(exit_code(main))" in (ROOT / "policies" / f"{module}.py").read_text(), module
+    for module in ("train", "eval", "collect", "export"):
+        code = ("import runpy, sys\nimport policies.config as c\n"
+                "def ctrl_c(*_):\n    raise KeyboardInterrupt\n"
+                f"c.help_requested = ctrl_c\nsys.argv = ['{module}']\n"
+                f"runpy.run_module('policies.{module}', run_name='__main__', alter_sys=True)\n")
+        r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert (r.returncode, r.stderr) == (130, "interrupted (Ctrl-C)\n"), (module, r.returncode, r.stderr[-2000:])
 
 
 def test_a_training_where_sigint_is_ignored_keeps_it_ignored(tmp_path, monkeypatch):
