@@ -57,7 +57,7 @@ def ensure_ament_prefix() -> None:
 
 
 # Every parameter each node of this package declares (param() refuses a name missing from its node's list), so that a
-# given parameter no node has, or one in a params-file section for a node that does not have it, is refused
+# given parameter no node has, or one given to a node that does not have it (-p, its params-file section), is refused
 # (refuse_unknown_parameters): rclpy ignores it, and a misspelt limit in a params file (max_tilt_degs),
 # or one written in another node's section, would fly with the default, unsaid.
 CONTROLLER_PARAMETERS = frozenset({  # policy.ControllerNode: policy_node, firmware_bridge, crazyflie_bridge
@@ -159,19 +159,22 @@ def refuse_unknown_parameters(node: Node, kind: str) -> None:
     files, given_here = ros_arguments(sys.argv)
     for n in given_here:  # a command line's -p is this node's alone (the launcher's <param> too)
         if n not in NODE_PARAMETERS[kind] and not _ros_parameter(n):
-            owners = ", ".join(k for k, v in NODE_PARAMETERS.items() if n in v)
-            raise ValueError(f"parameter {n}: {kind} has no such parameter ({owners} take it); ROS 2 would ignore it")
+            raise ValueError(f"parameter {n}: {kind} has no such parameter ({_owners(n)} it); ROS 2 would ignore it")
     for path in files:
         for pattern, names in params_file_sections(path):
             if not names_node(pattern, node.get_fully_qualified_name(), node.get_name()):
                 continue
             for n in names:
                 if n not in NODE_PARAMETERS[kind] and not _ros_parameter(n):
-                    owners = [k for k, v in NODE_PARAMETERS.items() if n in v]
-                    has = f"{', '.join(owners)} {'has' if len(owners) == 1 else 'have'}" if owners else "no node has"
                     raise ValueError(f"parameter {n} in the section {pattern} of {path}: {kind} has no such parameter "
-                                     f"({has} it); ROS 2 would ignore it. Write it in the section of a node that "
-                                     "takes it, by the name that node runs under, or under /**")
+                                     f"({_owners(n)} it); ROS 2 would ignore it. Write it in the section of a node "
+                                     "that takes it, by the name that node runs under, or under /**")
+
+
+def _owners(name: str) -> str:
+    """Which nodes have parameter ``name``, as 'a, b have' / 'a has' / 'no node has'."""
+    owners = [k for k, v in NODE_PARAMETERS.items() if name in v]
+    return f"{', '.join(owners)} {'has' if len(owners) == 1 else 'have'}" if owners else "no node has"
 
 
 def param(node: Node, name: str, default, description: str = ""):

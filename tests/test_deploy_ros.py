@@ -263,7 +263,7 @@ def test_a_parameter_in_another_nodes_section_is_one_error_line(seeded_policy, t
             "parameter (policy_node, firmware_bridge, crazyflie_bridge have it)") in out, out
     assert "Traceback" not in out, out
     assert ("error: parameter max_tilt_deg: sim_bridge has no such parameter (policy_node, firmware_bridge, "
-            "crazyflie_bridge take it)") in given_out and "Traceback" not in given_out, given_out
+            "crazyflie_bridge have it)") in given_out and "Traceback" not in given_out, given_out
 
 
 def test_a_node_declares_only_parameters_of_the_list_unknown_ones_are_checked_against():
