@@ -933,9 +933,11 @@ def test_record_plot_and_sigterm_stops_every_node(seeded_policy, prefix, tmp_pat
                          "record:=true", f"bag:={bag}", name="launch")
         # DDS discovery can lag seconds behind on a loaded machine, and the recorder's subscription
         # can show in the graph ~1 s before the publisher is matched to it (a clean-clone run: 78 commands
-        # 1.5 s after the subscription showed): wait for its first rotor command, then 1.5 s more.
-        w.spin_until(lambda: "first message on /cf1/rotor_cmd" in w.output(launch) and len(rec.cmd) > 100, 60,
-                     "the recorder's first rotor command and 1 s of commands")
+        # 1.5 s after the subscription showed): wait for its first rotor command and its first odometry
+        # (each matched on its own: a run here recorded odometry from 2.19 s of simulated time only, 52
+        # samples, where the commands had come from the start), then 1.5 s more.
+        w.spin_until(lambda: all(f"first message on /cf1/{t}" in w.output(launch) for t in ("rotor_cmd", "odom"))
+                     and len(rec.cmd) > 100, 60, "the recorder's first rotor command and odometry, and 1 s of commands")
         w.spin_for(1.5)
         pids = [int(p) for p in re.findall(r"process started with pid \[(\d+)\]", w.output(launch))]
         assert len(pids) == 3
