@@ -55,10 +55,10 @@ class PPO:
         self.cfg, self.env, self.device = cfg, env, device
         # env steps of one train_iteration (the trainer refuses a smaller budget), and what sets them
         self.iteration_steps, self.iteration_size = env.num_envs * cfg.horizon, "algo.num_envs x algo.horizon"
-        if cfg.minibatches > env.num_envs * cfg.horizon:  # empty minibatches: NaN losses, nothing learnt
+        if cfg.minibatches > self.iteration_steps:  # empty minibatches: NaN losses, nothing learnt
             raise ValueError(f"minibatches {cfg.minibatches}: more than the num_envs x horizon = "
-                             f"{env.num_envs * cfg.horizon} transitions of an iteration")
-        if env.num_envs * cfg.horizon < 2:  # the advantages' standard deviation needs two
+                             f"{self.iteration_steps} transitions of an iteration")
+        if self.iteration_steps < 2:  # the advantages' standard deviation needs two
             raise ValueError("num_envs x horizon = 1: an iteration needs at least 2 transitions")
         torch.manual_seed(seed)
         obs_dim = env.single_observation_space["policy"].shape[0]
