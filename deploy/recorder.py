@@ -9,7 +9,8 @@ the ``ros2msg`` message definitions (with their dependencies) read from the inst
 files, as rosbag2 writes them; any MCAP/ROS 2 tool (Foxglove, ``ros2 bag`` with the MCAP
 plugin, ``mcap_ros2``) reads the file. Each channel holds its publishers' offered QoS and type hash, as
 rosbag2 writes them (``ros2 bag play`` offers that QoS again). log_time is the receive time on this node's clock
-(simulated time under use_sim_time), in ns.
+(simulated time under use_sim_time), in ns. Under use_sim_time that clock reads 0 until this node has heard
+/clock, so the recorder subscribes to nothing before: a message taken then would be logged at t = 0.
 
 ``path``: a ``.mcap`` file (refused if it exists) or a directory, in which
 ``<robot>_<YYYYmmdd_HHMMSS>.mcap`` is created. The file is finished on Ctrl-C / SIGTERM.
@@ -138,19 +139,26 @@ class Recorder(Node):
         self.channels: dict[str, int] = {}
         self.skipped: set[str] = set()
         self.counts: dict[str, int] = {}
+        self.sim_time = bool(self.get_parameter("use_sim_time").value)
         from rclpy.clock import Clock, ClockType
 
         # Discovery runs on the steady clock: under use_sim_time a held or paused simulator stops
         # /clock, and topics that appear meanwhile must still be found.
         self.create_timer(DISCOVERY_PERIOD, self._discover, clock=Clock(clock_type=ClockType.STEADY_TIME))
-        self.get_logger().info(f"recording every topic to {self.path}")
+        self.get_logger().info(f"recording every topic to {self.path}"
+                               + (" once /clock runs (use_sim_time)" if self.sim_time else ""))
         self._discover()
 
     def _discover(self) -> None:
         from rclpy.qos import QoSProfile, ReliabilityPolicy
 
         self._file.flush()  # the chunks written so far reach the disk (a killed recorder keeps them)
-
+        if self.sim_time and self.get_clock().now().nanoseconds == 0:
+            # No /clock heard yet (this node's /clock subscription can be matched after its others: a
+            # launch's recording logged the take-off's status and commands at t = 0). The simulator's
+            # clock runs while it holds the vehicle, and policy_node's auto_arm waits for this node's
+            # subscriptions (wait_for_recorder_s), so the take-off is still recorded.
+            return
         for topic, types in self.get_topic_names_and_types():
             if topic in self.channels or topic in self.skipped:
                 continue

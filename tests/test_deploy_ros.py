@@ -10,6 +10,7 @@ it only has to answer.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import re
@@ -816,6 +817,43 @@ def test_recorder_records_a_best_effort_publisher_of_a_topic_first_seen_without_
     assert len(offered) == 1 and offered[0]["reliability"] == "best_effort", offered
     assert offered[0]["durability"] == "volatile" and offered[0]["deadline"] == {"sec": 9223372036, "nsec": 854775807}
     assert channel.metadata["topic_type_hash"].startswith("RIHS01_"), channel.metadata
+
+
+def test_recorder_under_sim_time_records_nothing_before_its_clock_runs(tmp_path):
+    """Under use_sim_time the recorder's clock reads 0 until it hears /clock: it subscribes only after,
+    so no message is logged at t = 0 (a launch's recording had the take-off's arming and first commands
+    there, 0.12 s before the simulator released the vehicle)."""
+    from builtin_interfaces.msg import Time
+    from mcap.reader import make_reader
+    from rosgraph_msgs.msg import Clock
+    from std_msgs.msg import String
+
+    bag, t0 = tmp_path / "rec.mcap", 5.0  # s, the first /clock
+    with world() as w:
+        n = w.observer()
+        pub, clock = n.create_publisher(String, "/topic", 10), n.create_publisher(Clock, "/clock", 10)
+        rec = w.start(*w.node_cmd("recorder", path=str(bag), use_sim_time=True), name="recorder")
+        w.spin_until(lambda: "recording every topic" in w.output(rec), 60, "the recorder")
+        for _ in range(100):  # 2 s of messages without /clock: four discovery passes see /topic
+            pub.publish(String(data="before"))
+            w.spin_for(0.02)
+        assert "first message" not in w.output(rec), w.output(rec)
+        ticks = itertools.count()
+
+        def clocked_and_recorded() -> bool:
+            sec, nanosec = divmod(round(t0 * 1e9) + 10_000_000 * next(ticks), 10**9)  # 10 ms per tick
+            clock.publish(Clock(clock=Time(sec=sec, nanosec=nanosec)))
+            pub.publish(String(data="after"))
+            w.spin_for(0.01)
+            return "first message on /topic" in w.output(rec)
+
+        w.spin_until(clocked_and_recorded, 30, "the recorder's first /topic message")
+        assert RosWorld.stop(rec, signal.SIGTERM) == 0, w.output(rec)
+    with bag.open("rb") as f:
+        logged = [(ch.topic, m.log_time * 1e-9, m.data) for _, ch, m in make_reader(f).iter_messages()]
+    topic = [(t, data) for name, t, data in logged if name == "/topic"]
+    assert topic and all(t >= t0 for t, _ in topic), topic[:5]
+    assert all(t >= t0 for _, t, _ in logged), [x[:2] for x in logged if x[1] < t0][:5]
 
 
 def test_latency(seeded_policy):
