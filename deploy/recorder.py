@@ -10,7 +10,8 @@ files, as rosbag2 writes them; any MCAP/ROS 2 tool (Foxglove, ``ros2 bag`` with 
 plugin, ``mcap_ros2``) reads the file. Each channel holds its publishers' offered QoS and type hash, as
 rosbag2 writes them (``ros2 bag play`` offers that QoS again). log_time is the receive time on this node's clock
 (simulated time under use_sim_time), in ns. Under use_sim_time that clock reads 0 until this node has heard
-/clock, so the recorder subscribes to nothing before: a message taken then would be logged at t = 0.
+/clock, so the recorder subscribes to nothing before (a message taken then would be logged at t = 0), and
+warns once if no /clock has come after CLOCK_WARN_S.
 
 ``path``: a ``.mcap`` file (refused if it exists) or a directory, in which
 ``<robot>_<YYYYmmdd_HHMMSS>.mcap`` is created. The file is finished on Ctrl-C / SIGTERM.
@@ -30,6 +31,7 @@ from .ros import Node, drain, param, refuse_unknown_parameters, run_node, say
 PRIMITIVES = {"bool", "byte", "char", "float32", "float64", "int8", "uint8", "int16", "uint16", "int32", "uint32",
               "int64", "uint64", "string", "wstring"}
 DISCOVERY_PERIOD = 0.5  # s
+CLOCK_WARN_S = 10.0  # s without /clock under use_sim_time before the recorder warns that it records nothing
 
 
 def msg_definition(type_name: str) -> str:
@@ -140,6 +142,7 @@ class Recorder(Node):
         self.skipped: set[str] = set()
         self.counts: dict[str, int] = {}
         self.sim_time = bool(self.get_parameter("use_sim_time").value)
+        self._clock_wait_until: float | None = time.monotonic() + CLOCK_WARN_S  # steady s; None once warned
         from rclpy.clock import Clock, ClockType
 
         # Discovery runs on the steady clock: under use_sim_time a held or paused simulator stops
@@ -158,6 +161,10 @@ class Recorder(Node):
             # launch's recording logged the take-off's status and commands at t = 0). The simulator's
             # clock runs while it holds the vehicle, and policy_node's auto_arm waits for this node's
             # subscriptions (wait_for_recorder_s), so the take-off is still recorded.
+            if self._clock_wait_until is not None and time.monotonic() > self._clock_wait_until:
+                self._clock_wait_until = None
+                self.get_logger().warning(f"no /clock within {CLOCK_WARN_S:g} s (use_sim_time): nothing is recorded "
+                                          "until a simulator publishes it")
             return
         for topic, types in self.get_topic_names_and_types():
             if topic in self.channels or topic in self.skipped:

@@ -822,7 +822,7 @@ def test_recorder_records_a_best_effort_publisher_of_a_topic_first_seen_without_
 def test_recorder_under_sim_time_records_nothing_before_its_clock_runs(tmp_path):
     """Under use_sim_time the recorder's clock reads 0 until it hears /clock: it subscribes only after,
     so no message is logged at t = 0 (a launch's recording had the take-off's arming and first commands
-    there, 0.12 s before the simulator released the vehicle)."""
+    there, 0.12 s before the simulator released the vehicle), and it warns when no /clock comes."""
     from builtin_interfaces.msg import Time
     from mcap.reader import make_reader
     from rosgraph_msgs.msg import Clock
@@ -834,9 +834,13 @@ def test_recorder_under_sim_time_records_nothing_before_its_clock_runs(tmp_path)
         pub, clock = n.create_publisher(String, "/topic", 10), n.create_publisher(Clock, "/clock", 10)
         rec = w.start(*w.node_cmd("recorder", path=str(bag), use_sim_time=True), name="recorder")
         w.spin_until(lambda: "recording every topic" in w.output(rec), 60, "the recorder")
-        for _ in range(100):  # 2 s of messages without /clock: four discovery passes see /topic
+
+        def warned() -> bool:  # messages without /clock, until the recorder says it records nothing (10 s)
             pub.publish(String(data="before"))
             w.spin_for(0.02)
+            return "no /clock within 10 s (use_sim_time): nothing is recorded" in w.output(rec)
+
+        w.spin_until(warned, 30, "the recorder's warning that no /clock came")
         assert "first message" not in w.output(rec), w.output(rec)
         ticks = itertools.count()
 
