@@ -159,7 +159,11 @@ class ControllerNode(Node):
         wait_s = float(param(self, "wait_for_recorder_s", 0.0, "auto_arm: wall s to wait for the recorder (0: none)"))
         if not 0.0 <= wait_s < math.inf:
             raise ValueError(f"parameter wait_for_recorder_s={wait_s}: expected a finite time >= 0 s (0: do not wait)")
-        self._recorder_deadline: float | None = None  # counted from when the publishers exist (below)
+        self._recorder_wait_s = wait_s
+        # Counted from when the publishers exist (below); under sim time from the first /clock, since the
+        # recorder subscribes only once it has heard /clock too (deploy/recorder.py) and a simulator that
+        # starts slowly would otherwise use up the wait.
+        self._recorder_deadline: float | None = None
         self._recorder_hold = (f"waiting for the recorder (at most {wait_s:g} s)" if wait_s > 0.0 and cfg.auto_arm
                                else None)
         self.clock_timeout = float(param(self, "clock_timeout", 0.5, "sim time: wall s without /clock = dead"))
@@ -177,7 +181,8 @@ class ControllerNode(Node):
         self.cmd_pub = self.create_publisher(Float32MultiArray, ROTOR_CMD, CONTROL_PUB_QOS)
         self.status_pub = self.create_publisher(String, STATUS, STATUS_QOS)
         self._status_msg = String
-        if self._recorder_hold is not None:  # the recorder can subscribe from now on
+        self.use_sim_time = bool(self.get_parameter("use_sim_time").value)
+        if self._recorder_hold is not None and not self.use_sim_time:  # the recorder can subscribe from now on
             self._recorder_deadline = time.monotonic() + wait_s
         self.create_subscription(Odometry, ODOM, self._on_odom, STATE_QOS)
         self.create_service(SetBool, ARM, self._on_arm)
@@ -197,7 +202,6 @@ class ControllerNode(Node):
         self._actuate_error = ""  # the last actuation failure logged (each kind once in a row)
         self._clock_seen_wall: float | None = None  # when /clock last drove a tick (sim time)
         steady = Clock(clock_type=ClockType.STEADY_TIME)
-        self.use_sim_time = bool(self.get_parameter("use_sim_time").value)
         if self.use_sim_time:
             self.create_timer(self.period, self._clock_tick)  # node clock = /clock
             self.create_timer(self.period, self._watchdog, clock=steady)
@@ -322,6 +326,8 @@ class ControllerNode(Node):
 
     # ------------------------------------------------------------------ control
     def _clock_tick(self) -> None:
+        if self._clock_seen_wall is None and self._recorder_hold is not None:  # the first /clock
+            self._recorder_deadline = time.monotonic() + self._recorder_wait_s
         self._tick()
         self._clock_seen_wall = time.monotonic()  # after the tick: a slow tick is not a stopped clock
 

@@ -10,8 +10,10 @@ files, as rosbag2 writes them; any MCAP/ROS 2 tool (Foxglove, ``ros2 bag`` with 
 plugin, ``mcap_ros2``) reads the file. Each channel holds its publishers' offered QoS and type hash, as
 rosbag2 writes them (``ros2 bag play`` offers that QoS again). log_time is the receive time on this node's clock
 (simulated time under use_sim_time), in ns. Under use_sim_time that clock reads 0 until this node has heard
-/clock, so the recorder subscribes to nothing before (a message taken then would be logged at t = 0), and
-warns once if no /clock has come after CLOCK_WARN_S.
+/clock, so the recorder subscribes to topics only from the first discovery pass at which its clock reads more
+than 0 (before, a message would be logged at t = 0; the simulator's first /clock is 0, its next 10 ms later), and
+warns once if that has not come CLOCK_WARN_S after its start. A simulator restarted under a running recorder starts
+its clock over: the log times after the restart go back.
 
 ``path``: a ``.mcap`` file (refused if it exists) or a directory, in which
 ``<robot>_<YYYYmmdd_HHMMSS>.mcap`` is created. The file is finished on Ctrl-C / SIGTERM.
@@ -145,8 +147,8 @@ class Recorder(Node):
         self._clock_wait_until: float | None = time.monotonic() + CLOCK_WARN_S  # steady s; None once warned
         from rclpy.clock import Clock, ClockType
 
-        # Discovery runs on the steady clock: under use_sim_time a held or paused simulator stops
-        # /clock, and topics that appear meanwhile must still be found.
+        # Discovery runs on the steady clock: under use_sim_time a paused simulator (or one waiting in
+        # lock-step for a command) stops /clock, and topics that appear meanwhile must still be found.
         self.create_timer(DISCOVERY_PERIOD, self._discover, clock=Clock(clock_type=ClockType.STEADY_TIME))
         self.get_logger().info(f"recording every topic to {self.path}"
                                + (" once /clock runs (use_sim_time)" if self.sim_time else ""))
@@ -160,7 +162,8 @@ class Recorder(Node):
             # No /clock heard yet (this node's /clock subscription can be matched after its others: a
             # launch's recording logged the take-off's status and commands at t = 0). The simulator's
             # clock runs while it holds the vehicle, and policy_node's auto_arm waits for this node's
-            # subscriptions (wait_for_recorder_s), so the take-off is still recorded.
+            # subscriptions (wait_for_recorder_s from its own first /clock), so the take-off is recorded
+            # unless that wait runs out.
             if self._clock_wait_until is not None and time.monotonic() > self._clock_wait_until:
                 self._clock_wait_until = None
                 self.get_logger().warning(f"no /clock within {CLOCK_WARN_S:g} s (use_sim_time): nothing is recorded "

@@ -857,6 +857,7 @@ def test_recorder_under_sim_time_records_nothing_before_its_clock_runs(tmp_path)
         logged = [(ch.topic, m.log_time * 1e-9, m.data) for _, ch, m in make_reader(f).iter_messages()]
     topic = [(t, data) for name, t, data in logged if name == "/topic"]
     assert topic and all(t >= t0 for t, _ in topic), topic[:5]
+    assert not any(b"before" in data for _, data in topic), "a message sent before /clock was recorded"
     assert all(t >= t0 for _, t, _ in logged), [x[:2] for x in logged if x[1] < t0][:5]
 
 

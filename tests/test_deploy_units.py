@@ -693,6 +693,26 @@ def test_auto_arm_waits_for_the_recorder_to_listen(recorder):
     assert ("arming without it" in logged[-1]) == (recorder == "never comes"), logged
 
 
+def test_under_sim_time_the_wait_for_the_recorder_starts_with_the_first_clock():
+    """The recorder subscribes only once it has heard /clock (deploy/recorder.py), so under sim time
+    policy_node's wait_for_recorder_s counts from its own first /clock, not from its start: a slow
+    simulator start does not use the wait up."""
+    from deploy.policy_node import ControllerNode
+
+    node = object.__new__(ControllerNode)
+    ticks = []
+    node._tick = lambda: ticks.append(time.monotonic())
+    node._clock_seen_wall, node._recorder_deadline = None, None
+    node._recorder_hold, node._recorder_wait_s = "waiting for the recorder (at most 10 s)", 10.0
+    before = time.monotonic()
+    node._clock_tick()
+    assert before + 10.0 <= node._recorder_deadline <= ticks[0] + 10.0
+    first = node._recorder_deadline
+    time.sleep(0.01)
+    node._clock_tick()  # later /clock ticks leave it
+    assert node._recorder_deadline == first and len(ticks) == 2
+
+
 # ---------------------------------------------------------------------------------------------
 # launch runner
 
