@@ -1,10 +1,12 @@
-"""Plot a recorded flight: ``python -m deploy.plot <bag.mcap> [-o out.png] [--robot cf1]``.
+"""Plot a recorded flight: ``python -m deploy.plot <bag.mcap> [-o out.png] [--robot cf1] [--run K]``.
 
 Three panels over time (s, the recording's clock; odometry at its header stamps): position (world, m) with the target,
 attitude (roll, pitch, yaw in degrees from the odometry quaternion, ZYX convention) and the
 rotor speed commands (rpm, M1..M4). Failsafe periods from the status topic are shaded.
 Writes <bag>.png next to the bag unless -o is given, and prints the path. A recording that was
-never finished (its recorder killed) is plotted up to where it ends, with a warning.
+never finished (its recorder killed) is plotted up to where it ends, with a warning. Where the recording's
+clock went back (a simulator restarted under the recorder), each part is a run of its own: the last is
+plotted, with a warning, unless --run names another.
 """
 
 from __future__ import annotations
@@ -31,8 +33,8 @@ MCAP_MAGIC = b"\x89MCAP0\r\n"  # the first bytes of every MCAP file (the MCAP sp
 
 
 def _messages(bag: Path, topics: list[str]) -> tuple[list, bool]:
-    """Decoded messages of ``topics`` in log-time order, and whether the file was finished. A
-    recording whose recorder was killed has no summary: it is read from the start up to where it
+    """Decoded messages of ``topics`` in the order they were recorded, and whether the file was finished.
+    A recording whose recorder was killed has no summary: it is read from the start up to where it
     breaks off."""
     from mcap.exceptions import McapError
     from mcap.reader import NonSeekingReader, make_reader
@@ -40,7 +42,8 @@ def _messages(bag: Path, topics: list[str]) -> tuple[list, bool]:
 
     try:
         with bag.open("rb") as f:
-            return list(make_reader(f, decoder_factories=[DecoderFactory()]).iter_decoded_messages(topics=topics)), True
+            return list(make_reader(f, decoder_factories=[DecoderFactory()]).iter_decoded_messages(
+                topics=topics, log_time_order=False)), True
     except Exception:  # no summary, or a damaged one (McapError, struct.error, UnicodeDecodeError, ...)
         pass
     messages = []
@@ -55,7 +58,7 @@ def _messages(bag: Path, topics: list[str]) -> tuple[list, bool]:
         with bag.open("rb") as f:
             if f.read(len(MCAP_MAGIC)) != MCAP_MAGIC:
                 raise ValueError("no MCAP file (its first bytes are not MCAP's magic)")
-    return sorted(messages, key=lambda m: m[2].log_time), False
+    return messages, False
 
 
 def _topics(bag: Path) -> list[str]:
@@ -72,16 +75,25 @@ def _topics(bag: Path) -> list[str]:
     return sorted(seen)
 
 
-def read_flight(bag: Path, robot: str) -> dict:
+def read_flight(bag: Path, robot: str, run: int = -1) -> dict:
     """Arrays from the bag: t_odom, pos, quat (w,x,y,z), t_cmd, rpm, status [(t, dict)], finished
-    (False: an unfinished recording, read up to where it breaks off)."""
+    (False: an unfinished recording, read up to where it breaks off), runs and run.
+
+    The recorder logs on its clock, which goes back when a simulator restarts under it (or the system
+    clock is set back): the messages from each such point on are a run of their own (``runs`` of them,
+    in the order recorded), and the arrays hold run number ``run`` (0-based; -1, the default: the last)."""
     from mcap.exceptions import McapError
 
     odom, cmd, status = f"/{robot}/odom", f"/{robot}/rotor_cmd", f"/{robot}/status"
-    t_o, pos, quat, t_c, rpm, st = [], [], [], [], [], []
+    runs: list[tuple[list, ...]] = []
+    last_log = None
     try:
         messages, finished = _messages(bag, [odom, cmd, status])
         for _schema, channel, raw, msg in messages:
+            if last_log is None or raw.log_time < last_log:  # the first message, or the clock went back
+                runs.append(([], [], [], [], [], []))
+            last_log = raw.log_time
+            t_o, pos, quat, t_c, rpm, st = runs[-1]
             t = raw.log_time * 1e-9
             if channel.topic == odom:  # at its state's time: logged when it arrived, which under a
                 # simulator is before the /clock of that step (a period after the command it follows)
@@ -99,6 +111,13 @@ def read_flight(bag: Path, robot: str) -> dict:
                     pass
     except (McapError, OSError, ValueError) as e:
         raise ValueError(f"{bag} is not a readable MCAP recording ({type(e).__name__}: {e})") from None
+    if runs and not -len(runs) <= run < len(runs):
+        raise ValueError(f"{bag} holds {len(runs)} run(s) (its clock went back {len(runs) - 1} time(s)): "
+                         f"no run {run + 1 if run >= 0 else run}")
+    t_o, pos, quat, t_c, rpm, st = runs[run] if runs else ([], [], [], [], [], [])
+    if not t_o and len(runs) > 1:
+        raise ValueError(f"{bag}: run {run % len(runs) + 1} of {len(runs)} (its clock went back {len(runs) - 1} "
+                         f"time(s)) has no messages on {odom}; --run chooses another")
     if not t_o:
         topics = _topics(bag)
         others = [t for t in topics if t.endswith("/odom")]
@@ -107,7 +126,8 @@ def read_flight(bag: Path, robot: str) -> dict:
                "it holds no messages")
         raise ValueError(f"{bag} has no messages on {odom}: {why}")
     return {"t_odom": np.array(t_o), "pos": np.array(pos), "quat": np.array(quat),
-            "t_cmd": np.array(t_c), "rpm": np.array(rpm).reshape(-1, 4), "status": st, "finished": finished}
+            "t_cmd": np.array(t_c), "rpm": np.array(rpm).reshape(-1, 4), "status": st, "finished": finished,
+            "runs": len(runs), "run": run % len(runs)}
 
 
 def plot(flight: dict, out: Path, title: str) -> None:
@@ -157,6 +177,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("bag", type=Path)
     ap.add_argument("-o", "--out", type=Path, help="PNG path (default: next to the bag)")
     ap.add_argument("--robot", default="cf1")
+    ap.add_argument("--run", type=int, help="which run (1: the first) of a recording whose clock went back "
+                                            "(a simulator restarted under the recorder); default: the last")
     args = ap.parse_args(argv)
     if args.bag.is_dir():  # the recorder's directory (bag:=) given for one of its recordings
         newest = max(args.bag.glob("*.mcap"), key=lambda p: p.stat().st_mtime, default=None)
@@ -167,10 +189,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: no file {args.bag}", file=sys.stderr)
         return 2
     try:
-        flight = read_flight(args.bag, args.robot)
+        if args.run is not None and args.run < 1:
+            raise ValueError(f"--run {args.run}: runs are counted from 1")
+        flight = read_flight(args.bag, args.robot, -1 if args.run is None else args.run - 1)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    if flight["runs"] > 1:
+        print(f"warning: the clock of {args.bag} went back {flight['runs'] - 1} time(s) (a simulator restarted under "
+              f"the recorder, or the system clock set back): plotting run {flight['run'] + 1} of {flight['runs']} "
+              "(--run chooses another)", file=sys.stderr)
     if not flight["finished"]:
         print(f"warning: {args.bag} was never finished (its recorder killed?): plotting the "
               f"{len(flight['t_odom'])} odometry messages up to where it ends", file=sys.stderr)

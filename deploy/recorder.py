@@ -13,7 +13,7 @@ rosbag2 writes them (``ros2 bag play`` offers that QoS again). log_time is the r
 /clock, so the recorder subscribes to topics only from the first discovery pass at which its clock reads more
 than 0 (before, a message would be logged at t = 0; the simulator's first /clock is 0, its next 10 ms later), and
 warns once if that has not come CLOCK_WARN_S after its start. A simulator restarted under a running recorder starts
-its clock over: the log times after the restart go back.
+its clock over: the log times after the restart go back (``deploy.plot`` takes each part as a run of its own).
 
 ``path``: a ``.mcap`` file (refused if it exists) or a directory, in which
 ``<robot>_<YYYYmmdd_HHMMSS>.mcap`` is created. The file is finished on Ctrl-C / SIGTERM.
