@@ -5,14 +5,15 @@ attitude (roll, pitch, yaw in degrees from the odometry quaternion, ZYX conventi
 rotor speed commands (rpm, M1..M4). Failsafe periods from the status topic are shaded.
 Writes <bag>.png next to the bag unless -o is given, and prints the path. A recording that was
 never finished (its recorder killed) is plotted up to where it ends, with a warning. Where the recording's
-clock went back (a simulator restarted under the recorder), each part is a run of its own: the last is
-plotted, with a warning, unless --run names another.
+clock went back (a simulator restarted under the recorder), each part is a run of its own (read_flight):
+the last is plotted, with a warning, unless --run names another.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import struct
 import sys
 from pathlib import Path
@@ -30,6 +31,9 @@ def euler_zyx_deg(q: np.ndarray) -> np.ndarray:
 
 
 MCAP_MAGIC = b"\x89MCAP0\r\n"  # the first bytes of every MCAP file (the MCAP specification)
+# s a clock must go back by to start a new run: a restarted simulator's goes back to 0, while a radio link's
+# stamps jitter by milliseconds
+RUN_BREAK_S = 0.5
 
 
 def _messages(bag: Path, topics: list[str]) -> tuple[list, bool]:
@@ -79,29 +83,40 @@ def read_flight(bag: Path, robot: str, run: int = -1) -> dict:
     """Arrays from the bag: t_odom, pos, quat (w,x,y,z), t_cmd, rpm, status [(t, dict)], finished
     (False: an unfinished recording, read up to where it breaks off), runs and run.
 
-    The recorder logs on its clock, which goes back when a simulator restarts under it (or the system
-    clock is set back): the messages from each such point on are a run of their own (``runs`` of them,
-    in the order recorded), and the arrays hold run number ``run`` (0-based; -1, the default: the last)."""
+    A simulator restarted under the recorder starts its clock over (as does a system clock set back):
+    where a clock goes back by more than RUN_BREAK_S a run of its own begins (``runs`` of them, in the
+    order recorded), and the arrays hold run number ``run`` (0-based; -1, the default: the last).
+    Odometry is split where its header stamps (the simulator's clock) go back, the commands and status,
+    which have no stamp, where their log times (the recorder's clock) do: the recorder logs the new
+    simulator's first odometry on the old clock, before it hears the new /clock. The n-th break of
+    each is taken for the same restart."""
     from mcap.exceptions import McapError
 
     odom, cmd, status = f"/{robot}/odom", f"/{robot}/rotor_cmd", f"/{robot}/status"
-    runs: list[tuple[list, ...]] = []
-    last_log = None
+    odom_runs: list[tuple[list, list, list]] = []  # (t, pos, quat) of each run
+    log_runs: list[tuple[list, list, list]] = []  # (t_cmd, rpm, status) of each run
+    last_stamp = last_log = -math.inf
     try:
         messages, finished = _messages(bag, [odom, cmd, status])
         for _schema, channel, raw, msg in messages:
-            if last_log is None or raw.log_time < last_log:  # the first message, or the clock went back
-                runs.append(([], [], [], [], [], []))
-            last_log = raw.log_time
-            t_o, pos, quat, t_c, rpm, st = runs[-1]
             t = raw.log_time * 1e-9
             if channel.topic == odom:  # at its state's time: logged when it arrived, which under a
                 # simulator is before the /clock of that step (a period after the command it follows)
+                stamp = msg.header.stamp.sec + msg.header.stamp.nanosec * 1e-9
+                if not odom_runs or stamp < last_stamp - RUN_BREAK_S:
+                    odom_runs.append(([], [], []))
+                last_stamp = stamp
+                t_o, pos, quat = odom_runs[-1]
                 p, o = msg.pose.pose.position, msg.pose.pose.orientation
-                t_o.append(msg.header.stamp.sec + msg.header.stamp.nanosec * 1e-9)
+                t_o.append(stamp)
                 pos.append((p.x, p.y, p.z))
                 quat.append((o.w, o.x, o.y, o.z))
-            elif channel.topic == cmd and len(msg.data) == 4:
+                continue
+            if not log_runs or t < last_log - RUN_BREAK_S:
+                log_runs.append(([], [], []))
+            last_log = t
+            t_c, rpm, st = log_runs[-1]
+            if channel.topic == cmd and len(msg.data) == 4:
                 t_c.append(t)
                 rpm.append(list(msg.data))
             elif channel.topic == status:
@@ -111,6 +126,10 @@ def read_flight(bag: Path, robot: str, run: int = -1) -> dict:
                     pass
     except (McapError, OSError, ValueError) as e:
         raise ValueError(f"{bag} is not a readable MCAP recording ({type(e).__name__}: {e})") from None
+    def part(runs_: list, k: int) -> tuple:
+        return runs_[k] if k < len(runs_) else ([], [], [])
+
+    runs = [part(odom_runs, k) + part(log_runs, k) for k in range(max(len(odom_runs), len(log_runs)))]
     if runs and not -len(runs) <= run < len(runs):
         raise ValueError(f"{bag} holds {len(runs)} run(s) (its clock went back {len(runs) - 1} time(s)): "
                          f"no run {run + 1 if run >= 0 else run}")
@@ -197,8 +216,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if flight["runs"] > 1:
         print(f"warning: the clock of {args.bag} went back {flight['runs'] - 1} time(s) (a simulator restarted under "
-              f"the recorder, or the system clock set back): plotting run {flight['run'] + 1} of {flight['runs']} "
-              "(--run chooses another)", file=sys.stderr)
+              "the recorder, a second /clock publisher, or the system clock set back): plotting run "
+              f"{flight['run'] + 1} of {flight['runs']} (--run chooses another)", file=sys.stderr)
     if not flight["finished"]:
         print(f"warning: {args.bag} was never finished (its recorder killed?): plotting the "
               f"{len(flight['t_odom'])} odometry messages up to where it ends", file=sys.stderr)

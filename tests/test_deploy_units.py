@@ -1191,26 +1191,34 @@ def test_hover_launch_names_the_recording_after_the_robot(ament_prefix):
     assert recorder.name == "recorder" and "robot:=cf2" in recorder.argv
 
 
-def _odom_bag(path: Path, n: int, finish: bool, restart_at: int | None = None) -> None:
-    """n odometry messages at 100 Hz (x = i / 100 m, stamped as logged) in the recorder's layout and
-    writer settings; unfinished: no summary. From message ``restart_at`` on, the clock starts over at 0
-    and x at 10 m (a simulator restarted under the recorder)."""
+def _odom_bag(path: Path, n: int, finish: bool, restart_at: int | None = None, stale: int = 0) -> None:
+    """n odometry messages at 100 Hz (x = i / 100 m, stamped as logged), each followed by a rotor command
+    when restart_at is given, in the recorder's layout and writer settings; unfinished: no summary. From
+    message ``restart_at`` on, the simulator's clock starts over at 0 and x at 10 m (a simulator restarted
+    under the recorder); the recorder's clock follows ``stale`` messages later (it logs those on the old one)."""
     from nav_msgs.msg import Odometry
     from rclpy.serialization import serialize_message
+    from std_msgs.msg import Float32MultiArray
 
     from deploy.recorder import msg_definition, new_writer
 
     f = path.open("wb")
     w = new_writer(f)
     w.start()
-    schema = w.register_schema("nav_msgs/msg/Odometry", "ros2msg", msg_definition("nav_msgs/msg/Odometry").encode())
-    channel = w.register_channel("/cf1/odom", "cdr", schema)
+    odom = w.register_channel("/cf1/odom", "cdr", w.register_schema(
+        "nav_msgs/msg/Odometry", "ros2msg", msg_definition("nav_msgs/msg/Odometry").encode()))
+    cmd = w.register_channel("/cf1/rotor_cmd", "cdr", w.register_schema(
+        "std_msgs/msg/Float32MultiArray", "ros2msg", msg_definition("std_msgs/msg/Float32MultiArray").encode()))
     for i in range(n):
         k, x0 = (i - restart_at, 10.0) if restart_at is not None and i >= restart_at else (i, 0.0)
+        log = (restart_at - 1) * 10_000_000 if restart_at is not None and 0 <= k < stale and x0 else k * 10_000_000
         m = Odometry()
         m.pose.pose.position.x, m.pose.pose.orientation.w = x0 + k / 100, 1.0
         m.header.stamp.sec, m.header.stamp.nanosec = divmod(k * 10_000_000, 1_000_000_000)
-        w.add_message(channel, log_time=k * 10_000_000, data=serialize_message(m), publish_time=k * 10_000_000)
+        w.add_message(odom, log_time=log, data=serialize_message(m), publish_time=log)
+        if restart_at is not None:
+            c = serialize_message(Float32MultiArray(data=[x0 + k / 100] * 4))
+            w.add_message(cmd, log_time=log, data=c, publish_time=log)
     if finish:
         w.finish()
     f.close()
@@ -1239,21 +1247,25 @@ def test_a_second_signal_while_the_recorder_takes_the_last_messages_still_finish
 
 
 def test_plot_splits_a_recording_where_its_clock_went_back(tmp_path, capsys):
-    """A simulator restarted under the recorder starts the recording's clock over: the two flights are
-    runs of their own (sorted by time they were interleaved), the last plotted unless --run names one."""
+    """A simulator restarted under the recorder starts the clocks over: the two flights are runs of their
+    own (sorted by log time they were interleaved), the last plotted unless --run names one. The new
+    simulator's first odometry, logged on the recorder's old clock, goes with the new flight."""
     from deploy.plot import main as plot_main
     from deploy.plot import read_flight
 
-    for finish in (True, False):  # read with the summary, or without it (a killed recorder)
-        bag = tmp_path / f"restart_{finish}.mcap"
-        _odom_bag(bag, 500, finish=finish, restart_at=300)
+    for finish, stale in ((True, 0), (True, 3), (False, 3)):  # with the summary, or without (a killed recorder)
+        bag = tmp_path / f"restart_{finish}_{stale}.mcap"
+        _odom_bag(bag, 500, finish=finish, restart_at=300, stale=stale)
         last, first = read_flight(bag, "cf1"), read_flight(bag, "cf1", run=0)
         assert (last["runs"], last["run"], first["run"]) == (2, 1, 0)
         assert np.allclose(first["pos"][:, 0], np.arange(300) / 100)
+        assert np.allclose(first["rpm"][:300, 0], first["pos"][:, 0])
         n = len(last["pos"])  # all 200 (finished), up to where the unfinished file breaks off
         assert (n == 200 if finish else 100 < n <= 200) and np.allclose(last["pos"][:, 0], 10 + np.arange(n) / 100)
         assert np.all(np.diff(last["t_odom"]) > 0) and np.all(np.diff(first["t_odom"]) > 0)
-    bag = tmp_path / "restart_True.mcap"
+        # the commands logged on the old clock stay with the old flight (they have no stamp of their own)
+        assert len(first["t_cmd"]) == 300 + stale and (last["rpm"][:, 0] >= 10).all()
+    bag = tmp_path / "restart_True_3.mcap"
     capsys.readouterr()
     assert plot_main([str(bag)]) == 0
     err = capsys.readouterr().err
@@ -1265,7 +1277,8 @@ def test_plot_splits_a_recording_where_its_clock_went_back(tmp_path, capsys):
         assert capsys.readouterr().err.startswith("error: ")
     _odom_bag(tmp_path / "one.mcap", 50, finish=True)
     assert read_flight(tmp_path / "one.mcap", "cf1")["runs"] == 1
-    # a run without odometry (here a status logged at t = 0 after 1 s of flight) is one error line naming it
+    # a run without odometry (status logged after the recorder's clock went back, no state since) is one
+    # error line naming it
     from nav_msgs.msg import Odometry
     from rclpy.serialization import serialize_message
     from std_msgs.msg import String
@@ -1280,10 +1293,14 @@ def test_plot_splits_a_recording_where_its_clock_went_back(tmp_path, capsys):
         status = w.register_channel("/cf1/status", "cdr", w.register_schema(
             "std_msgs/msg/String", "ros2msg", msg_definition("std_msgs/msg/String").encode()))
         for i in range(100):
-            w.add_message(odom, log_time=i * 10_000_000, data=serialize_message(Odometry()), publish_time=0)
-        w.add_message(status, log_time=0, data=serialize_message(String(data="{}")), publish_time=0)
+            m = Odometry()
+            m.header.stamp.nanosec = i * 10_000_000
+            w.add_message(odom, log_time=i * 10_000_000, data=serialize_message(m), publish_time=0)
+        for log in (990_000_000, 0):
+            w.add_message(status, log_time=log, data=serialize_message(String(data="{}")), publish_time=0)
         w.finish()
-    with pytest.raises(ValueError, match=r"run 2 of 2 \(its clock went back 1 time\(s\)\) has no messages on /cf1/odom"):
+    no_odometry = r"run 2 of 2 \(its clock went back 1 time\(s\)\) has no messages on /cf1/odom"
+    with pytest.raises(ValueError, match=no_odometry):
         read_flight(tmp_path / "status_only.mcap", "cf1")
     assert len(read_flight(tmp_path / "status_only.mcap", "cf1", run=0)["t_odom"]) == 100
 
