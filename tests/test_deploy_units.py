@@ -1191,6 +1191,14 @@ def test_hover_launch_names_the_recording_after_the_robot(ament_prefix):
     assert recorder.name == "recorder" and "robot:=cf2" in recorder.argv
 
 
+def _channel(writer, topic: str, type_name: str) -> int:
+    """A channel of ``type_name`` messages on ``topic`` as the recorder registers it."""
+    from deploy.recorder import msg_definition
+
+    return writer.register_channel(topic, "cdr", writer.register_schema(type_name, "ros2msg",
+                                                                        msg_definition(type_name).encode()))
+
+
 def _odom_bag(path: Path, n: int, finish: bool, restart_at: int | None = None, stale: int = 0) -> None:
     """n odometry messages at 100 Hz (x = i / 100 m, stamped as logged), each followed by a rotor command
     when restart_at is given, in the recorder's layout and writer settings; unfinished: no summary. From
@@ -1200,15 +1208,13 @@ def _odom_bag(path: Path, n: int, finish: bool, restart_at: int | None = None, s
     from rclpy.serialization import serialize_message
     from std_msgs.msg import Float32MultiArray
 
-    from deploy.recorder import msg_definition, new_writer
+    from deploy.recorder import new_writer
 
     f = path.open("wb")
     w = new_writer(f)
     w.start()
-    odom = w.register_channel("/cf1/odom", "cdr", w.register_schema(
-        "nav_msgs/msg/Odometry", "ros2msg", msg_definition("nav_msgs/msg/Odometry").encode()))
-    cmd = w.register_channel("/cf1/rotor_cmd", "cdr", w.register_schema(
-        "std_msgs/msg/Float32MultiArray", "ros2msg", msg_definition("std_msgs/msg/Float32MultiArray").encode()))
+    odom = _channel(w, "/cf1/odom", "nav_msgs/msg/Odometry")
+    cmd = _channel(w, "/cf1/rotor_cmd", "std_msgs/msg/Float32MultiArray")
     for i in range(n):
         k, x0 = (i - restart_at, 10.0) if restart_at is not None and i >= restart_at else (i, 0.0)
         log = (restart_at - 1) * 10_000_000 if restart_at is not None and 0 <= k < stale and x0 else k * 10_000_000
@@ -1283,15 +1289,13 @@ def test_plot_splits_a_recording_where_its_clock_went_back(tmp_path, capsys):
     from rclpy.serialization import serialize_message
     from std_msgs.msg import String
 
-    from deploy.recorder import msg_definition, new_writer
+    from deploy.recorder import new_writer
 
     with (tmp_path / "status_only.mcap").open("wb") as f:
         w = new_writer(f)
         w.start()
-        odom = w.register_channel("/cf1/odom", "cdr", w.register_schema(
-            "nav_msgs/msg/Odometry", "ros2msg", msg_definition("nav_msgs/msg/Odometry").encode()))
-        status = w.register_channel("/cf1/status", "cdr", w.register_schema(
-            "std_msgs/msg/String", "ros2msg", msg_definition("std_msgs/msg/String").encode()))
+        odom = _channel(w, "/cf1/odom", "nav_msgs/msg/Odometry")
+        status = _channel(w, "/cf1/status", "std_msgs/msg/String")
         for i in range(100):
             m = Odometry()
             m.header.stamp.nanosec = i * 10_000_000
