@@ -79,6 +79,14 @@ def _topics(bag: Path) -> list[str]:
     return sorted(seen)
 
 
+def _run_at(runs: list[tuple[list, list, list]], clock: float, last: float) -> tuple[list, list, list]:
+    """The lists of the run a message at ``clock`` (s) goes to, the one before at ``last``: a new run at the
+    first message and where the clock went back by more than RUN_BREAK_S."""
+    if not runs or clock < last - RUN_BREAK_S:
+        runs.append(([], [], []))
+    return runs[-1]
+
+
 def read_flight(bag: Path, robot: str, run: int = -1) -> dict:
     """Arrays from the bag: t_odom, pos, quat (w,x,y,z), t_cmd, rpm, status [(t, dict)], finished
     (False: an unfinished recording, read up to where it breaks off), runs and run.
@@ -103,19 +111,15 @@ def read_flight(bag: Path, robot: str, run: int = -1) -> dict:
             if channel.topic == odom:  # at its state's time: logged when it arrived, which under a
                 # simulator is before the /clock of that step (a period after the command it follows)
                 stamp = msg.header.stamp.sec + msg.header.stamp.nanosec * 1e-9
-                if not odom_runs or stamp < last_stamp - RUN_BREAK_S:
-                    odom_runs.append(([], [], []))
+                t_o, pos, quat = _run_at(odom_runs, stamp, last_stamp)
                 last_stamp = stamp
-                t_o, pos, quat = odom_runs[-1]
                 p, o = msg.pose.pose.position, msg.pose.pose.orientation
                 t_o.append(stamp)
                 pos.append((p.x, p.y, p.z))
                 quat.append((o.w, o.x, o.y, o.z))
                 continue
-            if not log_runs or t < last_log - RUN_BREAK_S:
-                log_runs.append(([], [], []))
+            t_c, rpm, st = _run_at(log_runs, t, last_log)
             last_log = t
-            t_c, rpm, st = log_runs[-1]
             if channel.topic == cmd and len(msg.data) == 4:
                 t_c.append(t)
                 rpm.append(list(msg.data))
@@ -126,10 +130,9 @@ def read_flight(bag: Path, robot: str, run: int = -1) -> dict:
                     pass
     except (McapError, OSError, ValueError) as e:
         raise ValueError(f"{bag} is not a readable MCAP recording ({type(e).__name__}: {e})") from None
-    def part(runs_: list, k: int) -> tuple:
-        return runs_[k] if k < len(runs_) else ([], [], [])
-
-    runs = [part(odom_runs, k) + part(log_runs, k) for k in range(max(len(odom_runs), len(log_runs)))]
+    for parts in (odom_runs, log_runs):  # a restart seen in one only (no command since, say): empty in the other
+        parts += [([], [], []) for _ in range(max(len(odom_runs), len(log_runs)) - len(parts))]
+    runs = [o + lg for o, lg in zip(odom_runs, log_runs)]
     if runs and not -len(runs) <= run < len(runs):
         raise ValueError(f"{bag} holds {len(runs)} run(s) (its clock went back {len(runs) - 1} time(s)): "
                          f"no run {run + 1 if run >= 0 else run}")

@@ -2685,16 +2685,13 @@ def test_recorder_schema_decodes_real_messages(tmp_path):
     from nav_msgs.msg import Odometry
     from rclpy.serialization import serialize_message
 
-    from deploy.recorder import msg_definition
-
     st = make_state([0.1, 0.2, 0.3], random_quat(np.random.default_rng(1)), [1, 2, 3], [4, 5, 6], 7.5)
     msg = fill_odometry(Odometry(), st, "world", "cf1")
     path = tmp_path / "x.mcap"
     with path.open("wb") as f:
         w = Writer(f)
         w.start(profile="ros2")
-        schema = w.register_schema("nav_msgs/msg/Odometry", "ros2msg", msg_definition("nav_msgs/msg/Odometry").encode())
-        ch = w.register_channel("/cf1/odom", "cdr", schema)
+        ch = _channel(w, "/cf1/odom", "nav_msgs/msg/Odometry")
         w.add_message(ch, log_time=1, data=serialize_message(msg), publish_time=1)
         w.finish()
     with path.open("rb") as f:
