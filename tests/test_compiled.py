@@ -2,12 +2,18 @@
 
 import io
 import logging
+import os
 import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
 from sim.compiled import compile_if
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.skipif(shutil.which("g++") is None, reason="torch.compile builds CPU kernels with g++")
@@ -94,3 +100,30 @@ def test_kernels_are_cached_where_a_reboot_keeps_them_unless_the_user_says_other
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "mine"))
     compile_if(fn, True)
     assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "mine")
+
+
+def test_a_single_environment_advances_its_step_counter_once_per_step(tmp_path):
+    """A batch of one steps eagerly (sim/crazyflie/hover.py): compiled by a process with one thread, its
+    graph's loop-free blocks ran on every thread of a two-thread process, and the in-place step counter
+    could advance twice in one step. Here the one-thread compile and the two-thread steps of that failure,
+    with an empty kernel cache so that nothing compiled elsewhere is loaded."""
+    code = """if True:
+        import torch
+        torch.set_num_threads(1)
+        from sim.crazyflie.hover import QuadHoverEnv, QuadTaskConfig
+        env = QuadHoverEnv(QuadTaskConfig(), 1, seed=0)
+        hover = torch.full((1, 4), 2 * env.hover_action - 1)
+        env.reset(seed=0)
+        env.step(hover)
+        torch.set_num_threads(2)
+        counts = []
+        for _ in range(20):
+            env.reset(seed=0)
+            env.step(hover)
+            counts.append(int(env.t[0]))
+        print(counts)
+    """
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "kernels")}
+    res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == str([1] * 20), res.stdout

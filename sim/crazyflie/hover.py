@@ -280,9 +280,13 @@ class QuadHoverEnv(gym.vector.VectorEnv):
         self.nominal_inertia = torch.tensor(params.inertia, device=d)
         nz = cfg.noise  # std of the first 18 observation components (the previous action is exact)
         self.obs_noise_std = torch.tensor([nz.pos] * 3 + [nz.rot] * 9 + [nz.vel] * 3 + [nz.omega] * 3, device=d)
-        # dynamic: one kernel for every batch size (training, evaluation and tests use many)
+        # dynamic: one kernel for every batch size (training, evaluation and tests use many). A batch of
+        # one steps eagerly: dynamo compiles it into a graph of its own, and inductor (torch 2.13, dynamic
+        # threads) writes that graph's loop-free blocks without `omp single` when the compiling process
+        # has one thread; every thread of a process with two then ran them, and a step could advance the
+        # step counter twice (its episodes then ended after half their steps).
         on = cfg.compile and backend == "torch"
-        self._transition_fn = compile_if(self._transition, on, dynamic=True, device=self.device)
+        self._transition_fn = compile_if(self._transition, on and num_envs > 1, dynamic=True, device=self.device)
         self._observe_fn = compile_if(self._observe, on, dynamic=True, device=self.device)
         self._compiled = self._observe_fn != self._observe  # compile_if returns the method itself without g++
 
