@@ -113,12 +113,14 @@ CRITERION_FIXED = {"fail_distance": MAX_DISTANCE, "episode_seconds": EPISODE_SEC
 
 def criterion_config(task_cfg, conditions=None):
     """The config evaluate_hover runs: ``task_cfg`` with the initial states, randomization and noise
-    of ``conditions`` (default: the task's defaults, the criterion's) and CRITERION_FIXED's values."""
+    of ``conditions`` (default: the task's defaults, the criterion's), CRITERION_FIXED's values and every
+    vehicle parameter drawn uniformly from its range (``randomization.hard_fraction`` = 0)."""
     cfg = copy.deepcopy(task_cfg)
     criterion = copy.deepcopy(conditions) if conditions is not None else get_task(cfg.name).default_config()
     cfg.init, cfg.randomization, cfg.noise = criterion.init, criterion.randomization, criterion.noise
     for name, value in CRITERION_FIXED.items():
         setattr(cfg, name, value)
+    cfg.randomization.hard_fraction = 0.0  # vehicles drawn uniformly from the ranges: training's emphasis is not judged
     return cfg
 
 

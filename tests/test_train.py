@@ -593,12 +593,41 @@ def test_bad_overrides_give_one_clear_line(args, expected):
     (["task=quad_track", "task.randomization.motor_tau.lo=0.2"],
      "error: task quad_track: randomization.motor_tau=[0.2, 0.12]: expected 0 < lo <= hi"),
     (["task.noise.pos=-0.1"], "error: task quad_hover: noise.pos=-0.1: expected >= 0"),
+    (["task.randomization.hard_fraction=1.5"],
+     "error: task quad_hover: randomization.hard_fraction=1.5: expected a fraction in [0, 1]"),
     (["task.reward.precision_scale=0"], "error: task quad_hover: reward.precision_scale=0.0: expected > 0 (m)"),
 ])
 def test_a_task_value_the_environment_refuses_writes_nothing(tmp_path, args, expected):
     res = _run_cli(*args, f"run_dir={tmp_path / 'run'}")
     assert res.returncode == 2 and res.stderr.strip() == expected, res.stderr
     assert not (tmp_path / "run").exists()
+
+
+def test_training_draws_slow_late_vehicles_more_often_and_the_criterion_uniformly():
+    """randomization.hard_fraction: that fraction of a training run's episodes draws the motor time
+    constant and the latency from the upper halves of their ranges (a quarter of uniform draws land in
+    both); the hover criterion draws every episode uniformly whatever the run's config says."""
+    from policies.evaluate import criterion_config
+
+    cfg = QuadTaskConfig(compile=False)
+    r = cfg.randomization
+
+    def slow_and_late(c: QuadTaskConfig) -> float:
+        env = QuadHoverEnv(c, 4000, seed=0)
+        env.reset(seed=0)
+        tau_ok = (env.vehicle.motor_tau >= r.motor_tau.lo) & (env.vehicle.motor_tau <= r.motor_tau.hi)
+        assert bool(tau_ok.all()) and bool((env.latency <= r.max_latency_steps).all())
+        slow = env.vehicle.motor_tau >= (r.motor_tau.lo + r.motor_tau.hi) / 2
+        return (slow & (env.latency >= r.max_latency_steps / 2)).float().mean().item()
+
+    assert r.hard_fraction == 0.25
+    assert abs(slow_and_late(cfg) - (0.25 + 0.75 / 4)) < 0.03  # 4000 draws: a std of ~0.008
+    every = QuadTaskConfig(compile=False)
+    every.randomization.hard_fraction = 1.0
+    assert slow_and_late(every) == 1.0
+    judged = criterion_config(every)
+    assert judged.randomization.hard_fraction == 0.0
+    assert abs(slow_and_late(judged) - 0.25) < 0.03
 
 
 def test_a_quadrotor_run_loads_no_arm_task_and_every_task_resolves():
