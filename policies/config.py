@@ -313,12 +313,21 @@ def _first_lines(e: Exception) -> str:
     return ": ".join(msgs)
 
 
+# Task keys added after runs were first saved, each with the value a run saved without it trained with
+# (not today's default): a resumed, evaluated or exported run of an older revision keeps its behaviour.
+LEGACY_TASK_VALUES = {"randomization.hard_fraction": 0.0}
+
+
 def to_objects(cfg: DictConfig) -> tuple[Any, Any]:
     """Typed task and algorithm config objects from a composed or saved (plain) config; a saved one
     that this version's config classes do not accept (a key or task of another revision) raises
-    UserError."""
+    UserError. A saved one without a key of LEGACY_TASK_VALUES takes the value given there."""
     try:
-        task = OmegaConf.merge(OmegaConf.structured(get_task(cfg.task.name).config_cls), cfg.task)
+        schema = OmegaConf.structured(get_task(cfg.task.name).config_cls)
+        task = OmegaConf.merge(schema, cfg.task)
+        for key, value in LEGACY_TASK_VALUES.items():
+            if OmegaConf.select(schema, key) is not None and OmegaConf.select(cfg.task, key) is None:
+                OmegaConf.update(task, key, value)
         algo = OmegaConf.merge(OmegaConf.structured(ALGOS[cfg.algo.name]), cfg.algo)
         return OmegaConf.to_object(task), OmegaConf.to_object(algo)
     except (OmegaConfBaseException, UnknownTaskError, KeyError) as e:

@@ -109,6 +109,8 @@ def tilt_deg(quat: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
 # say: its 1 m ball as the termination (a run's own, stricter one would end episodes the criterion
 # keeps) and episodes longer than the 5 s window (no autoreset inside it).
 CRITERION_FIXED = {"fail_distance": MAX_DISTANCE, "episode_seconds": EPISODE_SECONDS + 1.0}
+# Drawn uniformly whatever the run or the conditions say (training's emphasis on hard vehicles is not judged).
+CRITERION_UNIFORM = "randomization.hard_fraction"
 
 
 def criterion_config(task_cfg, conditions=None):
@@ -120,7 +122,7 @@ def criterion_config(task_cfg, conditions=None):
     cfg.init, cfg.randomization, cfg.noise = criterion.init, criterion.randomization, criterion.noise
     for name, value in CRITERION_FIXED.items():
         setattr(cfg, name, value)
-    cfg.randomization.hard_fraction = 0.0  # vehicles drawn uniformly from the ranges: training's emphasis is not judged
+    cfg.randomization.hard_fraction = 0.0  # CRITERION_UNIFORM
     return cfg
 
 

@@ -630,6 +630,21 @@ def test_training_draws_slow_late_vehicles_more_often_and_the_criterion_uniforml
     assert abs(slow_and_late(judged) - 0.25) < 0.03
 
 
+def test_a_run_saved_before_hard_fraction_goes_on_drawing_uniformly():
+    """A config saved by a revision without randomization.hard_fraction (the shipped policy's) is read
+    with 0, what that run trained with; a new run's takes today's default."""
+    from omegaconf import OmegaConf
+
+    from policies.config import compose_config, to_objects
+
+    old = OmegaConf.to_container(compose_config([]))
+    del old["task"]["randomization"]["hard_fraction"]
+    assert to_objects(OmegaConf.create(old))[0].randomization.hard_fraction == 0.0
+    assert to_objects(compose_config([]))[0].randomization.hard_fraction == 0.25
+    shipped = OmegaConf.load(ROOT / "policies/pretrained/quad_hover/config.yaml")
+    assert to_objects(shipped)[0].randomization.hard_fraction == 0.0
+
+
 def test_a_quadrotor_run_loads_no_arm_task_and_every_task_resolves():
     """Tasks are imported when used (sim/registry.py): composing quad_hover's config leaves the arm
     tasks and MuJoCo unloaded. Every registered task's environment, config and contract resolve."""

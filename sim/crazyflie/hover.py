@@ -77,8 +77,8 @@ class RandomizationConfig:
     # policies/evaluate.py). The policies' failures concentrate where slow motors meet a long delay:
     # at their first confirmed pass, 14-25 % of the episodes with tau > 0.09 s and latency > 0.5
     # periods failed, 0.7-1.8 % of the rest (3 seeds, 2,000 episodes each). A quarter of the
-    # episodes there took the time-to-hover runs of seeds 0-17 from 3.61M env steps on average to
-    # 2.86M (8 seeds sooner, 3 later; the slowest from 9.0M to 5.5M; BENCHMARKS.md, "Time to hover").
+    # episodes there took the time-to-hover runs of seeds 0-17 from 3.62M env steps on average to
+    # 2.87M (8 seeds sooner, 3 later; the slowest from 9.0M to 5.5M; BENCHMARKS.md, "Time to hover").
     hard_fraction: float = 0.25
 
 
