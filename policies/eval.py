@@ -49,9 +49,8 @@ from sim.registry import get_task
 
 from . import checkpoint as ckpt
 from .config import UserError, check_device, check_finite, exit_code, help_requested, ieee_float32_on, to_objects
-from .evaluate import (CRITERION_FIXED, CRITERION_UNIFORM, EPISODE_SECONDS, LAST_SECONDS, MEAN_ERROR_LAST_2S,
-                       SUCCESS_RATE_REQUIRED, EvalResult, SuccessResult, criterion_config, evaluate_hover,
-                       evaluate_success)
+from .evaluate import (CRITERION_FIXED, EPISODE_SECONDS, LAST_SECONDS, MEAN_ERROR_LAST_2S, SUCCESS_RATE_REQUIRED,
+                       EvalResult, SuccessResult, criterion_config, evaluate_hover, evaluate_success)
 
 OPTIONS = {"backend": str, "episodes": int, "video": bool, "plot": bool, "seed": int, "device": str, "effects": str,
            "obs_source": str, "base_noise": str}
@@ -248,8 +247,7 @@ def main(argv: list[str] | None = None) -> int:
         spec = get_task(task_cfg.name)
         conditions = None  # quadrotor: the criterion's, the task's default initial states, randomization, noise
         if o["task_overrides"] and spec.criterion != "success":
-            fixed = [x for x in o["task_overrides"]
-                     if x.partition("=")[0].removeprefix("task.") in (*CRITERION_FIXED, CRITERION_UNIFORM)]
+            fixed = [x for x in o["task_overrides"] if x.partition("=")[0].removeprefix("task.") in CRITERION_FIXED]
             if fixed:
                 raise UserError(f"override '{fixed[0]}': the hover criterion sets it (policies/evaluate.py)")
             conditions = override_task(spec.default_config(), o["task_overrides"])

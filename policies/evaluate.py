@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import copy
 import ctypes
+import functools
 import math
 import multiprocessing
 import multiprocessing.connection
@@ -107,22 +108,21 @@ def tilt_deg(quat: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
 
 # Task fields the hover criterion sets itself, whatever the run's config or an evaluation's conditions
 # say: its 1 m ball as the termination (a run's own, stricter one would end episodes the criterion
-# keeps) and episodes longer than the 5 s window (no autoreset inside it).
-CRITERION_FIXED = {"fail_distance": MAX_DISTANCE, "episode_seconds": EPISODE_SECONDS + 1.0}
-# Drawn uniformly whatever the run or the conditions say (training's emphasis on hard vehicles is not judged).
-CRITERION_UNIFORM = "randomization.hard_fraction"
+# keeps), episodes longer than the 5 s window (no autoreset inside it) and every vehicle drawn uniformly
+# from the ranges (training's emphasis on slow, delayed vehicles is not judged). Dotted: a nested field.
+CRITERION_FIXED = {"fail_distance": MAX_DISTANCE, "episode_seconds": EPISODE_SECONDS + 1.0,
+                   "randomization.hard_fraction": 0.0}
 
 
 def criterion_config(task_cfg, conditions=None):
     """The config evaluate_hover runs: ``task_cfg`` with the initial states, randomization and noise
-    of ``conditions`` (default: the task's defaults, the criterion's), CRITERION_FIXED's values and every
-    vehicle parameter drawn uniformly from its range (``randomization.hard_fraction`` = 0)."""
+    of ``conditions`` (default: the task's defaults, the criterion's) and CRITERION_FIXED's values."""
     cfg = copy.deepcopy(task_cfg)
     criterion = copy.deepcopy(conditions) if conditions is not None else get_task(cfg.name).default_config()
     cfg.init, cfg.randomization, cfg.noise = criterion.init, criterion.randomization, criterion.noise
     for name, value in CRITERION_FIXED.items():
-        setattr(cfg, name, value)
-    cfg.randomization.hard_fraction = 0.0  # CRITERION_UNIFORM
+        *path, field_name = name.split(".")
+        setattr(functools.reduce(getattr, path, cfg), field_name, value)
     return cfg
 
 

@@ -41,6 +41,10 @@ class Range:
     lo: float
     hi: float
 
+    def at(self, u: torch.Tensor) -> torch.Tensor:
+        """The values at fractions ``u`` (in [0, 1]) of the way from lo to hi."""
+        return self.lo + (self.hi - self.lo) * u
+
 
 @dataclass
 class RandomizationConfig:
@@ -447,8 +451,8 @@ class QuadHoverEnv(gym.vector.VectorEnv):
                 hard = self._rand((k,)) < r.hard_fraction
                 tau_u = torch.where(hard, 0.5 + 0.5 * tau_u, tau_u)
                 lat_u = torch.where(hard, 0.5 + 0.5 * lat_u, lat_u)
-            v.motor_tau[idx] = r.motor_tau.lo + (r.motor_tau.hi - r.motor_tau.lo) * tau_u
-            v.thrust_scale[idx] = r.thrust_scale.lo + (r.thrust_scale.hi - r.thrust_scale.lo) * thrust_u
+            v.motor_tau[idx] = r.motor_tau.at(tau_u)
+            v.thrust_scale[idx] = r.thrust_scale.at(thrust_u)
             self.latency[idx] = r.max_latency_steps * lat_u
             self.force[idx] = r.force_std * self._randn((k, 3))
             self.torque[idx] = r.torque_std * self._randn((k, 3))
@@ -585,4 +589,4 @@ class QuadHoverEnv(gym.vector.VectorEnv):
         return torch.randn(shape, generator=self.gen, device=self.device)
 
     def _uniform(self, k: int, r: Range) -> torch.Tensor:
-        return r.lo + (r.hi - r.lo) * self._rand((k,))
+        return r.at(self._rand((k,)))
