@@ -96,6 +96,12 @@ BROKEN_ESTIMATE_SAMPLES = 3
 # from the geofence's 2.5 m ceiling at rest its timer runs 2.26 s of fall, 0.3 s of spin-down and the
 # 1.5 s lag, 4.06 s.
 LANDING_LIMIT_S = 4.5
+# s: at shutdown the stop setpoint is sent every period for this long before the link closes. cflib's radio
+# thread sends the queued packets one at a time and retries each until acknowledged; closing the link stops
+# the thread and empties its queue (RadioDriver.close), so a stop sent once, right before, can be lost with
+# one unacknowledged packet, and the onboard policy would fly on to the 300 ms dead-man and the stock PID.
+# cflib's own examples wait 0.1 s after their last setpoint for the same reason.
+STOP_REPEAT_S = 0.15
 
 
 def state_from_log(pose: dict, attitude: dict, stamp: float) -> State:
@@ -352,12 +358,22 @@ class CrazyflieBridge(ControllerNode):
             if self.connected:
                 self.descend_before_stop()
         finally:  # a second Ctrl-C cuts the descent short, not the stop setpoint
-            if self.connected:
-                self.cf.commander.send_stop_setpoint()
-            self.cf.close_link()
+            try:
+                if self.connected:
+                    self.send_stops()
+            finally:  # nor the link's closing (a third one)
+                self.cf.close_link()
         # The summary line last: where the launch runner died, its output pipe is gone and printing
         # raises (BrokenPipeError), which before the descent skipped the descent and the stop setpoint.
         super().close()
+
+    def send_stops(self) -> None:
+        """The stop setpoint once a period for STOP_REPEAT_S (at least twice), so that one reaches the
+        vehicle before the link closes."""
+        for k in range(max(2, round(STOP_REPEAT_S / self.period))):
+            if k:
+                time.sleep(self.period)
+            self.cf.commander.send_stop_setpoint()
 
     def descend_before_stop(self) -> None:
         """Stopped in flight (Ctrl-C, SIGTERM): the controlled descent of a disarm, then the caller's

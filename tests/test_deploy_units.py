@@ -618,10 +618,23 @@ def test_disarm_in_flight_descends_without_recovery():
 
 
 def test_auto_arm_arms_once():
+    """auto_arm arms on the first valid state, and only once: after a failsafe has landed (here on its
+    timer, the states lost at 1 m) the valid states that come back leave the rotors cut until the operator
+    arms."""
     c = SafeController(FakePolicy(), SafetyConfig(auto_arm=True))
     assert c.tick(0.0).mode is Mode.DISARMED
     c.on_state(hover_state(), 0.0)
     assert c.tick(0.0).mode is Mode.ARMED
+    t = 0.0
+    while (mode := c.tick(t).mode) is not Mode.DISARMED:  # no state after t = 0: stale, a failsafe descent
+        assert mode in (Mode.ARMED, Mode.FAILSAFE) and t < 5.0, (mode, t)
+        t = round(t + 0.01, 2)
+    assert c.status()["failsafe_count"] == 1
+    for _ in range(50):  # valid states again, on the floor
+        t = round(t + 0.01, 2)
+        c.on_state(hover_state(t, z=0.0), t)
+        assert c.tick(t).mode is Mode.DISARMED and "re-arm" in c.reason, c.reason
+    assert c.arm(t)[0] and c.tick(t).mode is Mode.ARMED  # the operator's arm
 
 
 def test_sim_time_ticks_on_an_older_state_are_counted():
@@ -2210,12 +2223,15 @@ class _DeadPipe:
 def test_stopping_the_bridge_in_flight_descends_before_the_motors_stop(output, monkeypatch):
     """Ctrl-C with the vehicle at 1 m and no state arriving after it: close() streams setpoints that sink
     along the failsafe profile to the floor over the fall time and hold it there while the onboard descent
-    catches up, and only then the stop setpoint; also where the launch runner died and took the output
-    pipe with it (the summary line raised first and skipped the descent and the stop)."""
+    catches up, and only then the stop setpoint, repeated for STOP_REPEAT_S before the link closes (cflib drops
+    what is still queued then); also where the launch runner died and took the output pipe with it (the
+    summary line raised first and skipped the descent and the stop)."""
+    from deploy.crazyflie_bridge import STOP_REPEAT_S
+
     c, _ = armed_controller()
     b = fake_bridge(c, FakeClock())
     closed = []
-    b.cf.close_link = lambda: closed.append(True)
+    b.cf.close_link = lambda: closed.append(len(b.cf.commander.sent))  # closed after how many packets
     b._now = time.monotonic
     c.on_state(hover_state(t=time.monotonic()), time.monotonic())
     if output == "open":
@@ -2224,9 +2240,13 @@ def test_stopping_the_bridge_in_flight_descends_before_the_motors_stop(output, m
         monkeypatch.setattr(sys, "stdout", _DeadPipe())
         with pytest.raises(BrokenPipeError):
             b.close()
-    assert closed == [True]
     sent = b.cf.commander.sent
+    assert closed == [len(sent)]
     first_stop = next(i for i, (_, z) in enumerate(sent) if z == "stop")
+    stops = sent[first_stop:]
+    repeats = round(STOP_REPEAT_S / b.period)  # (after the descent's own stop, its last tick's)
+    assert all(z == "stop" for _, z in stops) and len(stops) >= repeats
+    assert stops[-1][0] - stops[-repeats][0] >= (repeats - 1) * b.period
     heights = [z for _, z in sent[:first_stop]]
     fall = math.sqrt(2 * 1.0 / ((1 - c.cfg.descent_thrust_ratio) * GRAVITY))
     timer = fall + OnboardDescent.SETTLE_S
