@@ -262,6 +262,12 @@ class CrazyflieBridge(ControllerNode):
             return
         if self.cf.state == State.DISCONNECTED:
             self._open_link()
+        elif self.cf.state == State.SETUP_FINISHED and self.cf.link is not None:
+            # A link given up on (its log blocks failed): closed here, in the executor (cflib's own
+            # thread, where that is found, cannot close it: close_link joins that thread), opened next time
+            why = self._link
+            self.cf.close_link()
+            self._on_link(why)  # the reason, not the close's "disconnected"
         elif (self.cf.link is None and self._unclosed_since is not None
               and self._steady() - self._unclosed_since >= UNCLOSED_S):
             self._open_link()
@@ -277,6 +283,7 @@ class CrazyflieBridge(ControllerNode):
             for name, fetch_as in variables:
                 conf.add_variable(name, fetch_as)
             conf.data_received_cb.add_callback(self._on_log)
+            conf.error_cb.add_callback(self._on_log_refused)
             configs.append(conf)
         return configs
 
@@ -285,11 +292,23 @@ class CrazyflieBridge(ControllerNode):
             return
         with self._lock:
             self._assembler = StateAssembler()  # a new link: the firmware's clock may have restarted
-        for conf in self._log_configs():
-            self.cf.log.add_config(conf)
-            conf.start()
+        try:
+            for conf in self._log_configs():
+                self.cf.log.add_config(conf)  # KeyError: a variable not in the firmware's log table
+                conf.start()
+        except (KeyError, AttributeError) as e:  # (AttributeError: a block cflib finds too large)
+            # Raised here, cflib's thread would only log it to Python's logging, and the bridge would wait
+            # for a state that never comes ("not connected yet", then a time-out) instead of saying why.
+            self._on_link(f"the log blocks could not be set up on {uri}: {e} (firmware older than "
+                          "this bridge's LOG_BLOCKS?)")
+            return
         self.connected, self._opening_since = True, None
         self.get_logger().info(f"connected to {uri}, streaming the state estimate every {LOG_PERIOD_MS} ms")
+
+    def _on_log_refused(self, conf, msg: str) -> None:
+        """cflib: the firmware refused to create log block ``conf`` (out of memory, a block too long): no
+        state would come over this link; _retry_link closes it and opens another."""
+        self._on_link(f"the Crazyflie refused the log block {conf.name!r}: {msg}")
 
     def _on_link(self, what: str) -> None:
         # cflib's messages end in a traceback after a blank line ("Couldn't load link driver: <why>\n\n<traceback>",

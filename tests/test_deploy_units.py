@@ -2154,6 +2154,47 @@ def test_a_lost_radio_link_is_opened_again_with_new_log_blocks_and_arms_nothing(
     assert b.link_problem().endswith("restart the bridge")
 
 
+@pytest.mark.parametrize("failure", ["variable missing", "block refused"])
+def test_log_blocks_that_fail_are_reported_and_the_link_made_again(failure, monkeypatch):
+    """Firmware without a variable of LOG_BLOCKS (cflib's add_config raises KeyError, in cflib's thread that
+    only logs it), or one that refuses a block (its error callback): no state would ever come. The bridge
+    says why in /status instead of "not connected yet", and its timer closes that link and opens another."""
+    from cflib.crazyflie import State
+    from cflib.crazyflie.log import LogConfig
+
+    c = SafeController(FakePolicy(), SafetyConfig())
+    b = fake_bridge(c, FakeClock(), connected=False)
+    cf = b.cf
+    cf.state, cf.link = State.SETUP_FINISHED, object()
+    opened, closed, added = [], [], []
+
+    def add_config(conf):
+        if failure == "variable missing" and conf.name == "attitude":
+            raise KeyError("Variable stateEstimate.qx not in TOC")
+        added.append(conf)
+
+    def close_link():  # cflib: the link closed, then its disconnected callback
+        closed.append(True)
+        cf.state, cf.link = State.DISCONNECTED, None
+        b._on_link(f"disconnected from {b.uri}")
+
+    cf.log = type("Log", (), {"add_config": lambda self, conf: add_config(conf)})()
+    cf.open_link, cf.close_link = (lambda uri: opened.append(uri)), close_link
+    monkeypatch.setattr(LogConfig, "start", lambda conf: None)
+    b._on_connected(b.uri)
+    if failure == "block refused":
+        assert b.connected
+        added[0].error_cb.call(added[0], "No memory to allocate Log block")  # cflib's thread
+        want = "the Crazyflie refused the log block 'pose': No memory to allocate Log block"
+    else:
+        want = f"the log blocks could not be set up on {b.uri}: 'Variable stateEstimate.qx not in TOC'"
+    assert not b.connected and want in b.link_problem(), b.link_problem()
+    b._retry_link()  # the timer: closes the link it gave up on, keeps the reason ...
+    assert closed == [True] and not opened and want in b.link_problem()
+    b._retry_link()  # ... and opens a new one
+    assert opened == [b.uri] and want in b.link_problem()
+
+
 def test_a_link_that_failed_to_open_is_opened_again_and_reported_in_one_line():
     """An open that fails inside cflib's open_link (no link driver: the dongle busy with another program,
     unplugged, a USB error) leaves cflib INITIALIZED with no link, never DISCONNECTED, and reports a
