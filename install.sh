@@ -57,12 +57,14 @@ fi
 # Compile the quadrotor training's simulator and PPO kernels into inductor's cache (sim/compiled.py:
 # ~/.cache/robolearn/torchinductor) with two iterations and two evaluations of the main job's
 # configuration: ~40 s once on the 2-core AMD EPYC of BENCHMARKS.md, ~10 s when they are there already. The first
-# `policies.train task=quad_hover` then loads them instead of compiling (BENCHMARKS.md "Time to hover").
+# `policies.train task=quad_hover` then loads them instead of compiling (BENCHMARKS.md "Time to hover"). With
+# ROBOLEARN_SAVE_GRAPHS=1 it also saves the simulator's traced graphs, which later processes load instead of
+# tracing them again (sim/compiled.py, compile_method).
 # Everything is installed by now: a failure here only leaves the kernels to the first training run.
 warmup=$(mktemp -d)
 trap 'rm -rf "$warmup"' EXIT
-if ! .venv/bin/python -m policies.train task=quad_hover max_env_steps=32768 eval_every_steps=16384 stop_at_success=0 \
-    progress=false run_dir="$warmup/run" >"$warmup/log" 2>&1; then
+if ! ROBOLEARN_SAVE_GRAPHS=1 .venv/bin/python -m policies.train task=quad_hover max_env_steps=32768 \
+    eval_every_steps=16384 stop_at_success=0 progress=false run_dir="$warmup/run" >"$warmup/log" 2>&1; then
   tail -n 20 "$warmup/log" >&2
   echo "warning: compiling the training's kernels failed (above); the first training run will compile them" >&2
 fi

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import functools
+import glob
+import hashlib
 import os
 import platform
 import shutil
 import subprocess
+import sys
 import sysconfig
 import warnings
 from typing import Callable
@@ -59,6 +62,137 @@ def compile_if(fn: Callable, enabled: bool, dynamic: bool | None = None,
         # it builds a probe and loads it in a fresh Python subprocess per set, ~0.85 s of each start
         # here (2 cores). Where the compiler is known to build them all, trust the CPU's list.
         inductor.cpp.vec_isa_ok = True
+    return torch.compile(fn, dynamic=dynamic, options=_options(dynamic))
+
+
+# Set to 1 (install.sh's warm-up run does) to save the graphs of the methods compiled by compile_method
+# that no saved graph fits yet, for later processes to load.
+SAVE_GRAPHS_ENV = "ROBOLEARN_SAVE_GRAPHS"
+# Guards that a saved graph cannot keep (torch 2.13 does not serialize them): the identity of functions,
+# modules and builtins the traced code calls. The graph's directory is named by the hash of the sources
+# of the method's package instead (_graph_dir), so changed code never meets an old graph. Kept: the
+# types, shapes, dtypes and constants of what the method reads, and the global state (grad mode).
+_UNSAVED_GUARDS = ("ID_MATCH", "FUNCTION_MATCH", "CLASS_MATCH", "MODULE_MATCH", "CLOSURE_MATCH", "BUILTIN_MATCH",
+                   "DICT_VERSION", "NN_MODULE", "WEAKREF_ALIVE")
+
+
+def compile_method(owner: object, name: str, enabled: bool, dynamic: bool | None = None,
+                   device: str | torch.device = "cpu") -> Callable:
+    """``compile_if(owner.<name>, ...)``, and on a CPU a graph of it saved on this machine where one fits.
+
+    Every process traces a compiled function again with Dynamo before its first call (~2.5 s for the
+    quadrotor's step here) even when inductor's kernels come from the disk cache. A graph saved by
+    ``torch.compile(...).aot_compile`` (torch 2.13, experimental) is loaded instead, with the same
+    kernels (bit-identical results). Graphs are saved only where ``SAVE_GRAPHS_ENV`` is 1; without a
+    saved graph whose guards pass, the method is compiled as ``compile_if`` does."""
+    bound = getattr(owner, name)
+    compiled = compile_if(bound, enabled, dynamic, device)
+    if compiled is bound or torch.device(device).type != "cpu":
+        return compiled
+    return _SavedGraph(owner, getattr(type(owner), name), compiled, dynamic)
+
+
+class _SavedGraph:
+    """Calls ``method(owner, *args)`` through the first saved graph whose guards pass (the saved graphs
+    are loaded at the first call), else through ``fallback`` (torch.compile of the bound method)."""
+
+    def __init__(self, owner: object, method: Callable, fallback: Callable, dynamic: bool | None):
+        self.owner, self.method, self.fallback, self.dynamic = owner, method, fallback, dynamic
+        self.graphs: list | None = None  # loaded at the first call
+
+    def __call__(self, *args):
+        saved_args = tuple(_unmarked(a) for a in args)
+        if self.graphs is None:
+            self.graphs = self._load()
+        for graph in self.graphs:
+            if graph.guard_check(self.owner, *saved_args):
+                return graph(self.owner, *saved_args)
+        if os.environ.get(SAVE_GRAPHS_ENV) == "1":
+            self.graphs.append(self._save(saved_args))
+            return self.graphs[-1](self.owner, *saved_args)
+        return self.fallback(*args)
+
+    def _load(self) -> list:
+        """The graphs saved for this method (none where none can be loaded, with a warning)."""
+        module = sys.modules[self.method.__module__]
+        graphs = []
+        for path in sorted(glob.glob(os.path.join(_graph_dir(self.method, self.dynamic), "*.graph"))):
+            try:
+                with open(path, "rb") as f:
+                    graph = torch.compiler.load_compiled_function(f, f_globals=module.__dict__)
+            except Exception as e:  # noqa: BLE001 (an experimental format: any failure means "compile instead")
+                warnings.warn(f"ignoring the saved compiled graph {path} ({type(e).__name__}: {e}): compiling "
+                              "instead", stacklevel=3)
+                continue
+            graph.disable_guard_check()  # __call__ checks them itself, once per call
+            graphs.append(graph)
+        return graphs
+
+    def _save(self, args: tuple):
+        """A graph traced and compiled for these arguments, saved for later processes."""
+        # The saved guards describe the owner by pickling it (tensors as shapes); a torch.Generator does
+        # not unpickle, and the owner's saved-graph callers need not be described: set aside while tracing.
+        aside = {k: v for k, v in vars(self.owner).items() if isinstance(v, (torch.Generator, _SavedGraph))}
+        for k in aside:
+            setattr(self.owner, k, None)
+        try:
+            options = {**_options(self.dynamic), "guard_filter_fn": _saved_guards}
+            graph = torch.compile(self.method, dynamic=self.dynamic, fullgraph=True,
+                                  options=options).aot_compile(((self.owner, *args), {}))
+        finally:
+            for k, v in aside.items():
+                setattr(self.owner, k, v)
+        directory = _graph_dir(self.method, self.dynamic)
+        os.makedirs(directory, exist_ok=True)
+        graph.save_compiled_function(os.path.join(directory, f"{os.getpid()}-{len(self.graphs)}.graph"))
+        graph.disable_guard_check()
+        return graph
+
+
+def _unmarked(x):
+    """``x``, or for a tensor marked by torch._dynamo.mark_dynamic an unmarked alias of it: a graph saved
+    by aot_compile records its inputs as unmarked (torch 2.13) and its guards then refuse marked ones.
+    Its dimensions are dynamic all the same (compile_method's ``dynamic``)."""
+    return x.detach() if isinstance(x, torch.Tensor) and hasattr(x, "_dynamo_dynamic_indices") else x
+
+
+def _saved_guards(entries) -> list[bool]:
+    """Which of Dynamo's guards a saved graph keeps (guard_filter_fn): see _UNSAVED_GUARDS."""
+    return [e.guard_type not in _UNSAVED_GUARDS for e in entries]
+
+
+def _graph_dir(method: Callable, dynamic: bool | None) -> str:
+    """Where the graphs of ``method`` are saved: under inductor's cache, in a directory named by
+    torch's and Python's versions, the method, the compile options and the sources of its top-level
+    package (every .py file in it: what the traced code may call)."""
+    h = hashlib.sha256()
+    h.update(repr((torch.__version__, sys.version, method.__module__, method.__qualname__, dynamic,
+                   sorted(_options(dynamic).items()))).encode())
+    h.update(_package_source_hash(method.__module__.partition(".")[0]).encode())
+    return os.path.join(_graph_root(), f"{method.__qualname__}-{h.hexdigest()[:20]}")
+
+
+def _graph_root() -> str:
+    """Saved graphs live beside the kernels they call, in inductor's cache."""
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    return os.path.join(cache_dir(), "robolearn_graphs")
+
+
+@functools.cache
+def _package_source_hash(package: str) -> str:
+    """SHA-256 of the names and contents of every .py file in ``package``'s directory tree."""
+    root = os.path.dirname(os.path.abspath(sys.modules[package].__file__))
+    h = hashlib.sha256()
+    for path in sorted(glob.glob(os.path.join(root, "**", "*.py"), recursive=True)):
+        h.update(os.path.relpath(path, root).encode())
+        with open(path, "rb") as f:
+            h.update(f.read())
+    return h.hexdigest()
+
+
+def _options(dynamic: bool | None) -> dict:
+    """Inductor's options for a function compiled here."""
     options = {name: False for name, env in _LAYOUT_ASSERTS.items() if env not in os.environ}
     if dynamic:
         # With a dynamic batch size, inductor decides whether a loop runs on all cores from the size
@@ -69,7 +203,7 @@ def compile_if(fn: Callable, enabled: bool, dynamic: bool | None = None,
         # not depend on the thread count as long as a graph reduces only within an environment, as
         # the simulator's do; a reduction across environments would be split by thread.
         options["cpp.dynamic_threads"] = True
-    return torch.compile(fn, dynamic=dynamic, options=options)
+    return options
 
 
 def kernel_cache_dir() -> str:

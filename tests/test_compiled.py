@@ -1,6 +1,7 @@
 """sim.compiled: how the simulator's steps are compiled."""
 
 import io
+import json
 import logging
 import os
 import shutil
@@ -127,3 +128,69 @@ def test_a_single_environment_advances_its_step_counter_once_per_step(tmp_path):
     res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr
     assert res.stdout.strip() == str([1] * 20), res.stdout
+
+
+_SAVED_GRAPH_RUN = """if True:
+    import json, sys, torch
+    import sim.compiled
+    sim.compiled._graph_root = lambda: sys.argv[2]  # the test's directory, beside the kernel cache in use
+    from sim.crazyflie.hover import QuadHoverEnv, QuadTaskConfig, RandomizationConfig
+
+    def run(env, fallback=False):
+        if fallback:  # torch.compile of the bound methods, as without saved graphs
+            env._transition_fn, env._observe_fn = env._transition_fn.fallback, env._observe_fn.fallback
+        g = torch.Generator().manual_seed(1)
+        obs, _ = env.reset(seed=0)
+        out = [obs["critic"]]
+        for _ in range(30):  # with resets of a few rows (failures and time-outs: 1 s episodes)
+            obs, reward, *_ = env.step(torch.rand(env.num_envs, 4, generator=g) * 2 - 1)
+            out += [obs["policy"], obs["critic"], reward[:, None]]
+        return torch.cat(out, 1).tolist()
+
+    cfg = QuadTaskConfig(episode_seconds=0.1)
+    env = QuadHoverEnv(cfg, 64, seed=0)
+    result = {"saved": run(env), "graphs": [len(env._transition_fn.graphs), len(env._observe_fn.graphs)]}
+    if sys.argv[1] == "save":
+        result["traced"] = run(QuadHoverEnv(cfg, 64, seed=0), fallback=True)
+    else:  # another latency range has other shapes: the saved guards refuse it (checked, not compiled)
+        other = QuadHoverEnv(QuadTaskConfig(randomization=RandomizationConfig(max_latency_steps=2)), 64, seed=0)
+        other.reset(seed=0)
+        args = (torch.zeros(64, 4), other._observation_noise(), torch.tensor(1.0))
+        same = QuadHoverEnv(cfg, 32, seed=1)  # the same structure, another batch size: passes
+        same.reset(seed=1)
+        with torch.no_grad():
+            result["other_passes"] = [g.guard_check(other, *args) for g in env._transition_fn.graphs]
+            result["same_passes"] = [g.guard_check(same, args[0][:32], args[1][:32], args[2])
+                                     for g in env._transition_fn.graphs]
+    print(json.dumps(result))
+"""
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="torch.compile builds CPU kernels with g++")
+def test_a_saved_graph_is_loaded_by_a_later_process_with_the_traced_graphs_results(tmp_path):
+    """compile_method: a process with ROBOLEARN_SAVE_GRAPHS=1 saves the simulator's graphs (the step's and
+    the reset rows' observation); a later one loads them instead of tracing, with results bit-identical
+    to the traced graphs'; a damaged file is skipped with a warning, and an environment whose structure
+    differs (longer latency: other shapes) is refused by the saved guards, and so compiled as before."""
+    from sim.compiled import SAVE_GRAPHS_ENV
+
+    env = {k: v for k, v in os.environ.items() if k != SAVE_GRAPHS_ENV}
+
+    def run(mode: str, **extra) -> dict:
+        res = subprocess.run([sys.executable, "-c", _SAVED_GRAPH_RUN, mode, str(tmp_path)], cwd=ROOT,
+                             env={**env, **extra}, capture_output=True, text=True, timeout=600)
+        assert res.returncode == 0, res.stderr
+        return json.loads(res.stdout.splitlines()[-1]), res.stderr
+
+    saving, _ = run("save", **{SAVE_GRAPHS_ENV: "1"})
+    assert saving["graphs"][0] == 1 and saving["graphs"][1] >= 1, saving["graphs"]
+    assert saving["saved"] == saving["traced"]
+    graph_dirs = list(tmp_path.iterdir())
+    assert len(graph_dirs) == 2
+    (graph_dirs[0] / "zz-damaged.graph").write_bytes(b"not a graph")
+
+    loading, stderr = run("load")
+    assert loading["graphs"] == saving["graphs"]  # the damaged file is not among them ...
+    assert "ignoring the saved compiled graph" in stderr and "zz-damaged.graph" in stderr  # ... and says so
+    assert loading["saved"] == saving["traced"]
+    assert loading["other_passes"] == [False] and loading["same_passes"] == [True]

@@ -21,7 +21,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from sim.compiled import compile_if
+from sim.compiled import compile_method
 
 from .dynamics import OMEGA, POS, QUAT, RPM, STATE_DIM, VEL, TorchBackend, VehicleBatch, quat_to_rotmat
 from .contract import ACT_DIM, OBS_DIM, POLICY_PERIOD
@@ -300,9 +300,9 @@ class QuadHoverEnv(gym.vector.VectorEnv):
         # has one thread; every thread of a process with two then ran them, and a step could advance the
         # step counter twice (its episodes then ended after half their steps).
         on = cfg.compile and backend == "torch"
-        self._transition_fn = compile_if(self._transition, on and num_envs > 1, dynamic=True, device=self.device)
-        self._observe_fn = compile_if(self._observe, on, dynamic=True, device=self.device)
-        self._compiled = self._observe_fn != self._observe  # compile_if returns the method itself without g++
+        self._transition_fn = compile_method(self, "_transition", on and num_envs > 1, dynamic=True, device=self.device)
+        self._observe_fn = compile_method(self, "_observe", on, dynamic=True, device=self.device)
+        self._compiled = self._observe_fn != self._observe  # compile_method returns the method itself without g++
 
     # ----------------------------------------------------------------- reference
     def reference(self, rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
