@@ -99,6 +99,7 @@ class _SavedGraph:
     def __init__(self, owner: object, method: Callable, fallback: Callable, dynamic: bool | None):
         self.owner, self.method, self.fallback, self.dynamic = owner, method, fallback, dynamic
         self.graphs: list | None = None  # loaded at the first call
+        self.unsaveable = False  # saving failed once: not tried again
 
     def __call__(self, *args):
         saved_args = tuple(_unmarked(a) for a in args)
@@ -107,9 +108,16 @@ class _SavedGraph:
         for graph in self.graphs:
             if graph.guard_check(self.owner, *saved_args):
                 return graph(self.owner, *saved_args)
-        if os.environ.get(SAVE_GRAPHS_ENV) == "1":
-            self.graphs.append(self._save(saved_args))
-            return self.graphs[-1](self.owner, *saved_args)
+        if os.environ.get(SAVE_GRAPHS_ENV) == "1" and not self.unsaveable:
+            try:
+                graph = self._save(saved_args)
+            except Exception as e:  # noqa: BLE001 (experimental: a graph that cannot be saved is compiled as usual)
+                self.unsaveable = True
+                warnings.warn(f"could not save the compiled graph of {self.method.__qualname__} ({type(e).__name__}: "
+                              f"{e}): compiling it as usual", stacklevel=2)
+            else:
+                self.graphs.append(graph)
+                return graph(self.owner, *saved_args)
         return self.fallback(*args)
 
     def _load(self) -> list:

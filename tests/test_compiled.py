@@ -194,3 +194,32 @@ def test_a_saved_graph_is_loaded_by_a_later_process_with_the_traced_graphs_resul
     assert "ignoring the saved compiled graph" in stderr and "zz-damaged.graph" in stderr  # ... and says so
     assert loading["saved"] == saving["traced"]
     assert loading["other_passes"] == [False] and loading["same_passes"] == [True]
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="torch.compile builds CPU kernels with g++")
+def test_a_graph_that_cannot_be_saved_is_compiled_as_usual_with_a_warning(monkeypatch, tmp_path):
+    """Saving describes the owner by pickling it: an owner holding a lock cannot be, and the method then
+    runs through torch.compile as without saving, once warned."""
+    import threading
+    import warnings
+
+    import sim.compiled
+    from sim.compiled import SAVE_GRAPHS_ENV, compile_method
+
+    class Owner:
+        def __init__(self):
+            self.lock, self.x = threading.Lock(), torch.arange(3.0)
+
+        def f(self, y: torch.Tensor) -> torch.Tensor:
+            return self.x * y + 1.0
+
+    monkeypatch.setattr(sim.compiled, "_graph_root", lambda: str(tmp_path))
+    monkeypatch.setenv(SAVE_GRAPHS_ENV, "1")
+    owner = Owner()
+    f = compile_method(owner, "f", True, dynamic=True)
+    with pytest.warns(UserWarning, match="could not save the compiled graph of .*Owner.f"):
+        assert torch.equal(f(torch.full((3,), 2.0)), torch.tensor([1.0, 3.0, 5.0]))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # not tried again
+        assert torch.equal(f(torch.ones(3)), torch.tensor([1.0, 2.0, 3.0]))
+    assert f.graphs == [] and not list(tmp_path.rglob("*.graph"))
