@@ -637,6 +637,29 @@ def test_auto_arm_arms_once():
     assert c.arm(t)[0] and c.tick(t).mode is Mode.ARMED  # the operator's arm
 
 
+def test_the_sim_bridge_clips_rotor_commands_to_the_motors_range_and_ignores_malformed_ones():
+    """sim_bridge's rotor_cmd handler: each of 4 finite rpm values clipped to [0, rpm_max] (a negative one to
+    0, not to -rpm_max or left as is); a command of another length or with a NaN or infinity changes nothing
+    and is counted (the ROS fuzz test checks the node stays up under 10k such messages)."""
+    from deploy.sim_bridge import SimBridge
+
+    b = object.__new__(SimBridge)  # the handler alone: no ROS node, no simulator
+    b.torch, b.params, b.bad_commands, b.steps, b.period = torch, NOMINAL, 0, 7, 0.01
+    b._watchdog_cut, b.hold, b.clamped = False, False, False
+    warned = []
+    b.get_logger = lambda: type("Log", (), {"warning": lambda self, m, **kw: warned.append(m),
+                                            "info": lambda self, m, **kw: None})()
+    msg = type("Msg", (), {})
+    msg.data = [-5.0, 1e6, 100.0, NOMINAL.rpm_max + 1]
+    b._on_cmd(msg)
+    assert b.rpm_cmd.tolist() == [[0.0, NOMINAL.rpm_max, 100.0, NOMINAL.rpm_max]] and b.bad_commands == 0
+    for data in ([1.0, 2.0, 3.0], [1.0, 2.0, 3.0, 4.0, 5.0], [1.0, math.nan, 3.0, 4.0], [math.inf, 1.0, 1.0, 1.0], []):
+        msg.data = data
+        b._on_cmd(msg)
+        assert b.rpm_cmd.tolist() == [[0.0, NOMINAL.rpm_max, 100.0, NOMINAL.rpm_max]], data
+    assert b.bad_commands == 5 and len(warned) == 5 and "expected 4 finite rpm values" in warned[-1]
+
+
 def test_sim_time_ticks_on_an_older_state_are_counted():
     """Under sim time the policy should act on the state of its tick's instant (sim_bridge publishes it
     before /clock; lock-step waits for the answer): an ARMED tick whose newest state is a period older is
