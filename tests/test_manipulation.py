@@ -204,10 +204,11 @@ def test_the_bc_ema_forgets_its_random_initial_weights_within_its_warm_up(demos)
 
 
 def test_diffusion_bc_run(base_run, demos):
-    """A diffusion_bc run's best policy is a DiffusionPolicy that learned its demonstrations: from
-    w = 0 its chunks are closer to the experts' than the same network's at its initial weights (seed 0)."""
-    from policies.diffusion import DiffusionPolicy
-
+    """A diffusion_bc run's best policy is a DiffusionPolicy that learned its demonstrations, observation to
+    action: from w = 0 its chunks are closer to the experts' than any observation-blind answer can be, the best
+    constant chunk (the per-component median) and the same policy fed another row's observation. (Measured
+    for 200 gradient steps on 6 episodes, seeds 0-2: 0.21-0.24 mean absolute error, against 0.31-0.32 for the
+    median chunk and 0.37-0.39 shuffled; an untrained network's clipped chunks, the old reference, are at 1.06.)"""
     rec = ckpt.load(base_run / ckpt.BEST)
     assert rec["policy_class"] == "DiffusionPolicy" and rec["config"]["algo"]["name"] == "diffusion_bc"
     policy, _ = ckpt.load_policy(base_run)
@@ -216,14 +217,13 @@ def test_diffusion_bc_run(base_run, demos):
     assert policy(obs, w).shape == (3, 4, ACT_DIM) and torch.equal(policy(obs, w), policy(obs, w))
     d = ds.load(demos, task="arm_push", obs_dim=POLICY_DIM, act_dim=ACT_DIM)
     obs, want = torch.as_tensor(d.obs), torch.as_tensor(d.action_chunks(4))
-    torch.manual_seed(0)
-    untrained = DiffusionPolicy(**policy.spec).eval()
-    untrained.obs_norm.load_state_dict(policy.obs_norm.state_dict())  # the same inputs: only the weights differ
     with torch.no_grad():
         zero = torch.zeros(len(obs), policy.latent_dim)
         err = (policy(obs, zero) - want).abs().mean().item()
-        err0 = (untrained(obs, zero) - want).abs().mean().item()
-    assert err < 0.6 * err0, (err, err0)
+        constant = (want - want.median(0).values).abs().mean().item()
+        shuffled = (policy(obs[torch.randperm(len(obs), generator=torch.Generator().manual_seed(0))], zero)
+                    - want).abs().mean().item()
+    assert err < 0.8 * constant and err < 0.7 * shuffled, (err, constant, shuffled)
 
 
 def test_bc_needs_a_matching_dataset(demos, tmp_path):
