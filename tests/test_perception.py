@@ -265,7 +265,7 @@ def test_rendered_arm_push_cube_within_1cm(push_env):
     assert exact.max() < 0.01
     assert exact.mean() < 0.003
     sensed = _scene_errors(push_env, sensor=True)
-    assert sensed.mean() < 0.01
+    assert sensed.max() < 0.01  # every scene (8.8 mm the worst here; BENCHMARKS.md: 10.0 mm the worst of 50)
     assert sensed.mean() > 2 * exact.mean()  # the calibration error is there, not the true pose
 
 
