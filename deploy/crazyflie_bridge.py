@@ -23,7 +23,10 @@ this bridge streams setpoints, chosen by the same safety layer (deploy/safety.py
              dead-man (300 ms, then the stock controller, then the supervisor's 2 s stop) takes over.
              When the onboard estimate itself is broken (BROKEN_ESTIMATE_SAMPLES rejected in a row:
              non-finite or out of range) the onboard policy would fly any setpoint on it: the rotors
-             are cut instead (DISARMED)
+             are cut instead (DISARMED). When the firmware's stock controller flies instead of the onboard
+             policy (rlpolicy.mode = PID fallback in ONBOARD_FALLBACK_SAMPLES samples in a row while ARMED: the
+             glue's latched fault, or setpoints it cannot fly, as without the Kalman estimator), the safety
+             layer fails safe without recovery: the stock controller flies the descent setpoints
   DISARMED / ESTOP  stop setpoint (motors off)
   shutdown   (Ctrl-C, SIGTERM) in flight: the descent of a disarm first, the newest states still fed to
              the safety layer (the executor has stopped) and /status and rotor_cmd published as in flight,
@@ -32,7 +35,8 @@ this bridge streams setpoints, chosen by the same safety layer (deploy/safety.py
 State: the onboard estimate is streamed in two log blocks every 10 ms (one radio packet holds at
 most 26 bytes of log data):
   pose      stateEstimate.x, y, z (world, m), vx, vy, vz (world, m/s)       6 x float32 = 24 B
-  attitude  stateEstimate.qx, qy, qz, qw (body->world), gyro.x, y, z        4 x float32 + 3 x FP16 = 22 B
+  attitude  stateEstimate.qx, qy, qz, qw (body->world), gyro.x, y, z,     4 x float32 + 3 x FP16
+            rlpolicy.mode, fault (who flies, the glue's latched fault)       + 2 x uint8 = 24 B
             (gyro: body frame FLU, deg/s -> rad/s here)
 Blocks sampled in the same firmware tick (timestamps within 5 ms) form one state, published as
 odom (nav_msgs/Odometry, pose world, twist body per REP 105) whatever its values, which this node's
@@ -48,10 +52,11 @@ without a link, arming is refused and a disarm or emergency stop answers success
 layer still takes it). A lost or failed link is opened again every ``reconnect_s`` seconds (0: never;
 then restart the bridge); an attempt that has not connected within OPEN_TIMEOUT_S is closed and made
 again. A reconnection arms nothing: the missing states have put the safety layer in its failsafe
-meanwhile, which ends as it always does, on valid states (recovery) or in DISARMED; and the onboard
-glue's dead-man fault stays latched until a stop setpoint, so setpoints sent on the new link before it
-are flown by the firmware's stock controller, not the policy. ``auto_arm`` is refused here: a real
-vehicle is armed by a person (with it, a link that came back would arm the vehicle unattended).
+meanwhile. A gap that tripped the onboard glue's dead-man (300 ms) leaves its fault latched until a stop
+setpoint, and while the streamed rlpolicy.fault shows it latched the failsafe does not recover (the
+stock controller, not the policy, would fly the setpoints) and arming is refused (``policy_problem``).
+``auto_arm`` is refused here: a real vehicle is armed by a person (with it, a link that came back would
+arm the vehicle unattended).
 Not handled (cflib 0.1.34): a Crazyradio unplugged while connected can block cflib's sender, and with
 it this node's executor, for good.
 rotor_cmd carries what the offboard copy of the policy commands from the streamed state: a shadow
@@ -76,9 +81,17 @@ LOG_PERIOD_MS = 10
 LOG_BLOCKS: dict[str, list[tuple[str, str]]] = {
     "pose": [(f"stateEstimate.{v}", "float") for v in ("x", "y", "z", "vx", "vy", "vz")],
     "attitude": [(f"stateEstimate.{v}", "float") for v in ("qx", "qy", "qz", "qw")]
-    + [(f"gyro.{v}", "FP16") for v in ("x", "y", "z")],
+    + [(f"gyro.{v}", "FP16") for v in ("x", "y", "z")]
+    + [("rlpolicy.mode", "uint8_t"), ("rlpolicy.fault", "uint8_t")],  # firmware/crazyflie/src/controller_oot.c
 }
-LOG_TYPE_BYTES = {"float": 4, "FP16": 2}
+LOG_TYPE_BYTES = {"float": 4, "FP16": 2, "uint8_t": 1}
+# rlpolicy.mode and .fault (firmware/crazyflie/src/cf_policy_glue.h: cfp_mode_t, cfp_fault_t)
+ONBOARD_MODES = ("idle", "policy", "PID fallback")
+ONBOARD_FAULTS = ("none", "dead-man", "policy error")
+ONBOARD_FALLBACK = 2
+# Consecutive attitude samples (10 ms apart) showing the stock controller flying while ARMED after which the
+# bridge fails safe: a sample or two may still be from before the arming's first setpoint arrived.
+ONBOARD_FALLBACK_SAMPLES = 3
 MAX_LOG_BLOCK_BYTES = 26  # CRTP log data packet: 30 bytes minus block id and 3-byte timestamp
 PAIR_TOLERANCE_MS = 5
 # s: a link attempt that has not connected by then is closed and made again. cflib's set-up (the platform
@@ -157,6 +170,10 @@ class FirmwareClock:
         return t + self.offset
 
 
+def _name(names: tuple[str, ...], value: int) -> str:
+    return names[value] if 0 <= value < len(names) else f"unknown {value}"
+
+
 class StateAssembler:
     """Pairs the two log blocks of one firmware tick; ``feed`` returns a State when a pair completes,
     stamped with its sampling time (FirmwareClock), or None (no pair yet, or a sample no newer than
@@ -213,6 +230,8 @@ class CrazyflieBridge(ControllerNode):
         # policy flies on it, so no setpoint can bring the vehicle down.
         self._bad_samples = 0
         self._estimate_broken: str | None = None
+        self._onboard: tuple[int, int] | None = None  # the newest rlpolicy (mode, fault) streamed
+        self._fallback_samples = 0  # consecutive samples with rlpolicy.mode = PID fallback
         self._last_odom = None  # the newest odom published (shutdown feeds it to the safety layer itself)
         self.connected = False
         self._link = "not connected yet"  # why commands cannot reach the vehicle
@@ -292,6 +311,7 @@ class CrazyflieBridge(ControllerNode):
             return
         with self._lock:
             self._assembler = StateAssembler()  # a new link: the firmware's clock may have restarted
+        self._onboard, self._fallback_samples = None, 0
         try:
             for conf in self._log_configs():
                 self.cf.log.add_config(conf)  # KeyError: a variable not in the firmware's log table
@@ -329,6 +349,9 @@ class CrazyflieBridge(ControllerNode):
 
     def _on_log(self, timestamp_ms: int, data: dict, conf) -> None:
         arrival = self._steady()
+        if conf.name == "attitude":
+            self._onboard = (int(data["rlpolicy.mode"]), int(data["rlpolicy.fault"]))
+            self._fallback_samples = self._fallback_samples + 1 if self._onboard[0] == ONBOARD_FALLBACK else 0
         with self._lock:
             dropped = self._assembler.dropped
             state = self._assembler.feed(conf.name, timestamp_ms, data, arrival)
@@ -350,10 +373,32 @@ class CrazyflieBridge(ControllerNode):
             self._last_odom = msg
             self._odom_pub.publish(msg)
 
+    def policy_problem(self) -> str | None:
+        """The onboard glue's latched fault: until a stop setpoint clears it (sent every period while
+        disarmed) the stock controller flies every setpoint. Arming is refused and a failsafe lands
+        without recovering meanwhile."""
+        onboard = self._onboard
+        if onboard is None or onboard[1] == 0:
+            return None
+        fault = _name(ONBOARD_FAULTS, onboard[1])
+        return f"the onboard policy has a latched fault ({fault}): cleared by a stop setpoint"
+
+    def _onboard_fallback(self) -> str | None:
+        """Why the stock controller flies instead of the onboard policy, if the stream shows it does."""
+        if self._fallback_samples < ONBOARD_FALLBACK_SAMPLES:
+            return None
+        fault = self._onboard[1] if self._onboard is not None else 0
+        why = f"fault: {_name(ONBOARD_FAULTS, fault)}" if fault else "a setpoint it cannot fly (Kalman estimator off?)"
+        return f"the stock controller flies, not the onboard policy ({why}; {self._fallback_samples} samples)"
+
     # ------------------------------------------------------------------ actuation
     def actuate(self, cmd: Command, now: float) -> None:
         if not self.connected:
             return
+        fallback = self._onboard_fallback()
+        if cmd.mode is Mode.ARMED and fallback is not None:
+            self.controller.fail_safe(fallback, now)  # its descent setpoints, flown by the stock controller
+            cmd = dataclasses.replace(cmd, mode=self.controller.mode)
         broken = self._estimate_broken
         if cmd.mode is Mode.FAILSAFE and broken is not None:
             # The onboard policy (and the stock PID it falls back to) would fly a descent setpoint on the

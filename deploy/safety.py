@@ -511,6 +511,12 @@ class SafeController:
             self._set(Mode.DISARMED, "disarm requested: rotors idle, re-arm to fly")
         return f"{self.mode.value}: {self.reason}"
 
+    def fail_safe(self, why: str, now: float) -> None:
+        """A problem only the caller sees (crazyflie_bridge: the vehicle's stock controller flying instead of
+        its policy): ARMED -> the failsafe's descent, without recovery (the policy would not fly again)."""
+        if self.mode is Mode.ARMED:
+            self._enter_failsafe(why, now, may_recover=False)
+
     def cut(self, why: str) -> None:
         """Rotors cut at once (DISARMED, counted in ``failsafe_count``), by the caller's rule: e.g. a
         bridge whose vehicle cannot fly the descent (its onboard state estimate is broken)."""

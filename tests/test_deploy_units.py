@@ -1834,11 +1834,14 @@ def test_log_blocks_fit_one_radio_packet():
         assert sum(LOG_TYPE_BYTES[t] for _, t in variables) <= MAX_LOG_BLOCK_BYTES, block
 
 
-def log_pair(q_xyzw=(0.0, 0.0, 0.0, 1.0), gyro_dps=(9.0, -18.0, 4.5), pos=(0.5, -0.25, 1.0), vel=(0.1, 0.2, -0.3)):
+def log_pair(q_xyzw=(0.0, 0.0, 0.0, 1.0), gyro_dps=(9.0, -18.0, 4.5), pos=(0.5, -0.25, 1.0), vel=(0.1, 0.2, -0.3),
+             onboard=(1, 0)):
+    """One firmware tick's log blocks as cflib delivers them; ``onboard``: rlpolicy (mode, fault), the policy flying."""
     pose = {f"stateEstimate.{a}": v for a, v in zip("xyz", pos)}
     pose |= {f"stateEstimate.v{a}": v for a, v in zip("xyz", vel)}
     att = {f"stateEstimate.q{a}": v for a, v in zip("xyzw", q_xyzw)}
     att |= {f"gyro.{a}": v for a, v in zip("xyz", gyro_dps)}
+    att |= {"rlpolicy.mode": onboard[0], "rlpolicy.fault": onboard[1]}
     return pose, att
 
 
@@ -1907,6 +1910,7 @@ def fake_bridge(controller: SafeController, clock: FakeClock, connected: bool = 
     b.uri, b.reconnect_s, b._opening_since, b._closing = "radio://0/80/2M/E7E7E7E7E7", 2.0, None, False
     b._unclosed_since = None
     b._bad_samples, b._estimate_broken, b._last_odom = 0, None, None
+    b._onboard, b._fallback_samples = None, 0
     controller.settle_s = OnboardDescent.SETTLE_S  # as the bridge's own controller has it (ONBOARD_DESCENT)
     return b
 
@@ -1921,6 +1925,43 @@ def stream(bridge, fw_ms: int, arrival: float, subscribed: bool = True, **log) -
     bridge._on_log(fw_ms, att, type("Conf", (), {"name": "attitude"})())
     for msg in bridge.published[n:] if subscribed else ():
         bridge._on_odom(msg)
+
+
+@pytest.mark.parametrize("onboard, why", [((2, 0), "a setpoint it cannot fly"), ((2, 1), "fault: dead-man")])
+def test_the_stock_controller_flying_instead_of_the_onboard_policy_fails_safe_without_recovery(onboard, why):
+    """rlpolicy.mode streamed as PID fallback while ARMED (the glue's latched fault, or position setpoints it
+    cannot fly, as with the complementary estimator): ONBOARD_FALLBACK_SAMPLES in a row fail safe, fewer do
+    not (samples from before the arming's first setpoint); the stock controller flies the descent setpoints;
+    valid states do not hand the vehicle back (no recovery); a latched fault refuses arming."""
+    from deploy.crazyflie_bridge import ONBOARD_FALLBACK_SAMPLES
+
+    c = SafeController(FakePolicy(), SafetyConfig())
+    clock = FakeClock(100.0)
+    b = fake_bridge(c, clock)
+    stream(b, 1000, 100.0, onboard=(0, 0))
+    assert c.arm(100.0)[0] and b.arm_problem() is None
+    for k in range(1, ONBOARD_FALLBACK_SAMPLES):  # fewer than ONBOARD_FALLBACK_SAMPLES, then the policy flies
+        stream(b, 1000 + 10 * k, 100.0 + 0.01 * k, onboard=onboard)
+        b.actuate(c.tick(clock.t), clock.t)
+        assert c.mode is Mode.ARMED
+    t = clock.t
+    for k in range(1, 3 * ONBOARD_FALLBACK_SAMPLES):
+        stream(b, 2000 + 10 * k, t + 0.01 * k, onboard=(1, 0) if k < 3 else onboard)
+        cmd = c.tick(clock.t)
+        b.actuate(cmd, clock.t)
+        if k < 2 + ONBOARD_FALLBACK_SAMPLES:
+            assert c.mode is Mode.ARMED, k
+    assert c.mode is Mode.FAILSAFE and why in c.reason and "stock controller flies" in c.reason, c.reason
+    z = [sp for _, sp in b.cf.commander.sent[-5:]]
+    assert all(isinstance(v, float) for v in z) and z[-1] < 1.0  # descent setpoints, sinking
+    for k in range(30):  # valid states at 1 m keep coming: no recovery
+        stream(b, 3000 + 10 * k, clock.t + 0.01, onboard=onboard)
+        b.actuate(c.tick(clock.t), clock.t)
+        assert c.mode is Mode.FAILSAFE, c.reason
+    fault = b.policy_problem()
+    assert (fault is None) == (onboard[1] == 0)
+    if fault is not None:
+        assert "latched fault (dead-man)" in fault and b.arm_problem() == fault
 
 
 @pytest.mark.parametrize("bad, reason", [(dict(gyro_dps=(math.nan, 0, 0)), "nonfinite"),
@@ -2501,9 +2542,10 @@ def test_the_bridge_publishes_the_state_in_its_world_frame_parameter():
     bridge.get_clock = lambda: type("Clock", (), {"now": lambda self: type("T", (), {"nanoseconds": 10**9})()})()
     bridge._steady = lambda: 1.0
     bridge.controller, bridge._bad_samples, bridge._estimate_broken = SafeController(FakePolicy(), SafetyConfig()), 0, None
+    bridge._onboard, bridge._fallback_samples = None, 0
     pose = {f"stateEstimate.{v}": 0.1 for v in ("x", "y", "z", "vx", "vy", "vz")}
     att = {"stateEstimate.qx": 0.0, "stateEstimate.qy": 0.0, "stateEstimate.qz": 0.0, "stateEstimate.qw": 1.0,
-           "gyro.x": 0.0, "gyro.y": 0.0, "gyro.z": 0.0}
+           "gyro.x": 0.0, "gyro.y": 0.0, "gyro.z": 0.0, "rlpolicy.mode": 1, "rlpolicy.fault": 0}
     bridge._on_log(100, pose, type("Conf", (), {"name": "pose"})())
     bridge._on_log(100, att, type("Conf", (), {"name": "attitude"})())
     assert len(published) == 1 and published[0].header.frame_id == "map"
@@ -2527,6 +2569,7 @@ def test_the_bridge_streams_the_safety_layers_setpoint_to_the_onboard_policy():
     bridge.controller = c = SafeController(FakePolicy(), SafetyConfig(ground_timeout=10.0))
     bridge.cf = type("Crazyflie", (), {"commander": Commander()})()
     bridge.connected, bridge.descent, bridge._estimate_broken = True, OnboardDescent(c.cfg), None
+    bridge._onboard, bridge._fallback_samples = (1, 0), 0  # the onboard policy flies
     start = [0.3, 0.0, 0.0]
     c.on_state(hover_state(pos=start), 0.0)
     assert c.arm(0.0) == (True, "armed")
@@ -2731,6 +2774,7 @@ def test_the_bridges_failsafe_setpoint_reaches_the_floor_before_the_stop(vz):
     bridge.controller = c = SafeController(FakePolicy(), SafetyConfig(), settle_s=OnboardDescent.SETTLE_S)
     bridge.cf = type("Crazyflie", (), {"commander": Commander()})()
     bridge.connected, bridge.descent, bridge._estimate_broken = True, OnboardDescent(c.cfg), None
+    bridge._onboard, bridge._fallback_samples = (1, 0), 0  # the onboard policy flies
     c.on_state(make_state([0.0, 0.0, 1.0], [1, 0, 0, 0], [0.0, 0.0, 0.0], [0, 0, 0], 0.0), 0.0)
     assert c.arm(0.0)[0]  # (at rest: arming is refused at more than 0.5 m/s)
     c.on_state(make_state([0.0, 0.0, 1.0], [1, 0, 0, 0], [0.0, 0.0, vz], [0, 0, 0], 0.0), 0.0)
