@@ -463,12 +463,20 @@ def test_a_clock_that_goes_back_starts_the_controller_up_again(auto_arm):
     c = SafeController(FakePolicy(), SafetyConfig(auto_arm=auto_arm))
     c.on_state(hover_state(50.0, z=0.2), 50.0)
     assert c.arm(50.0)[0] and c.tick(50.0).mode is Mode.ARMED
+    assert c.tick(50.1).mode is Mode.FAILSAFE  # no state for 0.1 s: stale; then valid states recover it
+    t = 50.1
+    while c.mode is not Mode.ARMED:
+        t = round(t + 0.01, 2)
+        c.on_state(hover_state(t, z=0.2), t)
+        assert c.tick(t).mode in (Mode.FAILSAFE, Mode.ARMED) and t < 51.0
+    assert c.status()["recoveries"] == 1
     c.on_state(hover_state(0.01, z=0.2), 0.01)  # the reset: a valid state at t = 0.01 s
     cmd = c.tick(0.01)
     if auto_arm:
         assert cmd.mode is Mode.ARMED and c.setpoint(0.51)[2] == pytest.approx(0.45)  # the ramp runs from 0.01 s
     else:
-        assert cmd.mode is Mode.DISARMED and "clock went back from 50.000 s to 0.010 s" in cmd.reason
+        assert cmd.mode is Mode.DISARMED and f"clock went back from {t:.3f} s to 0.010 s" in cmd.reason
+        assert c.status()["recoveries"] == 0  # by the restart, not by the arm below
         assert cmd.action.tolist() == [IDLE_ACTION] * 4 and c.arm(0.02)[0]
     assert c.status()["recoveries"] == 0
 
