@@ -374,12 +374,12 @@ class CrazyflieBridge(ControllerNode):
             self._odom_pub.publish(msg)
 
     def policy_problem(self) -> str | None:
-        """The onboard glue's latched fault: until a stop setpoint clears it (sent every period while
-        disarmed) the stock controller flies every setpoint. Arming is refused and a failsafe lands
-        without recovering meanwhile."""
+        """The onboard glue's latched fault (until a stop setpoint clears it, sent every period while
+        disarmed, the stock controller flies every setpoint), or the stream showing the stock controller
+        flying: arming is refused and a failsafe lands without recovering meanwhile."""
         onboard = self._onboard
         if onboard is None or onboard[1] == 0:
-            return None
+            return self._onboard_fallback()
         fault = _name(ONBOARD_FAULTS, onboard[1])
         return f"the onboard policy has a latched fault ({fault}): cleared by a stop setpoint"
 

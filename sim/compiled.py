@@ -5,12 +5,15 @@ from __future__ import annotations
 import functools
 import glob
 import hashlib
+import importlib
+import inspect
 import os
 import platform
 import shutil
 import subprocess
 import sys
 import sysconfig
+import uuid
 import warnings
 from typing import Callable
 
@@ -98,13 +101,14 @@ class _SavedGraph:
 
     def __init__(self, owner: object, method: Callable, fallback: Callable, dynamic: bool | None):
         self.owner, self.method, self.fallback, self.dynamic = owner, method, fallback, dynamic
+        self.directory = _graph_dir(method, dynamic)  # (the sources hashed now, as close to their import as can be)
         self.graphs: list | None = None  # loaded at the first call
         self.unsaveable = False  # saving failed once: not tried again
 
     def __call__(self, *args):
         saved_args = tuple(_unmarked(a) for a in args)
         if self.graphs is None:
-            self.graphs = self._load()
+            self.graphs = _load_graphs(self.directory, self.method)
         for graph in self.graphs:
             if graph.guard_check(self.owner, *saved_args):
                 return graph(self.owner, *saved_args)
@@ -120,22 +124,6 @@ class _SavedGraph:
                 return graph(self.owner, *saved_args)
         return self.fallback(*args)
 
-    def _load(self) -> list:
-        """The graphs saved for this method (none where none can be loaded, with a warning)."""
-        module = sys.modules[self.method.__module__]
-        graphs = []
-        for path in sorted(glob.glob(os.path.join(_graph_dir(self.method, self.dynamic), "*.graph"))):
-            try:
-                with open(path, "rb") as f:
-                    graph = torch.compiler.load_compiled_function(f, f_globals=module.__dict__)
-            except Exception as e:  # noqa: BLE001 (an experimental format: any failure means "compile instead")
-                warnings.warn(f"ignoring the saved compiled graph {path} ({type(e).__name__}: {e}): compiling "
-                              "instead", stacklevel=3)
-                continue
-            graph.disable_guard_check()  # __call__ checks them itself, once per call
-            graphs.append(graph)
-        return graphs
-
     def _save(self, args: tuple):
         """A graph traced and compiled for these arguments, saved for later processes."""
         # The saved guards describe the owner by pickling it (tensors as shapes); a torch.Generator does
@@ -150,11 +138,43 @@ class _SavedGraph:
         finally:
             for k, v in aside.items():
                 setattr(self.owner, k, v)
-        directory = _graph_dir(self.method, self.dynamic)
-        os.makedirs(directory, exist_ok=True)
-        graph.save_compiled_function(os.path.join(directory, f"{os.getpid()}-{len(self.graphs)}.graph"))
         graph.disable_guard_check()
+        if not graph.guard_check(self.owner, *args):  # it would never be used, and saved again at every call
+            raise RuntimeError("the saved guards refuse the arguments it was traced for")
+        os.makedirs(self.directory, exist_ok=True)
+        graph.save_compiled_function(os.path.join(self.directory, f"{uuid.uuid4().hex}.graph"))
         return graph
+
+
+@functools.cache  # per process: every environment of a run (training, each evaluation) shares them
+def _load_graphs(directory: str, method: Callable) -> list:
+    """The graphs saved in ``directory`` whose traced sources are the current ones (any that cannot be loaded
+    or are stale is skipped with a warning)."""
+    module = sys.modules[method.__module__]
+    graphs = []
+    for path in sorted(glob.glob(os.path.join(directory, "*.graph"))):
+        try:
+            with open(path, "rb") as f:
+                graph = torch.compiler.load_compiled_function(f, f_globals=module.__dict__)
+            stale = _stale_source(graph)
+        except Exception as e:  # noqa: BLE001 (an experimental format: any failure means "compile instead")
+            stale = f"{type(e).__name__}: {e}"
+        if stale is not None:
+            warnings.warn(f"ignoring the saved compiled graph {path} ({stale}): compiling instead", stacklevel=3)
+            continue
+        graph.disable_guard_check()  # _SavedGraph checks them itself, once per call
+        graphs.append(graph)
+    return graphs
+
+
+def _stale_source(graph) -> str | None:
+    """Which source the graph traced differs from the current one (Dynamo keeps each inlined function's
+    lines and their SHA-256; the directory's key covers sim/ only), or None."""
+    for src in graph.source_info().inlined_sources:
+        lines = inspect.getsourcelines(importlib.import_module(src.module))[0][src.firstlineno - 1:src.lastlineno - 1]
+        if hashlib.sha256("".join(lines).encode()).hexdigest() != src.checksum:
+            return f"{src.module} changed since it was traced (lines {src.firstlineno}-{src.lastlineno})"
+    return None
 
 
 def _unmarked(x):

@@ -149,7 +149,11 @@ _SAVED_GRAPH_RUN = """if True:
 
     cfg = QuadTaskConfig(episode_seconds=0.1)
     env = QuadHoverEnv(cfg, 64, seed=0)
-    result = {"saved": run(env), "graphs": [len(env._transition_fn.graphs), len(env._observe_fn.graphs)]}
+    calls = []  # of torch.compile's bound methods: none, every call goes through a saved graph
+    for saved in (env._transition_fn, env._observe_fn):
+        saved.fallback = lambda *a, f=saved.fallback: calls.append(1) or f(*a)
+    result = {"saved": run(env), "graphs": [len(env._transition_fn.graphs), len(env._observe_fn.graphs)],
+              "fallback_calls": len(calls)}
     if sys.argv[1] == "save":
         result["traced"] = run(QuadHoverEnv(cfg, 64, seed=0), fallback=True)
     else:  # another latency range has other shapes: the saved guards refuse it (checked, not compiled)
@@ -183,14 +187,14 @@ def test_a_saved_graph_is_loaded_by_a_later_process_with_the_traced_graphs_resul
         return json.loads(res.stdout.splitlines()[-1]), res.stderr
 
     saving, _ = run("save", **{SAVE_GRAPHS_ENV: "1"})
-    assert saving["graphs"][0] == 1 and saving["graphs"][1] >= 1, saving["graphs"]
+    assert saving["graphs"][0] == 1 and saving["graphs"][1] >= 1 and saving["fallback_calls"] == 0, saving["graphs"]
     assert saving["saved"] == saving["traced"]
     graph_dirs = list(tmp_path.iterdir())
     assert len(graph_dirs) == 2
     (graph_dirs[0] / "zz-damaged.graph").write_bytes(b"not a graph")
 
     loading, stderr = run("load")
-    assert loading["graphs"] == saving["graphs"]  # the damaged file is not among them ...
+    assert loading["graphs"] == saving["graphs"] and loading["fallback_calls"] == 0  # the damaged file is not ...
     assert "ignoring the saved compiled graph" in stderr and "zz-damaged.graph" in stderr  # ... and says so
     assert loading["saved"] == saving["traced"]
     assert loading["other_passes"] == [False] and loading["same_passes"] == [True]
@@ -223,3 +227,25 @@ def test_a_graph_that_cannot_be_saved_is_compiled_as_usual_with_a_warning(monkey
         warnings.simplefilter("error")  # not tried again
         assert torch.equal(f(torch.ones(3)), torch.tensor([1.0, 2.0, 3.0]))
     assert f.graphs == [] and not list(tmp_path.rglob("*.graph"))
+
+
+def test_a_saved_graph_whose_traced_source_changed_is_stale():
+    """Dynamo keeps the lines and SHA-256 of every function a graph inlined: a graph whose lines no longer
+    hash alike (edited since it was saved) is refused by name, whatever the directory's key says."""
+    import hashlib
+    import inspect
+
+    from sim.compiled import _stale_source
+    from sim.crazyflie import dynamics
+
+    lines, first = inspect.getsourcelines(dynamics.rk4_step)
+    source = type("Src", (), {"module": dynamics.__name__, "firstlineno": first, "lastlineno": first + len(lines),
+                              "checksum": hashlib.sha256("".join(lines).encode()).hexdigest()})
+
+    def graph(*sources):
+        return type("Graph", (), {"source_info": lambda self: type("Info", (), {"inlined_sources": set(sources)})()})()
+
+    assert _stale_source(graph(source)) is None
+    edited = type("Src", (source,), {"checksum": hashlib.sha256(b"an older rk4_step").hexdigest()})
+    assert _stale_source(graph(source, edited)) == (f"sim.crazyflie.dynamics changed since it was traced "
+                                                    f"(lines {first}-{first + len(lines)})")

@@ -1962,14 +1962,18 @@ def test_the_stock_controller_flying_instead_of_the_onboard_policy_fails_safe_wi
     assert c.mode is Mode.FAILSAFE and why in c.reason and "stock controller flies" in c.reason, c.reason
     z = [sp for _, sp in b.cf.commander.sent[-5:]]
     assert all(isinstance(v, float) for v in z) and z[-1] < 1.0  # descent setpoints, sinking
-    for k in range(30):  # valid states at 1 m keep coming: no recovery
+    for k in range(30):  # valid states at 1 m keep coming: no recovery (the tick's own decision)
         stream(b, 3000 + 10 * k, clock.t + 0.01, onboard=onboard)
-        b.actuate(c.tick(clock.t), clock.t)
-        assert c.mode is Mode.FAILSAFE, c.reason
-    fault = b.policy_problem()
-    assert (fault is None) == (onboard[1] == 0)
-    if fault is not None:
-        assert "latched fault (dead-man)" in fault and b.arm_problem() == fault
+        cmd = c.tick(clock.t)
+        assert cmd.mode is Mode.FAILSAFE, cmd.reason
+        b.actuate(cmd, clock.t)
+    assert c.status()["recoveries"] == 0 and c.status()["failsafe_count"] == 1
+    problem = b.policy_problem()  # arming refused (ControllerNode's arm service), for the fault or the PID flying
+    assert problem is not None and b.arm_problem() == problem
+    if onboard[1]:
+        assert "latched fault (dead-man)" in problem
+    else:
+        assert "the stock controller flies" in problem
 
 
 @pytest.mark.parametrize("bad, reason", [(dict(gyro_dps=(math.nan, 0, 0)), "nonfinite"),
