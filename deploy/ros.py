@@ -64,7 +64,8 @@ CONTROLLER_PARAMETERS = frozenset({  # policy.ControllerNode: policy_node, firmw
     "robot", "policy", "world_frame", "target", "stale_timeout", "geofence_min", "geofence_max", "max_action",
     "descent_thrust_ratio", "ground_height", "landed_height", "recover_count", "max_recoveries",
     "recovery_window", "takeoff_speed", "ground_timeout", "max_arm_tilt_deg", "max_arm_speed", "max_arm_rate",
-    "max_tilt_deg", "max_jump", "max_attitude_jump_deg", "auto_arm", "wait_for_recorder_s", "clock_timeout",
+    "max_tilt_deg", "max_held_tilt_deg", "max_held_tilt_s", "max_jump", "max_attitude_jump_deg", "auto_arm",
+    "wait_for_recorder_s", "clock_timeout",
 })
 NODE_PARAMETERS: dict[str, frozenset[str]] = {  # by the name each node is built with
     "policy_node": CONTROLLER_PARAMETERS,

@@ -35,6 +35,9 @@ Modes and rules, checked on every tick:
             not cut the rotors in the air; the next, level sample is dropped against it (no confirmation
             counts after that), the stale rule keeps the failsafe, and the vehicle recovers once its
             samples are plausible again.
+            Current valid states tilted beyond ``max_held_tilt_deg`` (60 deg) for ``max_held_tilt_s`` (0.5 s)
+            while ARMED or FAILSAFE cut the rotors (DISARMED, counted): a vehicle held tilted (caught in a
+            net, wedged) is not flying, and its thrust only pushes it on.
             A vehicle whose valid states show it on the floor (below ``landed_height``) for
             ``ground_timeout`` without a break while ARMED did not take off, or came down and cannot
             leave the floor (tipped over, a broken rotor): the rotors are cut and the mode is DISARMED
@@ -174,6 +177,12 @@ class SafetyConfig:
     max_arm_speed: float = 0.5
     max_arm_rate: float = 1.0
     max_tilt_deg: float = 90.0  # deg: a fresh state tilted beyond this (upside down) cuts the rotors
+    # deg and s: current states tilted beyond max_held_tilt_deg for max_held_tilt_s while ARMED or FAILSAFE cut the
+    # rotors (a vehicle caught in a net, or wedged against a wall, with the policy or the descent at full thrust).
+    # 60 deg is PX4's failure detector's default roll and pitch limit (FD_FAIL_R, FD_FAIL_P); the hover training
+    # starts at up to 30 deg and its criterion ends below 10 deg.
+    max_held_tilt_deg: float = 60.0
+    max_held_tilt_s: float = 0.5
     # m: how far a sample may lie beyond where the last valid state could have moved at StateLimits.max_speed
     # (the estimate's noise and corrections: a few mm from motion capture, ~1-2 cm from the Crazyflie's
     # Lighthouse and ~10 cm from its UWB positioning by Bitcraze's figures); farther is a glitch, dropped
@@ -219,6 +228,11 @@ class SafetyConfig:
         if not (0.0 <= self.max_arm_tilt_deg <= self.max_tilt_deg < 180.0):  # 180: no state is ever beyond it
             raise ValueError(f"max_arm_tilt_deg {self.max_arm_tilt_deg}, max_tilt_deg {self.max_tilt_deg}: expected "
                              "0 <= max_arm_tilt_deg <= max_tilt_deg < 180")
+        if not (self.max_arm_tilt_deg <= self.max_held_tilt_deg < 180.0):  # (beyond max_tilt_deg: the tumble rule's)
+            raise ValueError(f"max_held_tilt_deg {self.max_held_tilt_deg}: expected a value from max_arm_tilt_deg "
+                             f"{self.max_arm_tilt_deg} to below 180")
+        if not self.max_held_tilt_s > 0.0 or not math.isfinite(self.max_held_tilt_s):
+            raise ValueError(f"max_held_tilt_s {self.max_held_tilt_s}: expected a positive time (s)")
         if not self.max_jump > 0.0 or not math.isfinite(self.max_jump):
             raise ValueError(f"max_jump {self.max_jump}: expected a positive distance (m)")
         if not 0.0 < self.max_attitude_jump_deg < 180.0:  # 180: no attitude is ever beyond it
@@ -291,6 +305,8 @@ class SafeController:
         # then; one contradicted in between, by a sample dropped against it, is a glitch).
         self._tumbled, self._tilt_open = 0, False
         self._floor_streak = 0  # valid states below landed_height, none at twice that or more between them
+        # tick time (s) since which the current states have been tilted beyond max_held_tilt_deg
+        self._held_tilt_since: float | None = None
         # whether each of the last 2 LANDED_SAMPLES - 1 valid states was at twice landed_height or more
         self._high: deque[bool] = deque(maxlen=2 * LANDED_SAMPLES - 1)
         # the last valid state in the air: when it was taken (s), its height (m), its vz (m/s)
@@ -565,6 +581,11 @@ class SafeController:
             self.failsafe_count += 1
             self._set(Mode.DISARMED, f"tumbled: tilted {self.tilt_deg():.0f} deg (limit {self.cfg.max_tilt_deg:g} "
                                      f"deg){', no sample since' if unanswered else ''}: rotors cut, re-arm to fly")
+        held = self._held_tilt(now)
+        if self.mode in (Mode.ARMED, Mode.FAILSAFE) and held is not None:
+            self.failsafe_count += 1
+            self._set(Mode.DISARMED, f"held tilted: beyond {self.cfg.max_held_tilt_deg:g} deg for {held:.2f} s "
+                                     f"(limit {self.cfg.max_held_tilt_s:g} s): rotors cut, re-arm to fly")
         if self.mode is Mode.FAILSAFE:
             self._update_failsafe(problem, now, fresh)
         if self.mode is Mode.ARMED:
@@ -620,6 +641,18 @@ class SafeController:
         """The policy takes over (arming, recovery): the setpoint ramp starts where the vehicle is."""
         self._ramp_from, self._ramp_start = self._latest.pos.astype(np.float64).copy(), now
         self._on_floor_since = None
+
+    def _held_tilt(self, now: float) -> float | None:
+        """How long (s) current states have shown the vehicle tilted beyond max_held_tilt_deg while it flew
+        (ARMED or FAILSAFE), once that is max_held_tilt_s or more; else None."""
+        if self.mode not in (Mode.ARMED, Mode.FAILSAFE) or not self.state_fresh(now) \
+                or self.tilt_deg() <= self.cfg.max_held_tilt_deg:
+            self._held_tilt_since = None
+            return None
+        if self._held_tilt_since is None:
+            self._held_tilt_since = now
+        held = now - self._held_tilt_since
+        return held if held >= self.cfg.max_held_tilt_s else None
 
     def _stuck_on_floor(self, now: float) -> bool:
         """Whether the (fresh, valid) state has shown the vehicle on the floor for ``ground_timeout``."""

@@ -360,6 +360,8 @@ def test_recoveries_far_apart_do_not_add_up():
                                  dict(takeoff_speed=math.inf), dict(ground_timeout=0.0),
                                  dict(ground_timeout=math.nan), dict(max_jump=0.0), dict(max_jump=math.inf),
                                  dict(max_attitude_jump_deg=0.0), dict(max_attitude_jump_deg=180.0),
+                                 dict(max_held_tilt_deg=20.0), dict(max_held_tilt_deg=180.0),
+                                 dict(max_held_tilt_s=0.0), dict(max_held_tilt_s=math.nan),
                                  dict(max_arm_speed=0.0), dict(max_arm_rate=math.nan)])
 def test_safety_config_refuses_limits_that_would_switch_a_rule_off(bad):
     with pytest.raises(ValueError, match=next(iter(bad))):
@@ -623,6 +625,41 @@ def test_disarm_in_flight_descends_without_recovery():
     for k in range(1, 6):
         c.on_state(hover_state(), 0.01 * k)
         assert c.tick(0.01 * k).mode is Mode.FAILSAFE
+
+
+@pytest.mark.parametrize("mode", [Mode.ARMED, Mode.FAILSAFE])
+def test_a_vehicle_held_tilted_has_its_rotors_cut(mode):
+    """Caught in a net at 2 m, rolled 70 deg, valid states streaming (the tumble rule waits for 90 deg): after
+    max_held_tilt_s beyond max_held_tilt_deg the rotors are cut, in flight or in a failsafe's descent. Rolled
+    as far for less than that, then level again, it flies on."""
+    c, _ = armed_controller(at=(0.0, 0.0, 2.0))
+    t = 0.0
+    if mode is Mode.FAILSAFE:
+        c.disarm(t)  # the operator's descent
+    assert c.tick(t).mode is mode
+
+    def roll(deg: float) -> None:
+        nonlocal t
+        t = round(t + 0.01, 2)
+        assert c.on_state(tilted_state(deg, t, z=2.0), t) is None
+        c.tick(t)
+
+    for deg in (10, 20, 30, 40, 50, 60, 70):  # rolling over (10 deg per sample: no attitude jump)
+        roll(deg)
+    for _ in range(round(0.3 / 0.01)):  # 0.3 s beyond 60 deg ...
+        roll(70)
+    for deg in (60, 50, 40, 30, 20, 10, 0, 0, 0):  # ... then level again: no cut
+        roll(deg)
+        assert c.mode is mode, c.reason
+    for deg in (10, 20, 30, 40, 50, 60, 70):
+        roll(deg)
+    start = t
+    while c.mode is mode:
+        roll(70)
+        assert t < 2.0
+    assert c.mode is Mode.DISARMED and c.reason.startswith("held tilted: beyond 60 deg"), c.reason
+    assert c.cfg.max_held_tilt_s <= t - start + 0.01 <= c.cfg.max_held_tilt_s + 0.02
+    assert c.status()["failsafe_count"] == 1
 
 
 def test_auto_arm_arms_once():
