@@ -581,8 +581,8 @@ class SafeController:
             self.failsafe_count += 1
             self._set(Mode.DISARMED, f"tumbled: tilted {self.tilt_deg():.0f} deg (limit {self.cfg.max_tilt_deg:g} "
                                      f"deg){', no sample since' if unanswered else ''}: rotors cut, re-arm to fly")
-        held = self._held_tilt(now)
-        if self.mode in (Mode.ARMED, Mode.FAILSAFE) and held is not None:
+        held = self._held_tilt(now)  # (None unless ARMED or FAILSAFE)
+        if held is not None:
             self.failsafe_count += 1
             self._set(Mode.DISARMED, f"held tilted: beyond {self.cfg.max_held_tilt_deg:g} deg for {held:.2f} s "
                                      f"(limit {self.cfg.max_held_tilt_s:g} s): rotors cut, re-arm to fly")

@@ -72,9 +72,10 @@ def compile_if(fn: Callable, enabled: bool, dynamic: bool | None = None,
 # that no saved graph fits yet, for later processes to load.
 SAVE_GRAPHS_ENV = "ROBOLEARN_SAVE_GRAPHS"
 # Guards that a saved graph cannot keep (torch 2.13 does not serialize them): the identity of functions,
-# modules and builtins the traced code calls. The graph's directory is named by the hash of the sources
-# of the method's package instead (_graph_dir), so changed code never meets an old graph. Kept: the
-# types, shapes, dtypes and constants of what the method reads, and the global state (grad mode).
+# modules and builtins the traced code calls. Instead each graph's traced sources are checked at load
+# (_stale_source), and the directory is named by the hash of the method's package's sources (_graph_dir),
+# so that an edit starts a new directory rather than leaving stale graphs to be refused in every process.
+# Kept: the types, shapes, dtypes and constants of what the method reads, and the global state (grad mode).
 _UNSAVED_GUARDS = ("ID_MATCH", "FUNCTION_MATCH", "CLASS_MATCH", "MODULE_MATCH", "CLOSURE_MATCH", "BUILTIN_MATCH",
                    "DICT_VERSION", "NN_MODULE", "WEAKREF_ALIVE")
 
