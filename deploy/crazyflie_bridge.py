@@ -57,8 +57,10 @@ setpoint, and while the streamed rlpolicy.fault shows it latched the failsafe do
 stock controller, not the policy, would fly the setpoints) and arming is refused (``policy_problem``).
 ``auto_arm`` is refused here: a real vehicle is armed by a person (with it, a link that came back would
 arm the vehicle unattended).
-Not handled (cflib 0.1.34): a Crazyradio unplugged while connected can block cflib's sender, and with
-it this node's executor, for good.
+Setpoints go out through a thread of their own (Uplink): cflib's send blocks while its radio thread retries
+a lost packet (up to 2 s per call; for good, with cflib 0.1.34, when a Crazyradio is unplugged while
+connected). The executor ticks on meanwhile, a newer setpoint replaces one not yet taken, and a send blocked
+for UPLINK_STALL_S is a link problem in ``status`` (arming refused, a disarm or stop "NOT delivered").
 rotor_cmd carries what the offboard copy of the policy commands from the streamed state: a shadow
 for recording and comparison with the onboard log (rlpolicy.a1..a4), not what the motors get.
 """
@@ -69,6 +71,7 @@ import dataclasses
 import sys
 import threading
 import time
+from collections.abc import Callable
 
 import numpy as np
 
@@ -115,6 +118,91 @@ LANDING_LIMIT_S = 4.5
 # one unacknowledged packet, and the onboard policy would fly on to the 300 ms dead-man and the stock PID.
 # cflib's own examples wait 0.1 s after their last setpoint for the same reason.
 STOP_REPEAT_S = 0.15
+# s: a setpoint that cflib has not taken for this long (Uplink.blocked_for) counts as a link problem: arming is
+# refused and a disarm or stop answers "NOT delivered" meanwhile. cflib's radio thread retries an unacknowledged
+# packet up to 100 times before it reports the link lost, and its one-packet queue blocks the next setpoint
+# meanwhile (RadioDriver.send_packet, up to 2 s). Ten control periods; the onboard dead-man waits 300 ms.
+UPLINK_STALL_S = 0.1
+# s: at shutdown, how long the last stop setpoint may wait for cflib to take it before the link is closed anyway
+STOP_FLUSH_S = 0.5
+
+
+class Uplink:
+    """Setpoints to the vehicle, handed to cflib by a thread of their own: cflib's send blocks while its radio
+    thread retries a packet (one-packet queue, up to 2 s per call), which in the executor would stop the
+    ticks, the state checks and the services with it. A setpoint not yet taken is replaced by a newer one
+    (``replaced`` counts them): one computed before a stall is stale once the stall ends. A send that raises
+    is kept for ``take_error``; the thread goes on with the next setpoint."""
+
+    def __init__(self, commander, clock: Callable[[], float] = time.monotonic):
+        self._commander, self._clock = commander, clock
+        self._cond = threading.Condition()
+        self._pending: tuple[str, tuple] | None = None  # (commander method, its arguments)
+        self._sending_since: float | None = None  # when the send under way started (``clock``)
+        self._error: str | None = None
+        self._closed = False
+        self.replaced = 0
+        self._thread = threading.Thread(target=self._run, name="crazyflie-uplink", daemon=True)
+        self._thread.start()
+
+    def position(self, x: float, y: float, z: float) -> None:
+        """Position setpoint (world, m), yaw 0: the onboard policy flies to it."""
+        self._post("send_position_setpoint", (x, y, z, 0.0))
+
+    def stop(self) -> None:
+        """Stop setpoint: the motors off (and the onboard glue's latched fault cleared)."""
+        self._post("send_stop_setpoint", ())
+
+    def _post(self, method: str, args: tuple) -> None:
+        with self._cond:
+            if self._closed:
+                raise RuntimeError("the uplink is closed")
+            self.replaced += self._pending is not None
+            self._pending = (method, args)
+            self._cond.notify_all()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while self._pending is None and not self._closed:
+                    self._cond.wait()
+                if self._pending is None:  # closed, nothing left to send
+                    return
+                (method, args), self._pending = self._pending, None
+                self._sending_since = self._clock()
+            error = None
+            try:
+                getattr(self._commander, method)(*args)
+            except Exception as e:  # a radio error: the bridge's tick reports it (take_error)
+                error = f"{type(e).__name__}: {e}"
+            with self._cond:
+                self._sending_since = None
+                self._error = error or self._error
+                self._cond.notify_all()
+
+    def blocked_for(self) -> float:
+        """Seconds the send under way has taken so far (0 while idle)."""
+        since = self._sending_since
+        return 0.0 if since is None else max(self._clock() - since, 0.0)
+
+    def take_error(self) -> str | None:
+        """The last send's error since the last call, if one raised."""
+        with self._cond:
+            error, self._error = self._error, None
+            return error
+
+    def flush(self, timeout: float) -> bool:
+        """Wait until the newest setpoint has been handed to cflib (at most ``timeout`` s); True if it was."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self._pending is None and self._sending_since is None, timeout)
+
+    def close(self, timeout: float) -> None:
+        """No more setpoints; the thread ends once the last one is sent (waited for at most ``timeout`` s: a
+        send blocked in cflib ends when the link closes)."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        self._thread.join(timeout)
 
 
 def state_from_log(pose: dict, attitude: dict, stamp: float) -> State:
@@ -248,6 +336,7 @@ class CrazyflieBridge(ControllerNode):
                                  "permissions: Bitcraze's udev rules)")
         cflib.crtp.init_drivers()
         self.cf = Crazyflie(rw_cache=None)
+        self._uplink = Uplink(self.cf.commander)
         self.cf.connected.add_callback(self._on_connected)
         self.cf.disconnected.add_callback(lambda uri: self._on_link(f"disconnected from {uri}"))
         self.cf.connection_failed.add_callback(lambda uri, msg: self._on_link(f"connection to {uri} failed: {msg}"))
@@ -343,7 +432,11 @@ class CrazyflieBridge(ControllerNode):
 
     def link_problem(self) -> str | None:
         if self.connected:
-            return None
+            blocked = self._uplink.blocked_for()
+            if blocked < UPLINK_STALL_S:
+                return None
+            return (f"the radio has not taken a setpoint for {blocked:.2f} s (cflib retrying a lost packet; "
+                    f"{self._uplink.replaced} setpoints replaced by newer ones so far)")
         then = f"reconnecting every {self.reconnect_s:g} s" if self.reconnect_s > 0 else "restart the bridge"
         return f"no radio link ({self._link}); {then}"
 
@@ -409,12 +502,14 @@ class CrazyflieBridge(ControllerNode):
             self._estimate_broken = None
         descent = self.descent.setpoint(cmd, self.controller.latest, now)
         if descent is not None:
-            self.cf.commander.send_position_setpoint(*descent, 0.0)
+            self._uplink.position(*descent)
         elif cmd.mode is Mode.ARMED:
-            x, y, z = self.controller.setpoint(now)
-            self.cf.commander.send_position_setpoint(x, y, z, 0.0)
+            self._uplink.position(*self.controller.setpoint(now))
         else:
-            self.cf.commander.send_stop_setpoint()
+            self._uplink.stop()
+        error = self._uplink.take_error()
+        if error is not None:  # an earlier setpoint's send raised: the tick logs it (ControllerNode._tick)
+            raise RuntimeError(f"setpoint not sent: {error}")
 
     def close(self) -> None:
         self._closing = True
@@ -426,6 +521,7 @@ class CrazyflieBridge(ControllerNode):
                 if self.connected:
                     self.send_stops()
             finally:  # nor the link's closing (a third one)
+                self._uplink.close(STOP_FLUSH_S)  # the last stop handed to cflib first
                 self.cf.close_link()
         # The summary line last: where the launch runner died, its output pipe is gone and printing
         # raises (BrokenPipeError), which before the descent skipped the descent and the stop setpoint.
@@ -433,11 +529,13 @@ class CrazyflieBridge(ControllerNode):
 
     def send_stops(self) -> None:
         """The stop setpoint once a period for STOP_REPEAT_S (at least twice), so that one reaches the
-        vehicle before the link closes."""
+        vehicle before the link closes; each waits (up to a period) for cflib to take it, so that the next
+        does not replace it."""
         for k in range(max(2, round(STOP_REPEAT_S / self.period))):
             if k:
                 time.sleep(self.period)
-            self.cf.commander.send_stop_setpoint()
+            self._uplink.stop()
+            self._uplink.flush(self.period)
 
     def descend_before_stop(self) -> None:
         """Stopped in flight (Ctrl-C, SIGTERM): the controlled descent of a disarm, then the caller's

@@ -1909,6 +1909,23 @@ class FakeClock:
         return type("Time", (), {"nanoseconds": int(round(self.t * 1e9))})()
 
 
+def with_uplink(bridge, commander) -> None:
+    """``bridge``'s setpoints go to ``commander`` through a real Uplink, and each actuation waits until the
+    uplink has handed its setpoint on, so that the test sees every one (in the node a newer setpoint may
+    replace one not yet taken)."""
+    from deploy.crazyflie_bridge import CrazyflieBridge, Uplink
+
+    bridge._uplink = Uplink(commander)
+
+    def actuate(cmd, now):
+        try:
+            CrazyflieBridge.actuate(bridge, cmd, now)
+        finally:
+            assert bridge._uplink.flush(2.0)
+
+    bridge.actuate = actuate
+
+
 def fake_bridge(controller: SafeController, clock: FakeClock, connected: bool = True):
     """A CrazyflieBridge without ROS or radio: its odom subscription's callback, services and
     shutdown run on ``controller``; what it publishes as odom and sends to the vehicle is recorded."""
@@ -1951,6 +1968,7 @@ def fake_bridge(controller: SafeController, clock: FakeClock, connected: bool = 
     b.get_name = lambda: "crazyflie_bridge"
     b.latency, b.inference = Percentiles(), Percentiles()
     b.cf = type("Crazyflie", (), {"commander": Commander(), "close_link": lambda self: None})()
+    with_uplink(b, b.cf.commander)
     b.connected, b._link, b.period, b.descent = connected, "test", 0.01, OnboardDescent(controller.cfg)
     b.uri, b.reconnect_s, b._opening_since, b._closing = "radio://0/80/2M/E7E7E7E7E7", 2.0, None, False
     b._unclosed_since = None
@@ -2483,6 +2501,106 @@ def test_stopping_the_bridge_ends_a_descent_that_outlasts_the_landing_limit_disa
     assert b.statuses[-1]["mode"] == Mode.DISARMED.value and b.statuses[-1]["reason"] == c.reason
 
 
+class BlockingCommander:
+    """A cflib commander whose sends block until ``release`` is set, as cflib's do while its radio thread
+    retries a lost packet; what it sends is recorded as (time.monotonic(), z or "stop")."""
+
+    def __init__(self):
+        self.sent, self.release = [], threading.Event()
+
+    def send_position_setpoint(self, x, y, z, yaw):
+        self.release.wait(10.0)
+        self.sent.append((time.monotonic(), z))
+
+    def send_stop_setpoint(self):
+        self.release.wait(10.0)
+        self.sent.append((time.monotonic(), "stop"))
+
+
+def test_a_radio_that_takes_no_setpoint_blocks_neither_the_ticks_nor_the_services():
+    """cflib's send blocks (its radio thread retrying a lost packet): the bridge's actuation returns at once;
+    once a send has been blocked for UPLINK_STALL_S the link is a problem (arming refused, a stop "NOT
+    delivered", /status says why); when the radio takes packets again only the newest setpoint follows the
+    blocked one (setpoints computed during the stall are stale), and the link is no problem any more."""
+    from deploy.crazyflie_bridge import UPLINK_STALL_S, CrazyflieBridge, Uplink
+
+    c, _ = armed_controller()
+    b = fake_bridge(c, FakeClock())
+    radio = BlockingCommander()
+    b._uplink = Uplink(radio)
+    b.actuate = CrazyflieBridge.actuate.__get__(b)  # the node's own: nothing waits for the uplink
+    start = time.monotonic()
+    for k in range(20):
+        c.on_state(hover_state(0.01 * k), 0.01 * k)
+        t0 = time.monotonic()
+        b.actuate(c.tick(0.01 * k), 0.01 * k)
+        assert time.monotonic() - t0 < 0.05
+        while k == 0 and b._uplink._sending_since is None and time.monotonic() - t0 < 2.0:
+            time.sleep(0.001)  # the first setpoint's send under way (and blocked) before the next comes
+    assert b.link_problem() is None or time.monotonic() - start >= UPLINK_STALL_S
+    time.sleep(max(UPLINK_STALL_S - (time.monotonic() - start), 0.0) + 0.05)
+    problem = b.link_problem()
+    assert problem is not None and "has not taken a setpoint" in problem and "18 setpoints replaced" in problem, problem
+    assert b.arm_problem() == problem
+    response = b._on_estop(None, type("Response", (), {})())  # the service answers (and ticks) at once
+    assert not response.success and "NOT delivered" in response.message and c.mode is Mode.ESTOP
+    assert radio.sent == []
+    radio.release.set()
+    assert b._uplink.flush(2.0) and b.link_problem() is None
+    assert [z for _, z in radio.sent] == [1.0, "stop"]  # the first setpoint, then the newest: the estop's
+
+
+def test_a_setpoint_whose_send_raised_is_reported_by_the_next_tick_and_the_sends_go_on():
+    """A send that raises (a radio error in cflib) surfaces as the next actuation's error, which the node's
+    tick logs once (ControllerNode._tick); the next setpoints are sent."""
+    from deploy.crazyflie_bridge import Uplink
+
+    class FailingOnce:
+        def __init__(self):
+            self.sent = []
+
+        def send_position_setpoint(self, x, y, z, yaw):
+            if not self.sent:
+                self.sent.append("raised")
+                raise OSError("USB error")
+            self.sent.append(z)
+
+    c, _ = armed_controller()
+    b = fake_bridge(c, FakeClock())
+    radio = FailingOnce()
+    with_uplink(b, radio)
+    c.on_state(hover_state(0.0), 0.0)
+    b.actuate(c.tick(0.0), 0.0)
+    with pytest.raises(RuntimeError, match="setpoint not sent: OSError: USB error"):
+        b.actuate(c.tick(0.01), 0.01)
+    b.actuate(c.tick(0.02), 0.02)
+    assert radio.sent == ["raised", 1.0, 1.0] and isinstance(b._uplink, Uplink)
+
+
+def test_stopping_the_bridge_with_a_radio_that_takes_nothing_still_closes_the_link_in_time():
+    """Shutdown while cflib's send is blocked for good (a Crazyradio unplugged): the stops are posted, the
+    wait for the last one is bounded (STOP_FLUSH_S), and the link is closed, within the launch runner's
+    SIGINT-to-SIGTERM time; a stop is never followed by an older setpoint."""
+    from deploy.crazyflie_bridge import STOP_FLUSH_S, STOP_REPEAT_S, Uplink
+
+    c = SafeController(FakePolicy(), SafetyConfig())  # disarmed: no descent first
+    b = fake_bridge(c, FakeClock())
+    radio = BlockingCommander()
+    b._uplink = Uplink(radio)
+    closed = []
+    b.cf.close_link = lambda: closed.append(time.monotonic())
+    b._uplink.position(0.0, 0.0, 1.0)  # the send under way when the shutdown comes
+    deadline = time.monotonic() + 2.0
+    while b._uplink._sending_since is None and time.monotonic() < deadline:
+        time.sleep(0.001)
+    start = time.monotonic()
+    b.close()
+    assert closed and closed[0] - start < 2 * STOP_REPEAT_S + STOP_FLUSH_S + 0.5
+    radio.release.set()  # the link closed: cflib's send returns
+    b._uplink._thread.join(2.0)
+    assert not b._uplink._thread.is_alive() and [z for _, z in radio.sent] == [1.0, "stop"]
+
+
 def run_script(script: Path) -> subprocess.CompletedProcess:
     """Run a node script in a Python process of its own, on a ROS domain of the unit tests' own."""
     env = {**os.environ, "ROS_DOMAIN_ID": "97", "ROS_AUTOMATIC_DISCOVERY_RANGE": "LOCALHOST"}
@@ -2617,6 +2735,7 @@ def test_the_bridge_streams_the_safety_layers_setpoint_to_the_onboard_policy():
     # (the state stays on the floor for 5 s here: longer than the default ground_timeout)
     bridge.controller = c = SafeController(FakePolicy(), SafetyConfig(ground_timeout=10.0))
     bridge.cf = type("Crazyflie", (), {"commander": Commander()})()
+    with_uplink(bridge, bridge.cf.commander)
     bridge.connected, bridge.descent, bridge._estimate_broken = True, OnboardDescent(c.cfg), None
     bridge._onboard, bridge._fallback_samples = (1, 0), 0  # the onboard policy flies
     start = [0.3, 0.0, 0.0]
@@ -2822,6 +2941,7 @@ def test_the_bridges_failsafe_setpoint_reaches_the_floor_before_the_stop(vz):
     bridge = object.__new__(CrazyflieBridge)  # no ROS node, no radio: the descent logic alone
     bridge.controller = c = SafeController(FakePolicy(), SafetyConfig(), settle_s=OnboardDescent.SETTLE_S)
     bridge.cf = type("Crazyflie", (), {"commander": Commander()})()
+    with_uplink(bridge, bridge.cf.commander)
     bridge.connected, bridge.descent, bridge._estimate_broken = True, OnboardDescent(c.cfg), None
     bridge._onboard, bridge._fallback_samples = (1, 0), 0  # the onboard policy flies
     c.on_state(make_state([0.0, 0.0, 1.0], [1, 0, 0, 0], [0.0, 0.0, 0.0], [0, 0, 0], 0.0), 0.0)
