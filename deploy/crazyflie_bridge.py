@@ -161,6 +161,12 @@ class Uplink:
             self._pending = (method, args)
             self._cond.notify_all()
 
+    def discard(self) -> None:
+        """Drop the setpoint not yet taken (the link it was meant for is gone: not for the next one)."""
+        with self._cond:
+            self._pending = None
+            self._cond.notify_all()
+
     def _run(self) -> None:
         while True:
             with self._cond:
@@ -428,6 +434,7 @@ class CrazyflieBridge(ControllerNode):
         if what != self._link:  # a retry failing as the last one did (a dongle unplugged) is not logged again
             self.get_logger().error(what)
         self.connected, self._opening_since, self._link = False, None, what
+        self._uplink.discard()
         self._unclosed_since = self._steady()  # cflib has dropped the link: marked closed within microseconds, or never
 
     def link_problem(self) -> str | None:

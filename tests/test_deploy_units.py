@@ -2550,6 +2550,25 @@ def test_a_radio_that_takes_no_setpoint_blocks_neither_the_ticks_nor_the_service
     assert [z for _, z in radio.sent] == [1.0, "stop"]  # the first setpoint, then the newest: the estop's
 
 
+def test_a_setpoint_waiting_when_the_link_is_lost_is_not_sent_on_the_next_link():
+    """cflib reports the link lost while a send is blocked and a newer setpoint waits: that one is dropped
+    (it was computed for the old link; a new link's first tick sends a fresh one)."""
+    from deploy.crazyflie_bridge import Uplink
+
+    c, _ = armed_controller()
+    b = fake_bridge(c, FakeClock())
+    radio = BlockingCommander()
+    b._uplink = Uplink(radio)
+    b._uplink.position(0.0, 0.0, 1.0)
+    deadline = time.monotonic() + 2.0
+    while b._uplink._sending_since is None and time.monotonic() < deadline:
+        time.sleep(0.001)
+    b._uplink.position(0.0, 0.0, 0.5)
+    b._on_link(f"link to {b.uri} lost: Too many packets lost")
+    radio.release.set()
+    assert b._uplink.flush(2.0) and [z for _, z in radio.sent] == [1.0]
+
+
 def test_a_setpoint_whose_send_raised_is_reported_by_the_next_tick_and_the_sends_go_on():
     """A send that raises (a radio error in cflib) surfaces as the next actuation's error, which the node's
     tick logs once (ControllerNode._tick); the next setpoints are sent."""
