@@ -38,6 +38,10 @@ most 26 bytes of log data):
   attitude  stateEstimate.qx, qy, qz, qw (body->world), gyro.x, y, z,     4 x float32 + 3 x FP16
             rlpolicy.mode, fault (who flies, the glue's latched fault)       + 2 x uint8 = 24 B
             (gyro: body frame FLU, deg/s -> rad/s here)
+and a third every 500 ms:
+  variance  kalman.varPX, varPY, varPZ (m^2)                             3 x float32 = 12 B
+            arming is refused until each has spread by less than estimator_settle_spread (0.001 m^2;
+            0: not checked) over its last 10 samples (KalmanSettling)
 Blocks sampled in the same firmware tick (timestamps within 5 ms) form one state, published as
 odom (nav_msgs/Odometry, pose world, twist body per REP 105) whatever its values, which this node's
 subscription then checks like any other state: a non-finite or out-of-range estimate fails safe in
@@ -71,6 +75,7 @@ import dataclasses
 import sys
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 
 import numpy as np
@@ -80,13 +85,21 @@ from .ros import CONTROL_PUB_QOS, ODOM, param, run_node
 from .safety import Command, Mode
 from .state import InvalidState, State, fill_odometry, make_state, unit_quat
 
-LOG_PERIOD_MS = 10
+LOG_PERIOD_MS = 10  # the state's two blocks (STATE_BLOCKS)
 LOG_BLOCKS: dict[str, list[tuple[str, str]]] = {
     "pose": [(f"stateEstimate.{v}", "float") for v in ("x", "y", "z", "vx", "vy", "vz")],
     "attitude": [(f"stateEstimate.{v}", "float") for v in ("qx", "qy", "qz", "qw")]
     + [(f"gyro.{v}", "FP16") for v in ("x", "y", "z")]
     + [("rlpolicy.mode", "uint8_t"), ("rlpolicy.fault", "uint8_t")],  # firmware/crazyflie/src/controller_oot.c
+    "variance": [(f"kalman.varP{v}", "float") for v in "XYZ"],  # the Kalman filter's position variances, m^2
 }
+STATE_BLOCKS = ("pose", "attitude")  # paired into one state (StateAssembler)
+# Arming waits until the onboard Kalman filter has settled: each position variance's spread over its last
+# SETTLE_SAMPLES samples, VARIANCE_PERIOD_MS apart, below the estimator_settle_spread parameter. The figures
+# (10 samples 500 ms apart, 0.001 m^2) are those with which Bitcraze's cflib examples wait for the position
+# estimator before flying (wait_for_position_estimator).
+VARIANCE_PERIOD_MS = 500
+SETTLE_SAMPLES = 10
 LOG_TYPE_BYTES = {"float": 4, "FP16": 2, "uint8_t": 1}
 # rlpolicy.mode and .fault (firmware/crazyflie/src/cf_policy_glue.h: cfp_mode_t, cfp_fault_t)
 ONBOARD_MODES = ("idle", "policy", "PID fallback")
@@ -280,10 +293,10 @@ class StateAssembler:
 
     def feed(self, block: str, timestamp_ms: int, data: dict, arrival: float) -> State | None:
         """``arrival``: when the block was received (s, a steady clock); the State's stamp is on that clock."""
-        if block not in LOG_BLOCKS:
+        if block not in STATE_BLOCKS:
             raise ValueError(f"unknown log block '{block}'")
         self.latest[block] = (timestamp_ms, data)
-        if len(self.latest) < len(LOG_BLOCKS):
+        if len(self.latest) < len(STATE_BLOCKS):
             return None
         (tp, pose), (ta, att) = self.latest["pose"], self.latest["attitude"]
         if abs(tp - ta) > PAIR_TOLERANCE_MS:
@@ -294,6 +307,35 @@ class StateAssembler:
             self.dropped += 1
             return None
         return state_from_log(pose, att, stamp)
+
+
+class KalmanSettling:
+    """Whether the onboard Kalman filter's position estimate has settled: each of kalman.varPX, varPY,
+    varPZ (m^2) spread by less than ``spread`` over its last SETTLE_SAMPLES samples (0: not checked).
+    Just after power-on, a reset or a move of the vehicle, the variances are still falling and the
+    estimate still moving; the onboard policy would fly on it."""
+
+    def __init__(self, spread: float):
+        self.spread = spread
+        self.history: deque[tuple[float, float, float]] = deque(maxlen=SETTLE_SAMPLES)
+
+    def feed(self, data: dict) -> None:
+        self.history.append(tuple(float(data[f"kalman.varP{v}"]) for v in "XYZ"))
+
+    def problem(self) -> str | None:
+        """Why the estimate does not count as settled, or None."""
+        if self.spread <= 0:
+            return None
+        window = f"{SETTLE_SAMPLES} samples {VARIANCE_PERIOD_MS} ms apart"
+        if len(self.history) < SETTLE_SAMPLES:
+            return f"the onboard Kalman filter has not settled yet ({len(self.history)} of {window} so far)"
+        h = np.array(self.history)
+        spread = h.max(axis=0) - h.min(axis=0)
+        if not np.isfinite(h).all() or (spread >= self.spread).any():
+            return (f"the onboard Kalman filter has not settled: its position variances (x, y, z) spread by "
+                    f"{', '.join(f'{v:.2g}' for v in spread)} m^2 over the last {window} (below "
+                    f"{self.spread:g} needed: estimator_settle_spread)")
+        return None
 
 
 class CrazyflieBridge(ControllerNode):
@@ -309,6 +351,12 @@ class CrazyflieBridge(ControllerNode):
         self.reconnect_s = float(param(self, "reconnect_s", 2.0, "s between attempts to open a lost link (0: never)"))
         if not self.reconnect_s >= 0:
             raise ValueError(f"reconnect_s {self.reconnect_s:g}: expected >= 0 s (0: never reconnect)")
+        self.settle_spread = float(param(self, "estimator_settle_spread", 1e-3,
+                                         "m^2: arming waits until each onboard Kalman position variance spreads "
+                                         f"by less over its last {SETTLE_SAMPLES} samples (0: not checked)"))
+        if not self.settle_spread >= 0:
+            raise ValueError(f"estimator_settle_spread {self.settle_spread:g}: expected >= 0 m^2 (0: not checked)")
+        self._settling = KalmanSettling(self.settle_spread)
         if self.controller.cfg.auto_arm:
             raise ValueError("auto_arm: a real vehicle is armed by a call to the arm service, never automatically "
                              "(a radio link that comes back would arm it unattended)")
@@ -393,7 +441,7 @@ class CrazyflieBridge(ControllerNode):
 
         configs = []
         for block, variables in LOG_BLOCKS.items():
-            conf = LogConfig(name=block, period_in_ms=LOG_PERIOD_MS)
+            conf = LogConfig(name=block, period_in_ms=VARIANCE_PERIOD_MS if block == "variance" else LOG_PERIOD_MS)
             for name, fetch_as in variables:
                 conf.add_variable(name, fetch_as)
             conf.data_received_cb.add_callback(self._on_log)
@@ -406,6 +454,7 @@ class CrazyflieBridge(ControllerNode):
             return
         with self._lock:
             self._assembler = StateAssembler()  # a new link: the firmware's clock may have restarted
+        self._settling = KalmanSettling(self.settle_spread)  # (the vehicle may have been reset or moved)
         self._onboard, self._fallback_samples = None, 0
         try:
             for conf in self._log_configs():
@@ -448,6 +497,9 @@ class CrazyflieBridge(ControllerNode):
         return f"no radio link ({self._link}); {then}"
 
     def _on_log(self, timestamp_ms: int, data: dict, conf) -> None:
+        if conf.name == "variance":
+            self._settling.feed(data)
+            return
         arrival = self._steady()
         if conf.name == "attitude":
             self._onboard = (int(data["rlpolicy.mode"]), int(data["rlpolicy.fault"]))
@@ -472,6 +524,10 @@ class CrazyflieBridge(ControllerNode):
             msg = fill_odometry(self._odom_msg(), state, self.world_frame, self.robot)
             self._last_odom = msg
             self._odom_pub.publish(msg)
+
+    def arm_problem(self) -> str | None:
+        """As every controller node's, and the onboard Kalman filter not settled (KalmanSettling)."""
+        return super().arm_problem() or self._settling.problem()
 
     def policy_problem(self) -> str | None:
         """The onboard glue's latched fault (until a stop setpoint clears it, sent every period while

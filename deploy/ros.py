@@ -70,7 +70,7 @@ CONTROLLER_PARAMETERS = frozenset({  # policy.ControllerNode: policy_node, firmw
 NODE_PARAMETERS: dict[str, frozenset[str]] = {  # by the name each node is built with
     "policy_node": CONTROLLER_PARAMETERS,
     "firmware_bridge": CONTROLLER_PARAMETERS,
-    "crazyflie_bridge": CONTROLLER_PARAMETERS | {"uri", "reconnect_s"},
+    "crazyflie_bridge": CONTROLLER_PARAMETERS | {"uri", "reconnect_s", "estimator_settle_spread"},
     "sim_bridge": frozenset({"robot", "world_frame", "physics", "real_time_factor", "hold_until_command", "clamped",
                              "lockstep", "lockstep_timeout", "command_timeout", "initial_position"}),
     "recorder": frozenset({"robot", "path"}),

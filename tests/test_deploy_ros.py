@@ -226,6 +226,7 @@ def test_start_up_errors_before_the_node_are_one_error_line(robot, params, messa
     # would limit only the offboard shadow
     (dict(max_action=0.8), "max_action 0.8: the real vehicle's onboard policy does not take it"),
     (dict(reconnect_s=-1.0), "reconnect_s -1: expected >= 0 s (0: never reconnect)"),
+    (dict(estimator_settle_spread=-0.001), "estimator_settle_spread -0.001: expected >= 0 m^2 (0: not checked)"),
     (dict(auto_arm=True), "auto_arm: a real vehicle is armed by a call to the arm service, never automatically"),
     (dict(reconect_s=1.0, geofence=[1.0]), "parameters geofence, reconect_s: no node of this package has them"),
 ])

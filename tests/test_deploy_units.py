@@ -1932,7 +1932,7 @@ def fake_bridge(controller: SafeController, clock: FakeClock, connected: bool = 
     from nav_msgs.msg import Odometry
     from std_msgs.msg import String
 
-    from deploy.crazyflie_bridge import CrazyflieBridge
+    from deploy.crazyflie_bridge import CrazyflieBridge, KalmanSettling
     from deploy.policy_node import Percentiles
 
     class Commander:
@@ -1974,6 +1974,7 @@ def fake_bridge(controller: SafeController, clock: FakeClock, connected: bool = 
     b._unclosed_since = None
     b._bad_samples, b._estimate_broken, b._last_odom = 0, None, None
     b._onboard, b._fallback_samples = None, 0
+    b.settle_spread, b._settling = 0.0, KalmanSettling(0.0)  # (not checked: see its own test)
     controller.settle_s = OnboardDescent.SETTLE_S  # as the bridge's own controller has it (ONBOARD_DESCENT)
     return b
 
@@ -2261,6 +2262,7 @@ def test_a_lost_radio_link_is_opened_again_with_new_log_blocks_and_arms_nothing(
     assert [conf.name for conf in added] == list(LOG_BLOCKS) and started == added
     assert [v.name for conf in added for v in conf.variables] == [n for vs in LOG_BLOCKS.values() for n, _ in vs]
     assert all(conf.data_received_cb.callbacks == [b._on_log] for conf in added)
+    assert [conf.period_in_ms for conf in added] == [10, 10, 500]  # the state's two blocks, the variances
     b._retry_link()
     assert len(opened) == 3  # connected: nothing to do
     t0 = clock.t
@@ -2272,10 +2274,11 @@ def test_a_lost_radio_link_is_opened_again_with_new_log_blocks_and_arms_nothing(
     b._retry_link()
     attempts = 4
     b._on_connected(b.uri)  # a set-up that finished as its link died (cf.link None): ignored
-    assert not b.connected and len(added) == 2
+    assert not b.connected and len(added) == len(LOG_BLOCKS)
     cf.link, cf.state = object(), State.SETUP_FINISHED
     b._on_connected(b.uri)
-    assert b.connected and len(added) == 4 and not set(map(id, added[:2])) & set(map(id, added[2:]))
+    n = len(LOG_BLOCKS)
+    assert b.connected and len(added) == 2 * n and not set(map(id, added[:n])) & set(map(id, added[n:]))
 
     link_error(f"disconnected from {b.uri}", f"link to {b.uri} lost: Too many packets lost")
     b.close()  # shut down while the link is down
@@ -2548,6 +2551,42 @@ def test_a_radio_that_takes_no_setpoint_blocks_neither_the_ticks_nor_the_service
     radio.release.set()
     assert b._uplink.flush(2.0) and b.link_problem() is None
     assert [z for _, z in radio.sent] == [1.0, "stop"]  # the first setpoint, then the newest: the estop's
+
+
+def test_arming_waits_until_the_onboard_kalman_filter_has_settled():
+    """The variance block (kalman.varPX/PY/PZ every 500 ms): arming is refused until SETTLE_SAMPLES samples
+    have come and each variance spread by less than estimator_settle_spread over them, again while one
+    jumps (the vehicle moved, a reset) or is not finite, and anew on a new link; 0 checks nothing."""
+    from deploy.crazyflie_bridge import SETTLE_SAMPLES, KalmanSettling
+
+    c = SafeController(FakePolicy(), SafetyConfig())
+    b = fake_bridge(c, FakeClock())
+    b.settle_spread, b._settling = 1e-3, KalmanSettling(1e-3)
+    c.on_state(hover_state(pos=[0.0, 0.0, 0.0]), 0.0)
+    request = type("Request", (), {"data": True})()
+
+    def variance(x, y=1e-4, z=1e-5):
+        b._on_log(0, {"kalman.varPX": x, "kalman.varPY": y, "kalman.varPZ": z}, type("Conf", (), {"name": "variance"})())
+
+    def refusal():
+        response = b._on_arm(request, type("Response", (), {})())
+        assert c.mode is Mode.DISARMED or response.success
+        return None if response.success else response.message
+
+    for k in range(SETTLE_SAMPLES):  # falling from 0.1 to 0.019 m^2: too few samples at first, then not settled
+        assert "Kalman filter has not settled" in refusal()
+        variance(0.1 - 0.009 * k)
+    assert "spread by 0.081, 0, 0 m^2" in refusal()
+    for _ in range(SETTLE_SAMPLES - 1):
+        variance(2e-4)
+    assert "spread by 0.019, 0, 0 m^2" in refusal()  # the last of the falling ones is still in the window
+    variance(2e-4)
+    assert refusal() is None and c.mode is Mode.ARMED
+    c.disarm(0.0)
+    variance(float("nan"))
+    assert "nan" in refusal()
+    b._settling = KalmanSettling(0.0)
+    assert refusal() is None
 
 
 def test_a_setpoint_waiting_when_the_link_is_lost_is_not_sent_on_the_next_link():
