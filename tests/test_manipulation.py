@@ -683,8 +683,14 @@ def test_unsteered_base_exports_with_a_noise_input(base_run, tmp_path):
     assert "env_steps" not in rec and "env_steps" not in meta
     assert meta["exec_horizon"] == str(policy.exec_horizon) and "noise_bound" not in meta
     assert meta["obs_source"] == "state"  # the cube pose it learned from: the simulator's, not the camera's estimate
-    obs = np.zeros((5, POLICY_DIM), np.float32)
-    w = np.random.default_rng(0).standard_normal((5, policy.latent_dim)).astype(np.float32)
+    # Observations of closed-loop rollouts (two steps of 100 environments) and random ones around them:
+    # the export's own parity set, a smaller draw of another seed; each with a noise of its own
+    from policies.export import parity_observations
+
+    task_cfg, _ = to_objects(OmegaConf.create(rec["config"]))
+    obs = parity_observations(policy, task_cfg, n=200, seed=1).astype(np.float32)
+    assert obs.shape == (400, POLICY_DIM) and np.abs(obs).max() > 0.1
+    w = np.random.default_rng(0).standard_normal((len(obs), policy.latent_dim)).astype(np.float32)
     with torch.no_grad():
         ref = policy(torch.as_tensor(obs), torch.as_tensor(w)).numpy()
     assert np.abs(onnx(obs, w) - ref).max() < 1e-4
