@@ -64,7 +64,8 @@ arm the vehicle unattended).
 Setpoints go out through a thread of their own (Uplink): cflib's send blocks while its radio thread retries
 a lost packet (up to 2 s per call; for good, with cflib 0.1.34, when a Crazyradio is unplugged while
 connected). The executor ticks on meanwhile, a newer setpoint replaces one not yet taken, and a send blocked
-for UPLINK_STALL_S is a link problem in ``status`` (arming refused, a disarm or stop "NOT delivered").
+for UPLINK_STALL_S is a link problem in ``status`` (arming refused, a disarm or stop "NOT delivered"). At
+shutdown the waits for the last stop (STOP_FLUSH_S) and for cflib's close_link (CLOSE_LINK_S) are bounded.
 rotor_cmd carries what the offboard copy of the policy commands from the streamed state: a shadow
 for recording and comparison with the onboard log (rlpolicy.a1..a4), not what the motors get.
 """
@@ -138,6 +139,10 @@ STOP_REPEAT_S = 0.15
 UPLINK_STALL_S = 0.1
 # s: at shutdown, how long the last stop setpoint may wait for cflib to take it before the link is closed anyway
 STOP_FLUSH_S = 0.5
+# s: at shutdown, how long cflib's close_link may take. It sends a last setpoint under the lock a blocked send
+# holds, and with a Crazyradio unplugged its link-error handling can wait for a radio thread that has died:
+# it would never return. Past this it is left to itself in a daemon thread, and the node exits.
+CLOSE_LINK_S = 0.5
 
 
 class Uplink:
@@ -145,7 +150,9 @@ class Uplink:
     thread retries a packet (one-packet queue, up to 2 s per call), which in the executor would stop the
     ticks, the state checks and the services with it. A setpoint not yet taken is replaced by a newer one
     (``replaced`` counts them): one computed before a stall is stale once the stall ends. A send that raises
-    is kept for ``take_error``; the thread goes on with the next setpoint."""
+    is kept for ``take_error``; the thread goes on with the next setpoint. Each setpoint is posted for a
+    link, numbered by ``epoch``: ``discard`` (the link lost) drops the one waiting and starts a new epoch,
+    and a setpoint posted for an older epoch is dropped (its sender read the link as up just before)."""
 
     def __init__(self, commander, clock: Callable[[], float] = time.monotonic):
         self._commander, self._clock = commander, clock
@@ -155,30 +162,38 @@ class Uplink:
         self._error: str | None = None
         self._closed = False
         self.replaced = 0
+        self.epoch = 0
         self._thread = threading.Thread(target=self._run, name="crazyflie-uplink", daemon=True)
         self._thread.start()
 
-    def position(self, x: float, y: float, z: float) -> None:
-        """Position setpoint (world, m), yaw 0: the onboard policy flies to it."""
-        self._post("send_position_setpoint", (x, y, z, 0.0))
+    def position(self, epoch: int, x: float, y: float, z: float) -> None:
+        """Position setpoint (world, m), yaw 0, for the link of ``epoch``: the onboard policy flies to it."""
+        self._post(epoch, "send_position_setpoint", (x, y, z, 0.0))
 
-    def stop(self) -> None:
-        """Stop setpoint: the motors off (and the onboard glue's latched fault cleared)."""
-        self._post("send_stop_setpoint", ())
+    def stop(self, epoch: int) -> None:
+        """Stop setpoint for the link of ``epoch``: the motors off (and the onboard glue's latched fault cleared)."""
+        self._post(epoch, "send_stop_setpoint", ())
 
-    def _post(self, method: str, args: tuple) -> None:
+    def _post(self, epoch: int, method: str, args: tuple) -> None:
         with self._cond:
             if self._closed:
                 raise RuntimeError("the uplink is closed")
+            if epoch != self.epoch:  # for a link lost since its sender looked
+                return
             self.replaced += self._pending is not None
             self._pending = (method, args)
             self._cond.notify_all()
 
     def discard(self) -> None:
-        """Drop the setpoint not yet taken (the link it was meant for is gone: not for the next one)."""
+        """The link is lost: drop the setpoint not yet taken, and any posted for it later (a new epoch)."""
         with self._cond:
             self._pending = None
+            self.epoch += 1
             self._cond.notify_all()
+
+    def alive(self) -> bool:
+        """Whether the thread still runs (after ``close``: a send still blocked in cflib)."""
+        return self._thread.is_alive()
 
     def _run(self) -> None:
         while True:
@@ -217,7 +232,7 @@ class Uplink:
 
     def close(self, timeout: float) -> None:
         """No more setpoints; the thread ends once the last one is sent (waited for at most ``timeout`` s: a
-        send blocked in cflib ends when the link closes)."""
+        send blocked in cflib ends with cflib's 2 s time-out, or never with a Crazyradio unplugged)."""
         with self._cond:
             self._closed = True
             self._cond.notify_all()
@@ -435,12 +450,14 @@ class CrazyflieBridge(ControllerNode):
             self._open_link()
 
     def _log_configs(self) -> list:
-        """The two log blocks, new for each link: cflib marks a block added to a link, and the firmware
-        forgets its blocks when a new link resets its logging."""
+        """The log blocks (the variances' only when checked), new for each link: cflib marks a block added
+        to a link, and the firmware forgets its blocks when a new link resets its logging."""
         from cflib.crazyflie.log import LogConfig
 
         configs = []
         for block, variables in LOG_BLOCKS.items():
+            if block == "variance" and self.settle_spread <= 0:
+                continue
             conf = LogConfig(name=block, period_in_ms=VARIANCE_PERIOD_MS if block == "variance" else LOG_PERIOD_MS)
             for name, fetch_as in variables:
                 conf.add_variable(name, fetch_as)
@@ -456,16 +473,19 @@ class CrazyflieBridge(ControllerNode):
             self._assembler = StateAssembler()  # a new link: the firmware's clock may have restarted
         self._settling = KalmanSettling(self.settle_spread)  # (the vehicle may have been reset or moved)
         self._onboard, self._fallback_samples = None, 0
+        configs = self._log_configs()
         try:
-            for conf in self._log_configs():
+            for conf in configs:  # every block added before any starts: a failure leaves none streaming
                 self.cf.log.add_config(conf)  # KeyError: a variable not in the firmware's log table
-                conf.start()
         except (KeyError, AttributeError) as e:  # (AttributeError: a block cflib finds too large)
             # Raised here, cflib's thread would only log it to Python's logging, and the bridge would wait
             # for a state that never comes ("not connected yet", then a time-out) instead of saying why.
             self._on_link(f"the log blocks could not be set up on {uri}: {e} (firmware older than "
-                          "this bridge's LOG_BLOCKS?)")
+                          "this bridge's LOG_BLOCKS? Without the Kalman filter's kalman.varP*: "
+                          "estimator_settle_spread=0)")
             return
+        for conf in configs:
+            conf.start()
         self.connected, self._opening_since = True, None
         self.get_logger().info(f"connected to {uri}, streaming the state estimate every {LOG_PERIOD_MS} ms")
 
@@ -549,6 +569,7 @@ class CrazyflieBridge(ControllerNode):
 
     # ------------------------------------------------------------------ actuation
     def actuate(self, cmd: Command, now: float) -> None:
+        epoch = self._uplink.epoch  # read before the link's state: a loss reported in between drops the setpoint
         if not self.connected:
             return
         fallback = self._onboard_fallback()
@@ -565,11 +586,11 @@ class CrazyflieBridge(ControllerNode):
             self._estimate_broken = None
         descent = self.descent.setpoint(cmd, self.controller.latest, now)
         if descent is not None:
-            self._uplink.position(*descent)
+            self._uplink.position(epoch, *descent)
         elif cmd.mode is Mode.ARMED:
-            self._uplink.position(*self.controller.setpoint(now))
+            self._uplink.position(epoch, *self.controller.setpoint(now))
         else:
-            self._uplink.stop()
+            self._uplink.stop(epoch)
         error = self._uplink.take_error()
         if error is not None:  # an earlier setpoint's send raised: the tick logs it (ControllerNode._tick)
             raise RuntimeError(f"setpoint not sent: {error}")
@@ -585,10 +606,20 @@ class CrazyflieBridge(ControllerNode):
                     self.send_stops()
             finally:  # nor the link's closing (a third one)
                 self._uplink.close(STOP_FLUSH_S)  # the last stop handed to cflib first
-                self.cf.close_link()
+                self._close_link()
         # The summary line last: where the launch runner died, its output pipe is gone and printing
         # raises (BrokenPipeError), which before the descent skipped the descent and the stop setpoint.
         super().close()
+
+    def _close_link(self) -> None:
+        """cflib's close_link, waited for at most CLOSE_LINK_S (then left to itself: the node exits)."""
+        closing = threading.Thread(target=self.cf.close_link, name="crazyflie-close", daemon=True)
+        closing.start()
+        closing.join(CLOSE_LINK_S)
+        if closing.is_alive():
+            stuck = " (a setpoint's send is still blocked in cflib)" if self._uplink.alive() else ""
+            self.get_logger().error(f"the radio link did not close within {CLOSE_LINK_S:g} s{stuck}: exiting "
+                                    "without it; the onboard dead-man stops the vehicle if it still flies")
 
     def send_stops(self) -> None:
         """The stop setpoint once a period for STOP_REPEAT_S (at least twice), so that one reaches the
@@ -597,7 +628,7 @@ class CrazyflieBridge(ControllerNode):
         for k in range(max(2, round(STOP_REPEAT_S / self.period))):
             if k:
                 time.sleep(self.period)
-            self._uplink.stop()
+            self._uplink.stop(self._uplink.epoch)
             self._uplink.flush(self.period)
 
     def descend_before_stop(self) -> None:
@@ -613,7 +644,7 @@ class CrazyflieBridge(ControllerNode):
         c.disarm(self._now())
         self._report_change()
         deadline = time.monotonic() + LANDING_LIMIT_S
-        fed, published_error = self._last_odom, False
+        fed, published_error, send_error = self._last_odom, False, ""
         while c.mode is Mode.FAILSAFE and time.monotonic() < deadline:
             msg = self._last_odom
             if msg is not fed:
@@ -621,7 +652,12 @@ class CrazyflieBridge(ControllerNode):
                 self._on_odom(msg)
             now = self._now()
             cmd = c.tick(now)
-            self.actuate(cmd, now)  # the vehicle first; a radio error ends the descent (the caller's stop follows)
+            try:  # the vehicle first; an earlier send's radio error (reported here) does not end the landing
+                self.actuate(cmd, now)
+            except RuntimeError as e:
+                if str(e) != send_error:
+                    self.get_logger().error(f"shutdown landing: {e}")
+                send_error = str(e)
             try:  # then the record (rotor_cmd, /status), which must not end the landing if it fails
                 self._publish_tick(cmd)
             except Exception as e:

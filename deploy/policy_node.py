@@ -383,6 +383,7 @@ class ControllerNode(Node):
             self.older_state_ticks += 1
         try:
             self.actuate(cmd, now)
+            self._actuate_error = ""
         except Exception as e:  # hardware output failing (a dead MCU, a radio error) must not stop the ticks
             kind = f"{type(e).__name__}: {e}"[:200]
             if kind != self._actuate_error:

@@ -2203,6 +2203,7 @@ def test_a_lost_radio_link_is_opened_again_with_new_log_blocks_and_arms_nothing(
     c, _ = armed_controller(at=(0.5, -0.25, 1.0))  # where log_pair's states are
     clock = FakeClock()
     b = fake_bridge(c, clock)
+    b.settle_spread = 1e-3  # the default: the variance block is asked for too
     cf = b.cf
     cf.state, cf.link = State.SETUP_FINISHED, object()
     opened, added, started, closed = [], [], [], []
@@ -2256,9 +2257,10 @@ def test_a_lost_radio_link_is_opened_again_with_new_log_blocks_and_arms_nothing(
     assert c.tick(clock.t).mode is Mode.DISARMED  # the failsafe has landed on its timer meanwhile
 
     cf.link, cf.state = object(), State.SETUP_FINISHED
-    assembler = b._assembler
+    assembler, settling = b._assembler, b._settling
     b._on_connected(b.uri)
     assert b.connected and b.link_problem() is None and b._assembler is not assembler
+    assert b._settling is not settling  # the Kalman filter's settling is judged anew on each link
     assert [conf.name for conf in added] == list(LOG_BLOCKS) and started == added
     assert [v.name for conf in added for v in conf.variables] == [n for vs in LOG_BLOCKS.values() for n, _ in vs]
     assert all(conf.data_received_cb.callbacks == [b._on_log] for conf in added)
@@ -2288,23 +2290,32 @@ def test_a_lost_radio_link_is_opened_again_with_new_log_blocks_and_arms_nothing(
     assert b.link_problem().endswith("restart the bridge")
 
 
-@pytest.mark.parametrize("failure", ["variable missing", "block refused"])
+@pytest.mark.parametrize("failure", ["variable missing", "variance missing", "block refused"])
 def test_log_blocks_that_fail_are_reported_and_the_link_made_again(failure, monkeypatch):
     """Firmware without a variable of LOG_BLOCKS (cflib's add_config raises KeyError, in cflib's thread that
     only logs it), or one that refuses a block (its error callback): no state would ever come. The bridge
-    says why in /status instead of "not connected yet", and its timer closes that link and opens another."""
+    says why in /status instead of "not connected yet", and its timer closes that link and opens another.
+    A block that cannot be added leaves none streaming (all are added before any starts); without the
+    Kalman filter's variances the message names estimator_settle_spread=0, with which that block is not
+    asked for at all."""
     from cflib.crazyflie import State
     from cflib.crazyflie.log import LogConfig
 
+    from deploy.crazyflie_bridge import KalmanSettling
+
     c = SafeController(FakePolicy(), SafetyConfig())
     b = fake_bridge(c, FakeClock(), connected=False)
+    if failure == "variance missing":  # the check on: the variance block is asked for
+        b.settle_spread, b._settling = 1e-3, KalmanSettling(1e-3)
     cf = b.cf
     cf.state, cf.link = State.SETUP_FINISHED, object()
-    opened, closed, added = [], [], []
+    opened, closed, added, started = [], [], [], []
 
     def add_config(conf):
         if failure == "variable missing" and conf.name == "attitude":
             raise KeyError("Variable stateEstimate.qx not in TOC")
+        if failure == "variance missing" and conf.name == "variance":
+            raise KeyError("Variable kalman.varPX not in TOC")
         added.append(conf)
 
     def close_link():  # cflib: the link closed, then its disconnected callback
@@ -2314,14 +2325,16 @@ def test_log_blocks_that_fail_are_reported_and_the_link_made_again(failure, monk
 
     cf.log = type("Log", (), {"add_config": lambda self, conf: add_config(conf)})()
     cf.open_link, cf.close_link = (lambda uri: opened.append(uri)), close_link
-    monkeypatch.setattr(LogConfig, "start", lambda conf: None)
+    monkeypatch.setattr(LogConfig, "start", lambda conf: started.append(conf.name))
     b._on_connected(b.uri)
     if failure == "block refused":
-        assert b.connected
+        assert b.connected and started == ["pose", "attitude"]  # (the variances not checked: not asked for)
         added[0].error_cb.call(added[0], "No memory to allocate Log block")  # cflib's thread
         want = "the Crazyflie refused the log block 'pose': No memory to allocate Log block"
     else:
-        want = f"the log blocks could not be set up on {b.uri}: 'Variable stateEstimate.qx not in TOC'"
+        missing = "stateEstimate.qx" if failure == "variable missing" else "kalman.varPX"
+        want = f"the log blocks could not be set up on {b.uri}: 'Variable {missing} not in TOC'"
+        assert started == [] and "estimator_settle_spread=0" in b.link_problem()
     assert not b.connected and want in b.link_problem(), b.link_problem()
     b._retry_link()  # the timer: closes the link it gave up on, keeps the reason ...
     assert closed == [True] and not opened and want in b.link_problem()
@@ -2532,16 +2545,17 @@ def test_a_radio_that_takes_no_setpoint_blocks_neither_the_ticks_nor_the_service
     radio = BlockingCommander()
     b._uplink = Uplink(radio)
     b.actuate = CrazyflieBridge.actuate.__get__(b)  # the node's own: nothing waits for the uplink
-    start = time.monotonic()
     for k in range(20):
         c.on_state(hover_state(0.01 * k), 0.01 * k)
         t0 = time.monotonic()
         b.actuate(c.tick(0.01 * k), 0.01 * k)
-        assert time.monotonic() - t0 < 0.05
+        assert time.monotonic() - t0 < 0.5  # (the send blocks for up to 10 s)
         while k == 0 and b._uplink._sending_since is None and time.monotonic() - t0 < 2.0:
             time.sleep(0.001)  # the first setpoint's send under way (and blocked) before the next comes
-    assert b.link_problem() is None or time.monotonic() - start >= UPLINK_STALL_S
-    time.sleep(max(UPLINK_STALL_S - (time.monotonic() - start), 0.0) + 0.05)
+    assert b.link_problem() is None or b._uplink.blocked_for() >= UPLINK_STALL_S
+    deadline = time.monotonic() + 2.0
+    while b._uplink.blocked_for() < UPLINK_STALL_S and time.monotonic() < deadline:
+        time.sleep(0.005)
     problem = b.link_problem()
     assert problem is not None and "has not taken a setpoint" in problem and "18 setpoints replaced" in problem, problem
     assert b.arm_problem() == problem
@@ -2556,7 +2570,8 @@ def test_a_radio_that_takes_no_setpoint_blocks_neither_the_ticks_nor_the_service
 def test_arming_waits_until_the_onboard_kalman_filter_has_settled():
     """The variance block (kalman.varPX/PY/PZ every 500 ms): arming is refused until SETTLE_SAMPLES samples
     have come and each variance spread by less than estimator_settle_spread over them, again while one
-    jumps (the vehicle moved, a reset) or is not finite, and anew on a new link; 0 checks nothing."""
+    jumps (the vehicle moved, a reset) or is not finite; 0 checks nothing. (Each link starts it anew:
+    test_a_lost_radio_link_is_opened_again_with_new_log_blocks_and_arms_nothing.)"""
     from deploy.crazyflie_bridge import SETTLE_SAMPLES, KalmanSettling
 
     c = SafeController(FakePolicy(), SafetyConfig())
@@ -2583,6 +2598,11 @@ def test_arming_waits_until_the_onboard_kalman_filter_has_settled():
     variance(2e-4)
     assert refusal() is None and c.mode is Mode.ARMED
     c.disarm(0.0)
+    c.tick(0.0)
+    variance(0.05)  # a jump (the estimator reset, the vehicle moved): not settled again for 10 samples
+    assert "spread by 0.05, 0, 0 m^2" in refusal()
+    for _ in range(SETTLE_SAMPLES):
+        variance(3e-4)
     variance(float("nan"))
     assert "nan" in refusal()
     b._settling = KalmanSettling(0.0)
@@ -2591,21 +2611,26 @@ def test_arming_waits_until_the_onboard_kalman_filter_has_settled():
 
 def test_a_setpoint_waiting_when_the_link_is_lost_is_not_sent_on_the_next_link():
     """cflib reports the link lost while a send is blocked and a newer setpoint waits: that one is dropped
-    (it was computed for the old link; a new link's first tick sends a fresh one)."""
+    (it was computed for the old link; a new link's first tick sends a fresh one), and so is one posted for
+    the old link after the loss (a tick that read the link as up just before it)."""
     from deploy.crazyflie_bridge import Uplink
 
     c, _ = armed_controller()
     b = fake_bridge(c, FakeClock())
     radio = BlockingCommander()
     b._uplink = Uplink(radio)
-    b._uplink.position(0.0, 0.0, 1.0)
+    epoch = b._uplink.epoch
+    b._uplink.position(epoch, 0.0, 0.0, 1.0)
     deadline = time.monotonic() + 2.0
     while b._uplink._sending_since is None and time.monotonic() < deadline:
         time.sleep(0.001)
-    b._uplink.position(0.0, 0.0, 0.5)
+    b._uplink.position(epoch, 0.0, 0.0, 0.5)
     b._on_link(f"link to {b.uri} lost: Too many packets lost")
+    b._uplink.position(epoch, 0.0, 0.0, 0.4)  # a tick that read the link as up just before the loss
     radio.release.set()
     assert b._uplink.flush(2.0) and [z for _, z in radio.sent] == [1.0]
+    b._uplink.position(b._uplink.epoch, 0.0, 0.0, 0.3)  # the next link's
+    assert b._uplink.flush(2.0) and [z for _, z in radio.sent] == [1.0, 0.3]
 
 
 def test_a_setpoint_whose_send_raised_is_reported_by_the_next_tick_and_the_sends_go_on():
@@ -2635,28 +2660,69 @@ def test_a_setpoint_whose_send_raised_is_reported_by_the_next_tick_and_the_sends
     assert radio.sent == ["raised", 1.0, 1.0] and isinstance(b._uplink, Uplink)
 
 
-def test_stopping_the_bridge_with_a_radio_that_takes_nothing_still_closes_the_link_in_time():
+def test_stopping_the_bridge_with_a_radio_that_takes_nothing_still_exits_in_time():
     """Shutdown while cflib's send is blocked for good (a Crazyradio unplugged): the stops are posted, the
-    wait for the last one is bounded (STOP_FLUSH_S), and the link is closed, within the launch runner's
-    SIGINT-to-SIGTERM time; a stop is never followed by an older setpoint."""
-    from deploy.crazyflie_bridge import STOP_FLUSH_S, STOP_REPEAT_S, Uplink
+    wait for the last one is bounded (STOP_FLUSH_S), and so is the wait for cflib's close_link
+    (CLOSE_LINK_S), which with real cflib waits for the blocked send's lock (and may never return): the
+    node exits within the launch runner's SIGINT-to-SIGTERM time and says why. What the fake radio takes
+    once released is in order, the stop last; with a real unplugged radio nothing reaches the vehicle, and
+    the onboard dead-man stops it."""
+    from deploy.crazyflie_bridge import CLOSE_LINK_S, STOP_FLUSH_S, STOP_REPEAT_S, Uplink
 
     c = SafeController(FakePolicy(), SafetyConfig())  # disarmed: no descent first
     b = fake_bridge(c, FakeClock())
     radio = BlockingCommander()
     b._uplink = Uplink(radio)
     closed = []
-    b.cf.close_link = lambda: closed.append(time.monotonic())
-    b._uplink.position(0.0, 0.0, 1.0)  # the send under way when the shutdown comes
+
+    def close_link():  # cflib: blocked behind the stuck send
+        radio.release.wait(10.0)
+        closed.append(time.monotonic())
+
+    b.cf.close_link = close_link
+    b._uplink.position(b._uplink.epoch, 0.0, 0.0, 1.0)  # the send under way when the shutdown comes
     deadline = time.monotonic() + 2.0
     while b._uplink._sending_since is None and time.monotonic() < deadline:
         time.sleep(0.001)
     start = time.monotonic()
     b.close()
-    assert closed and closed[0] - start < 2 * STOP_REPEAT_S + STOP_FLUSH_S + 0.5
-    radio.release.set()  # the link closed: cflib's send returns
+    assert time.monotonic() - start < 2 * STOP_REPEAT_S + STOP_FLUSH_S + CLOSE_LINK_S + 0.5 and not closed
+    assert any("did not close within" in line and "still blocked" in line for line in b.logged), b.logged
+    radio.release.set()
     b._uplink._thread.join(2.0)
-    assert not b._uplink._thread.is_alive() and [z for _, z in radio.sent] == [1.0, "stop"]
+    deadline = time.monotonic() + 2.0
+    while not closed and time.monotonic() < deadline:  # (close_link's own thread, released too)
+        time.sleep(0.005)
+    assert not b._uplink.alive() and [z for _, z in radio.sent] == [1.0, "stop"] and closed
+
+
+def test_a_send_error_during_the_shutdown_landing_does_not_end_the_landing():
+    """A setpoint's send raises during the shutdown landing (a radio hiccup): the error is logged and the
+    descent goes on to the floor before the stop, instead of the stop cutting the rotors at height."""
+    class FailingOnce:
+        def __init__(self):
+            self.sent = []
+
+        def send_position_setpoint(self, x, y, z, yaw):
+            self.sent.append((time.monotonic(), z))
+            if len(self.sent) == 3:
+                raise OSError("USB error")
+
+        def send_stop_setpoint(self):
+            self.sent.append((time.monotonic(), "stop"))
+
+    c, _ = armed_controller()
+    b = fake_bridge(c, FakeClock())
+    radio = FailingOnce()
+    with_uplink(b, radio)
+    b.cf.close_link = lambda: None
+    b._now = time.monotonic
+    c.on_state(hover_state(t=time.monotonic()), time.monotonic())
+    b.close()
+    heights = [z for _, z in radio.sent]
+    first_stop = heights.index("stop")
+    assert heights[0] > 0.99 and heights[first_stop - 1] == 0.0 and all(z == "stop" for z in heights[first_stop:])
+    assert any("shutdown landing: setpoint not sent: OSError: USB error" in line for line in b.logged), b.logged
 
 
 def run_script(script: Path) -> subprocess.CompletedProcess:
