@@ -328,22 +328,31 @@ class KalmanSettling:
     """Whether the onboard Kalman filter's position estimate has settled: each of kalman.varPX, varPY,
     varPZ (m^2) spread by less than ``spread`` over its last SETTLE_SAMPLES samples (0: not checked).
     Just after power-on, a reset or a move of the vehicle, the variances are still falling and the
-    estimate still moving; the onboard policy would fly on it."""
+    estimate still moving; the onboard policy would fly on it. Samples that stopped coming for
+    STALE_PERIODS periods judge nothing."""
+
+    STALE_PERIODS = 3
 
     def __init__(self, spread: float):
         self.spread = spread
         self.history: deque[tuple[float, float, float]] = deque(maxlen=SETTLE_SAMPLES)
+        self.last_arrival: float | None = None  # s, the caller's steady clock
 
-    def feed(self, data: dict) -> None:
+    def feed(self, data: dict, arrival: float) -> None:
+        """One variance sample, received at ``arrival`` (s, a steady clock)."""
         self.history.append(tuple(float(data[f"kalman.varP{v}"]) for v in "XYZ"))
+        self.last_arrival = arrival
 
-    def problem(self) -> str | None:
-        """Why the estimate does not count as settled, or None."""
+    def problem(self, now: float) -> str | None:
+        """Why the estimate does not count as settled at ``now`` (s, feed's clock), or None."""
         if self.spread <= 0:
             return None
         window = f"{SETTLE_SAMPLES} samples {VARIANCE_PERIOD_MS} ms apart"
         if len(self.history) < SETTLE_SAMPLES:
             return f"the onboard Kalman filter has not settled yet ({len(self.history)} of {window} so far)"
+        age = now - self.last_arrival
+        if not age < self.STALE_PERIODS * VARIANCE_PERIOD_MS * 1e-3:
+            return f"no variance sample of the onboard Kalman filter for {age:.1f} s: its settling is unknown"
         h = np.array(self.history)
         spread = h.max(axis=0) - h.min(axis=0)
         if not np.isfinite(h).all() or (spread >= self.spread).any():
@@ -518,7 +527,7 @@ class CrazyflieBridge(ControllerNode):
 
     def _on_log(self, timestamp_ms: int, data: dict, conf) -> None:
         if conf.name == "variance":
-            self._settling.feed(data)
+            self._settling.feed(data, self._steady())
             return
         arrival = self._steady()
         if conf.name == "attitude":
@@ -547,7 +556,7 @@ class CrazyflieBridge(ControllerNode):
 
     def arm_problem(self) -> str | None:
         """As every controller node's, and the onboard Kalman filter not settled (KalmanSettling)."""
-        return super().arm_problem() or self._settling.problem()
+        return super().arm_problem() or self._settling.problem(self._steady())
 
     def policy_problem(self) -> str | None:
         """The onboard glue's latched fault (until a stop setpoint clears it, sent every period while

@@ -2580,7 +2580,11 @@ def test_arming_waits_until_the_onboard_kalman_filter_has_settled():
     c.on_state(hover_state(pos=[0.0, 0.0, 0.0]), 0.0)
     request = type("Request", (), {"data": True})()
 
-    def variance(x, y=1e-4, z=1e-5):
+    steady = [0.0]  # the steady clock of log arrivals (the controller's stays at 0: its state stays fresh)
+    b._steady = lambda: steady[0]
+
+    def variance(x, y=1e-4, z=1e-5):  # a sample every 500 ms
+        steady[0] += 0.5
         b._on_log(0, {"kalman.varPX": x, "kalman.varPY": y, "kalman.varPZ": z}, type("Conf", (), {"name": "variance"})())
 
     def refusal():
@@ -2603,6 +2607,11 @@ def test_arming_waits_until_the_onboard_kalman_filter_has_settled():
     assert "spread by 0.05, 0, 0 m^2" in refusal()
     for _ in range(SETTLE_SAMPLES):
         variance(3e-4)
+    assert refusal() is None
+    c.disarm(0.0)
+    c.tick(0.0)
+    steady[0] += 1.6  # the samples stopped (the link up): the last verdict is not kept
+    assert "no variance sample of the onboard Kalman filter for 1.6 s" in refusal()
     variance(float("nan"))
     assert "nan" in refusal()
     b._settling = KalmanSettling(0.0)
