@@ -58,8 +58,8 @@ fi
 # ~/.cache/robolearn/torchinductor) with two iterations and two evaluations of the main job's
 # configuration: ~40 s once on the 2-core AMD EPYC of BENCHMARKS.md, ~10 s when they are there already. The first
 # `policies.train task=quad_hover` then loads them instead of compiling (BENCHMARKS.md "Time to hover"). With
-# ROBOLEARN_SAVE_GRAPHS=1 it also saves the simulator's traced graphs, which later processes load instead of
-# tracing them again (sim/compiled.py, compile_method).
+# ROBOLEARN_SAVE_GRAPHS=1 it also saves the traced graphs of the simulator's step and of PPO's rollout step and
+# loss, which later processes load instead of tracing them again (sim/compiled.py, compile_method).
 # Everything is installed by now: a failure here only leaves the kernels to the first training run.
 warmup=$(mktemp -d)
 trap 'rm -rf "$warmup"' EXIT

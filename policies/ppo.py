@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from sim.compiled import compile_if
+from sim.compiled import compile_method
 
 from .networks import Actor, Critic, squashed_log_prob
 from .normalizer import RunningNorm
@@ -69,8 +69,9 @@ class PPO:
         self.value_norm = RunningNorm(1).to(device)
         # fused: one kernel for every parameter's update instead of a dozen small ops per tensor
         self.opt = torch.optim.Adam([*self.actor.parameters(), *self.critic.parameters()], lr=cfg.lr, fused=True)
-        self._loss_fn = compile_if(self._loss, cfg.compile, device=device)
-        self._act_fn = compile_if(self._act, cfg.compile, device=device)
+        # (graphs saved by install.sh's warm-up run are loaded instead of tracing: sim.compiled.compile_method)
+        self._loss_fn = compile_method(self, "_loss", cfg.compile, device=device)
+        self._act_fn = compile_method(self, "_act", cfg.compile, device=device)
         self.lr = cfg.lr
         self.gen = torch.Generator(device=device)
         self.gen.manual_seed(seed + 1)

@@ -128,8 +128,10 @@ class _SavedGraph:
     def _save(self, args: tuple):
         """A graph traced and compiled for these arguments, saved for later processes."""
         # The saved guards describe the owner by pickling it (tensors as shapes); a torch.Generator does
-        # not unpickle, and the owner's saved-graph callers need not be described: set aside while tracing.
-        aside = {k: v for k, v in vars(self.owner).items() if isinstance(v, (torch.Generator, _SavedGraph))}
+        # not unpickle, and a loaded saved graph's guard manager does not pickle: the owner's own saved-graph
+        # callers and objects holding some (the environment a trainer holds) are set aside while tracing.
+        # (A method that reads one of them fails to trace without it: then it is compiled as usual.)
+        aside = {k: v for k, v in vars(self.owner).items() if _set_aside(v)}
         for k in aside:
             setattr(self.owner, k, None)
         try:
@@ -145,6 +147,13 @@ class _SavedGraph:
         os.makedirs(self.directory, exist_ok=True)
         graph.save_compiled_function(os.path.join(self.directory, f"{uuid.uuid4().hex}.graph"))
         return graph
+
+
+def _set_aside(value: object) -> bool:
+    """Whether an attribute of a saved graph's owner is left out of the trace (see _SavedGraph._save)."""
+    if isinstance(value, (torch.Generator, _SavedGraph)):
+        return True
+    return any(isinstance(v, _SavedGraph) for v in getattr(value, "__dict__", {}).values())
 
 
 @functools.cache  # per process: every environment of a run (training, each evaluation) shares them

@@ -249,3 +249,60 @@ def test_a_saved_graph_whose_traced_source_changed_is_stale():
     edited = type("Src", (source,), {"checksum": hashlib.sha256(b"an older rk4_step").hexdigest()})
     assert _stale_source(graph(source, edited)) == (f"sim.crazyflie.dynamics changed since it was traced "
                                                     f"(lines {first}-{first + len(lines)})")
+
+
+_SAVED_PPO_RUN = """if True:
+    import hashlib, json, sys, torch
+    import sim.compiled
+    sim.compiled._graph_root = lambda: sys.argv[2]  # the test's directory, beside the kernel cache in use
+    from policies.ppo import PPO, PPOConfig
+    from sim.crazyflie.hover import QuadHoverEnv, QuadTaskConfig
+
+    def run(fallback=False):
+        # the main job's sizes, whose kernels install.sh's warm-up has compiled (1 s episodes: some resets)
+        env = QuadHoverEnv(QuadTaskConfig(episode_seconds=1.0), 1024, seed=0)
+        algo = PPO(PPOConfig(), env, torch.device("cpu"), 0)
+        calls = []
+        for name in ("_act_fn", "_loss_fn"):
+            saved = getattr(algo, name)
+            if fallback:  # torch.compile of the bound methods, as without saved graphs
+                setattr(algo, name, saved.fallback)
+            else:
+                saved.fallback = lambda *a, f=saved.fallback: calls.append(1) or f(*a)
+        for _ in range(3):
+            algo.train_iteration()
+        h = hashlib.sha256()
+        for p in [*algo.actor.parameters(), *algo.critic.parameters()]:
+            h.update(p.detach().numpy().tobytes())
+        graphs = [] if fallback else [len(algo._act_fn.graphs), len(algo._loss_fn.graphs)]
+        return h.hexdigest(), graphs, len(calls)
+
+    fingerprint, graphs, fallback_calls = run()
+    result = {"saved": fingerprint, "graphs": graphs, "fallback_calls": fallback_calls}
+    if sys.argv[1] == "save":
+        result["traced"] = run(fallback=True)[0]
+    print(json.dumps(result))
+"""
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="torch.compile builds CPU kernels with g++")
+def test_ppos_saved_graphs_train_as_the_traced_ones(tmp_path):
+    """PPO's rollout step and loss (forward and backward) through compile_method: saved by one process
+    (the trainer's environment, which holds saved graphs of its own, is left out of the trace), loaded by
+    the next without tracing, and three iterations of training end in bit-identical networks."""
+    from sim.compiled import SAVE_GRAPHS_ENV
+
+    env = {k: v for k, v in os.environ.items() if k != SAVE_GRAPHS_ENV}
+
+    def run(mode: str, **extra) -> dict:
+        res = subprocess.run([sys.executable, "-c", _SAVED_PPO_RUN, mode, str(tmp_path)], cwd=ROOT,
+                             env={**env, **extra}, capture_output=True, text=True, timeout=600)
+        assert res.returncode == 0, res.stderr
+        assert "could not save" not in res.stderr, res.stderr
+        return json.loads(res.stdout.splitlines()[-1])
+
+    saving = run("save", **{SAVE_GRAPHS_ENV: "1"})
+    assert saving["graphs"] == [1, 1] and saving["fallback_calls"] == 0 and saving["saved"] == saving["traced"]
+    assert {d.name.split("-")[0] for d in tmp_path.iterdir()} >= {"PPO._act", "PPO._loss"}
+    loading = run("load")
+    assert loading == {"saved": saving["traced"], "graphs": [1, 1], "fallback_calls": 0}
