@@ -22,6 +22,42 @@ from sim.crazyflie.params import NOMINAL
 _ROS_LOGS = tempfile.TemporaryDirectory(prefix="robolearn_test_ros_logs_")
 os.environ.setdefault("ROS_LOG_DIR", _ROS_LOGS.name)
 
+# Fast DDS (the ROS wheels' middleware) keeps shared-memory segments, their lock files and port semaphores in
+# /dev/shm, and leaves them behind when a participant ends without cleaning up (the nodes the ROS tests kill, stop or
+# time out): ~50 files a suite run, ~10 MB, which filled a container's 64 MB /dev/shm within a few runs. The ones the
+# session created and no process still has open or mapped are removed at its end.
+_SHM = Path("/dev/shm")
+_SHM_PATTERNS = ("fastdds_*", "sem.fastdds_*")
+
+
+def _fastdds_shm_files() -> set[Path]:
+    return {f for pattern in _SHM_PATTERNS for f in _SHM.glob(pattern)} if _SHM.is_dir() else set()
+
+
+def _shm_files_in_use() -> set[Path]:
+    """Files under /dev/shm that a live process has open or mapped (read from /proc)."""
+    used: set[Path] = set()
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            used.update(Path(line.split(maxsplit=5)[5].strip()) for line in (proc / "maps").read_text().splitlines()
+                        if "/dev/shm/" in line)
+            for fd in (proc / "fd").iterdir():
+                target = os.readlink(fd)
+                if target.startswith("/dev/shm/"):
+                    used.add(Path(target))
+        except (OSError, IndexError):  # a process that ended meanwhile, or one not ours to read
+            continue
+    return used
+
+
+_SHM_BEFORE = _fastdds_shm_files()
+
+
+def pytest_sessionfinish(session, exitstatus) -> None:
+    for f in _fastdds_shm_files() - _SHM_BEFORE - _shm_files_in_use():
+        f.unlink(missing_ok=True)
+
+
 HOVER_ACTION = NOMINAL.hover_action  # the action that hovers the nominal Crazyflie, as the trainer initialises it
 
 
