@@ -38,10 +38,10 @@ most 26 bytes of log data):
   attitude  stateEstimate.qx, qy, qz, qw (body->world), gyro.x, y, z,     4 x float32 + 3 x FP16
             rlpolicy.mode, fault (who flies, the glue's latched fault)       + 2 x uint8 = 24 B
             (gyro: body frame FLU, deg/s -> rad/s here)
-and a third every 500 ms:
+and, unless estimator_settle_spread is 0 (not checked), a third every 500 ms:
   variance  kalman.varPX, varPY, varPZ (m^2)                             3 x float32 = 12 B
-            arming is refused until each has spread by less than estimator_settle_spread (0.001 m^2;
-            0: not checked) over its last 10 samples (KalmanSettling)
+            arming is refused until each has spread by less than estimator_settle_spread (0.001 m^2)
+            over its last 10 samples, the newest at most 1.5 s old (KalmanSettling)
 Blocks sampled in the same firmware tick (timestamps within 5 ms) form one state, published as
 odom (nav_msgs/Odometry, pose world, twist body per REP 105) whatever its values, which this node's
 subscription then checks like any other state: a non-finite or out-of-range estimate fails safe in

@@ -76,6 +76,8 @@ SAVE_GRAPHS_ENV = "ROBOLEARN_SAVE_GRAPHS"
 # (_stale_source), and the directory is named by the hash of the method's package's sources (_graph_dir),
 # so that an edit starts a new directory rather than leaving stale graphs to be refused in every process.
 # Kept: the types, shapes, dtypes and constants of what the method reads, and the global state (grad mode).
+# Not seen, then: a module-level function replaced at run time, and hooks on the owner's modules (a saved graph
+# is not used where any module has one when the graphs load: _has_hooks).
 _UNSAVED_GUARDS = ("ID_MATCH", "FUNCTION_MATCH", "CLASS_MATCH", "MODULE_MATCH", "CLOSURE_MATCH", "BUILTIN_MATCH",
                    "DICT_VERSION", "NN_MODULE", "WEAKREF_ALIVE")
 
@@ -109,7 +111,7 @@ class _SavedGraph:
     def __call__(self, *args):
         saved_args = tuple(_unmarked(a) for a in args)
         if self.graphs is None:
-            self.graphs = _load_graphs(self.directory, self.method)
+            self.graphs = [] if _has_hooks(self.owner) else _load_graphs(self.directory, self.method)
         for graph in self.graphs:
             if graph.guard_check(self.owner, *saved_args):
                 return graph(self.owner, *saved_args)
@@ -145,8 +147,27 @@ class _SavedGraph:
         if not graph.guard_check(self.owner, *args):  # it would never be used, and saved again at every call
             raise RuntimeError("the saved guards refuse the arguments it was traced for")
         os.makedirs(self.directory, exist_ok=True)
-        graph.save_compiled_function(os.path.join(self.directory, f"{uuid.uuid4().hex}.graph"))
+        path = os.path.join(self.directory, f"{uuid.uuid4().hex}.graph")
+        graph.save_compiled_function(path)
+        try:  # a file a later process could not load (something in the guards' pickle that does not unpickle)
+            with open(path, "rb") as f:
+                torch.compiler.load_compiled_function(f, f_globals=sys.modules[self.method.__module__].__dict__)
+        except Exception:
+            os.unlink(path)
+            raise
         return graph
+
+
+def _has_hooks(owner: object) -> bool:
+    """Whether a hook would change what the owner's modules compute (global module hooks, or hooks on a
+    module the owner holds): saved graphs do not guard on them."""
+    from torch.nn.modules import module as nn_module
+
+    kinds = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
+    if any(getattr(nn_module, f"_global{kind}") for kind in kinds):
+        return True
+    modules = [m for v in vars(owner).values() if isinstance(v, torch.nn.Module) for m in v.modules()]
+    return any(getattr(m, kind, None) for m in modules for kind in kinds)
 
 
 def _set_aside(value: object) -> bool:
@@ -179,7 +200,7 @@ def _load_graphs(directory: str, method: Callable) -> list:
 
 def _stale_source(graph) -> str | None:
     """Which source the graph traced differs from the current one (Dynamo keeps each inlined function's
-    lines and their SHA-256; the directory's key covers sim/ only), or None."""
+    lines and their SHA-256; the directory's key covers only the method's own top-level package), or None."""
     for src in graph.source_info().inlined_sources:
         lines = inspect.getsourcelines(importlib.import_module(src.module))[0][src.firstlineno - 1:src.lastlineno - 1]
         if hashlib.sha256("".join(lines).encode()).hexdigest() != src.checksum:

@@ -2922,6 +2922,18 @@ def test_a_failed_mcu_is_asked_once_and_the_ticks_go_on():
         node._tick()
     assert len(published) == 3 and node._ticks == 3 and statuses
     assert len(errors) == 1 and "the MCU failed earlier" in errors[0], errors
+    # the same error again after an actuation that succeeded is logged again (each kind once in a row)
+    outcomes = iter([None, RuntimeError("radio"), RuntimeError("radio"), None, RuntimeError("radio")])
+
+    def actuate(cmd, now):
+        outcome = next(outcomes)
+        if outcome is not None:
+            raise outcome
+
+    node.actuate = actuate
+    for _ in range(5):
+        node._tick()
+    assert errors[1:] == ["actuation failed: RuntimeError: radio"] * 2, errors
 
 
 def test_the_hil_failsafe_is_the_mcus_only_from_a_current_state_and_a_flying_glue():
