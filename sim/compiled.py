@@ -150,8 +150,7 @@ class _SavedGraph:
         path = os.path.join(self.directory, f"{uuid.uuid4().hex}.graph")
         graph.save_compiled_function(path)
         try:  # a file a later process could not load (something in the guards' pickle that does not unpickle)
-            with open(path, "rb") as f:
-                torch.compiler.load_compiled_function(f, f_globals=sys.modules[self.method.__module__].__dict__)
+            _read_graph(path, self.method)
         except Exception:
             os.unlink(path)
             raise
@@ -181,12 +180,10 @@ def _set_aside(value: object) -> bool:
 def _load_graphs(directory: str, method: Callable) -> list:
     """The graphs saved in ``directory`` whose traced sources are the current ones (any that cannot be loaded
     or are stale is skipped with a warning)."""
-    module = sys.modules[method.__module__]
     graphs = []
     for path in sorted(glob.glob(os.path.join(directory, "*.graph"))):
         try:
-            with open(path, "rb") as f:
-                graph = torch.compiler.load_compiled_function(f, f_globals=module.__dict__)
+            graph = _read_graph(path, method)
             stale = _stale_source(graph)
         except Exception as e:  # noqa: BLE001 (an experimental format: any failure means "compile instead")
             stale = f"{type(e).__name__}: {e}"
@@ -196,6 +193,12 @@ def _load_graphs(directory: str, method: Callable) -> list:
         graph.disable_guard_check()  # _SavedGraph checks them itself, once per call
         graphs.append(graph)
     return graphs
+
+
+def _read_graph(path: str, method: Callable):
+    """The graph saved in ``path`` for ``method``, its globals those of the method's module."""
+    with open(path, "rb") as f:
+        return torch.compiler.load_compiled_function(f, f_globals=sys.modules[method.__module__].__dict__)
 
 
 def _stale_source(graph) -> str | None:

@@ -2524,6 +2524,13 @@ class BlockingCommander:
     def __init__(self):
         self.sent, self.release = [], threading.Event()
 
+    @staticmethod
+    def wait_until_sending(uplink) -> None:
+        """Until ``uplink``'s thread is inside a send (blocked here), at most 2 s."""
+        deadline = time.monotonic() + 2.0
+        while uplink._sending_since is None and time.monotonic() < deadline:
+            time.sleep(0.001)
+
     def send_position_setpoint(self, x, y, z, yaw):
         self.release.wait(10.0)
         self.sent.append((time.monotonic(), z))
@@ -2550,8 +2557,8 @@ def test_a_radio_that_takes_no_setpoint_blocks_neither_the_ticks_nor_the_service
         t0 = time.monotonic()
         b.actuate(c.tick(0.01 * k), 0.01 * k)
         assert time.monotonic() - t0 < 0.5  # (the send blocks for up to 10 s)
-        while k == 0 and b._uplink._sending_since is None and time.monotonic() - t0 < 2.0:
-            time.sleep(0.001)  # the first setpoint's send under way (and blocked) before the next comes
+        if k == 0:
+            radio.wait_until_sending(b._uplink)  # the first setpoint's send under way before the next comes
     assert b.link_problem() is None or b._uplink.blocked_for() >= UPLINK_STALL_S
     deadline = time.monotonic() + 2.0
     while b._uplink.blocked_for() < UPLINK_STALL_S and time.monotonic() < deadline:
@@ -2630,9 +2637,7 @@ def test_a_setpoint_waiting_when_the_link_is_lost_is_not_sent_on_the_next_link()
     b._uplink = Uplink(radio)
     epoch = b._uplink.epoch
     b._uplink.position(epoch, 0.0, 0.0, 1.0)
-    deadline = time.monotonic() + 2.0
-    while b._uplink._sending_since is None and time.monotonic() < deadline:
-        time.sleep(0.001)
+    radio.wait_until_sending(b._uplink)
     b._uplink.position(epoch, 0.0, 0.0, 0.5)
     b._on_link(f"link to {b.uri} lost: Too many packets lost")
     b._uplink.position(epoch, 0.0, 0.0, 0.4)  # a tick that read the link as up just before the loss
@@ -2690,9 +2695,7 @@ def test_stopping_the_bridge_with_a_radio_that_takes_nothing_still_exits_in_time
 
     b.cf.close_link = close_link
     b._uplink.position(b._uplink.epoch, 0.0, 0.0, 1.0)  # the send under way when the shutdown comes
-    deadline = time.monotonic() + 2.0
-    while b._uplink._sending_since is None and time.monotonic() < deadline:
-        time.sleep(0.001)
+    radio.wait_until_sending(b._uplink)
     start = time.monotonic()
     b.close()
     assert time.monotonic() - start < 2 * STOP_REPEAT_S + STOP_FLUSH_S + CLOSE_LINK_S + 0.5 and not closed
