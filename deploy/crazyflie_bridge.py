@@ -404,6 +404,8 @@ class CrazyflieBridge(ControllerNode):
         self._opening_since: float | None = None  # when the open_link under way started (self._steady)
         self._unclosed_since: float | None = None  # when cflib last reported the link down (None: opened since)
         self._closing = False  # shutdown: no more attempts
+        self._closer: threading.Thread | None = None  # the last close_link, in a thread of its own (_start_close)
+        self._close_reason: str | None = None  # why that close was made: the status keeps it, not cflib's "disconnected"
         self._steady = time.monotonic  # the clock log arrivals are timed on (FirmwareClock)
 
         if self.uri.startswith("radio://"):
@@ -435,28 +437,54 @@ class CrazyflieBridge(ControllerNode):
     def _retry_link(self) -> None:
         """Timer: open the link again when it is down, no attempt is under way and cflib has finished
         with the last link (it reports a failure before it marks the link closed; one that failed to open
-        it never marks: UNCLOSED_S); close an attempt that has hung for OPEN_TIMEOUT_S (the next call
-        opens again)."""
+        it never marks: UNCLOSED_S); close an attempt that has hung for OPEN_TIMEOUT_S, or a link given up
+        on, without waiting for the close (_start_close): a call after it has returned opens again."""
         from cflib.crazyflie import State
 
-        if self.connected or self._closing:
+        if self.connected or self._closing or self._closer_busy():
             return
         if self._opening_since is not None:
             if self._steady() - self._opening_since >= OPEN_TIMEOUT_S:
-                self.cf.close_link()  # (its disconnected callback first: the status then says why)
-                self._on_link(f"connection to {self.uri} timed out: not connected after {OPEN_TIMEOUT_S:g} s")
+                self._start_close(f"connection to {self.uri} timed out: not connected after {OPEN_TIMEOUT_S:g} s")
             return
         if self.cf.state == State.DISCONNECTED:
             self._open_link()
         elif self.cf.state == State.SETUP_FINISHED and self.cf.link is not None:
-            # A link given up on (its log blocks failed): closed here, in the executor (cflib's own
-            # thread, where that is found, cannot close it: close_link joins that thread), opened next time
-            why = self._link
-            self.cf.close_link()
-            self._on_link(why)  # the reason, not the close's "disconnected"
+            # A link given up on (its log blocks failed): closed from here (cflib's own thread, where that
+            # is found, cannot close it: close_link joins that thread), opened next time
+            self._start_close(self._link)
         elif (self.cf.link is None and self._unclosed_since is not None
               and self._steady() - self._unclosed_since >= UNCLOSED_S):
             self._open_link()
+
+    def _start_close(self, why: str | None) -> threading.Thread:
+        """Start cflib's close_link in a thread of its own and return that thread: the close can block (it
+        sends a setpoint under the lock a blocked send holds, and joins cflib's threads, ~1 s), and the
+        executor ticks the safety layer meanwhile. ``why`` is the status until a new link is made (None:
+        the shutdown's close)."""
+        if why is not None:
+            self._on_link(why)
+
+        def close() -> None:
+            try:
+                self.cf.close_link()
+            finally:
+                self._close_reason = None
+
+        self._close_reason = why
+        self._closer = threading.Thread(target=close, name="crazyflie-close", daemon=True)
+        self._closer.start()
+        return self._closer
+
+    def _closer_busy(self) -> bool:
+        """Whether the last close_link has not returned: no new link until it has (cflib's link object
+        is still the old one)."""
+        if self._closer is None:
+            return False
+        if self._closer.is_alive():
+            return True
+        self._closer = None
+        return False
 
     def _log_configs(self) -> list:
         """The log blocks (the variances' only when checked), new for each link: cflib marks a block added
@@ -509,6 +537,8 @@ class CrazyflieBridge(ControllerNode):
         # the log, /status and the services' answers
         head = what.strip().split("\n\n", 1)[0]
         what = "; ".join(line.strip() for line in head.splitlines() if line.strip())
+        if self._close_reason is not None:  # a close of ours: its "disconnected" callback keeps why it was closed
+            what = self._close_reason
         if what != self._link:  # a retry failing as the last one did (a dongle unplugged) is not logged again
             self.get_logger().error(what)
         self.connected, self._opening_since, self._link = False, None, what
@@ -523,6 +553,8 @@ class CrazyflieBridge(ControllerNode):
             return (f"the radio has not taken a setpoint for {blocked:.2f} s (cflib retrying a lost packet; "
                     f"{self._uplink.replaced} setpoints replaced by newer ones so far)")
         then = f"reconnecting every {self.reconnect_s:g} s" if self.reconnect_s > 0 else "restart the bridge"
+        if self._closer_busy():
+            then = f"the last link has not closed yet (cflib), then {then}"
         return f"no radio link ({self._link}); {then}"
 
     def _on_log(self, timestamp_ms: int, data: dict, conf) -> None:
@@ -621,9 +653,9 @@ class CrazyflieBridge(ControllerNode):
         super().close()
 
     def _close_link(self) -> None:
-        """cflib's close_link, waited for at most CLOSE_LINK_S (then left to itself: the node exits)."""
-        closing = threading.Thread(target=self.cf.close_link, name="crazyflie-close", daemon=True)
-        closing.start()
+        """cflib's close_link (or the one the timer started, if it has not returned), waited for at most
+        CLOSE_LINK_S (then left to itself: the node exits)."""
+        closing = self._closer if self._closer_busy() else self._start_close(None)
         closing.join(CLOSE_LINK_S)
         if closing.is_alive():
             stuck = " (a setpoint's send is still blocked in cflib)" if self._uplink.alive() else ""

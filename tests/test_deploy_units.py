@@ -1971,7 +1971,7 @@ def fake_bridge(controller: SafeController, clock: FakeClock, connected: bool = 
     with_uplink(b, b.cf.commander)
     b.connected, b._link, b.period, b.descent = connected, "test", 0.01, OnboardDescent(controller.cfg)
     b.uri, b.reconnect_s, b._opening_since, b._closing = "radio://0/80/2M/E7E7E7E7E7", 2.0, None, False
-    b._unclosed_since = None
+    b._unclosed_since, b._closer, b._close_reason = None, None, None
     b._bad_samples, b._estimate_broken, b._last_odom = 0, None, None
     b._onboard, b._fallback_samples = None, 0
     b.settle_spread, b._settling = 0.0, KalmanSettling(0.0)  # (not checked: see its own test)
@@ -2249,7 +2249,8 @@ def test_a_lost_radio_link_is_opened_again_with_new_log_blocks_and_arms_nothing(
     b._retry_link()
     assert not closed and len(opened) == 2
     clock.t = 0.5 + OPEN_TIMEOUT_S
-    b._retry_link()  # ... is closed after OPEN_TIMEOUT_S,
+    b._retry_link()  # ... is closed after OPEN_TIMEOUT_S (in a thread of its own),
+    b._closer.join(2.0)
     assert closed == [clock.t] and "timed out" in b._link
     b._retry_link()  # and made again
     attempts = 3
@@ -2337,9 +2338,69 @@ def test_log_blocks_that_fail_are_reported_and_the_link_made_again(failure, monk
         assert started == [] and "estimator_settle_spread=0" in b.link_problem()
     assert not b.connected and want in b.link_problem(), b.link_problem()
     b._retry_link()  # the timer: closes the link it gave up on, keeps the reason ...
+    b._closer.join(2.0)
     assert closed == [True] and not opened and want in b.link_problem()
     b._retry_link()  # ... and opens a new one
     assert opened == [b.uri] and want in b.link_problem()
+
+
+def test_a_close_that_blocks_does_not_block_the_timer_or_the_ticks():
+    """cflib's close_link blocks behind a send that its radio thread retries (a link given up on still takes
+    stop setpoints; with a Crazyradio unplugged, for good). The timer starts the close and returns: the safety
+    layer ticks on, no new link is opened while the old one is not closed (the status says so), and once the
+    close returns the next timer call opens one. A shutdown meanwhile waits for that same close, bounded by
+    CLOSE_LINK_S, instead of starting a second one."""
+    from cflib.crazyflie import State
+
+    from deploy.crazyflie_bridge import CLOSE_LINK_S, OPEN_TIMEOUT_S
+
+    c, _ = armed_controller()
+    clock = FakeClock()
+    b = fake_bridge(c, clock, connected=False)
+    cf = b.cf
+    release, entered, opened, closes = threading.Event(), threading.Event(), [], []
+
+    def close_link():  # cflib: waits for the blocked send's lock, then the link closed and its callback
+        closes.append(clock.t)
+        entered.set()
+        release.wait(10.0)
+        cf.state, cf.link = State.DISCONNECTED, None
+        b._on_link(f"disconnected from {b.uri}")
+
+    cf.open_link, cf.close_link = (lambda uri: opened.append(uri)), close_link
+    cf.state, cf.link = State.INITIALIZED, object()
+    b._opening_since = 0.0  # an attempt that hangs ...
+    clock.t = OPEN_TIMEOUT_S
+    start = time.monotonic()
+    b._retry_link()  # ... is closed: the timer does not wait for it
+    assert entered.wait(2.0) and time.monotonic() - start < 0.5
+    assert c.tick(clock.t).mode is Mode.FAILSAFE  # the ticks go on (no state: the failsafe)
+    for k in range(3):
+        clock.t = OPEN_TIMEOUT_S + 2.0 * (k + 1)
+        b._retry_link()
+    assert opened == [] and closes == [OPEN_TIMEOUT_S]
+    problem = b.link_problem()
+    assert "timed out" in problem and "has not closed yet" in problem, problem
+
+    release.set()  # the close returns, with cflib's "disconnected": the status keeps why it was closed
+    b._closer.join(2.0)
+    assert "timed out" in b._link and "has not closed yet" not in b.link_problem()
+    b._retry_link()
+    assert opened == [b.uri]
+
+    release.clear()  # the new attempt hangs too, and the bridge is stopped while its close is blocked
+    entered.clear()
+    clock.t += OPEN_TIMEOUT_S
+    b._retry_link()
+    assert entered.wait(2.0)
+    closer = b._closer
+    start = time.monotonic()
+    b.close()
+    assert time.monotonic() - start < CLOSE_LINK_S + 0.5 and len(closes) == 2  # the same close, waited for
+    assert any("did not close within" in line for line in b.logged), b.logged
+    release.set()
+    closer.join(2.0)
+    assert not closer.is_alive()
 
 
 def test_a_link_that_failed_to_open_is_opened_again_and_reported_in_one_line():
