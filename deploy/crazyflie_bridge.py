@@ -461,7 +461,7 @@ class CrazyflieBridge(ControllerNode):
         """Start cflib's close_link in a thread of its own and return that thread: the close can block (it
         sends a setpoint under the lock a blocked send holds, and joins cflib's threads, ~1 s), and the
         executor ticks the safety layer meanwhile. ``why`` is the status until a new link is made (None:
-        the shutdown's close)."""
+        the shutdown's close, whose "disconnected" is then not logged, after the node's summary line)."""
         if why is not None:
             self._on_link(why)
 
@@ -471,7 +471,7 @@ class CrazyflieBridge(ControllerNode):
             finally:
                 self._close_reason = None
 
-        self._close_reason = why
+        self._close_reason = self._link if why is None else why
         self._closer = threading.Thread(target=close, name="crazyflie-close", daemon=True)
         self._closer.start()
         return self._closer

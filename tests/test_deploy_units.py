@@ -2403,6 +2403,17 @@ def test_a_close_that_blocks_does_not_block_the_timer_or_the_ticks():
     assert not closer.is_alive()
 
 
+def test_the_shutdowns_own_close_logs_no_disconnection():
+    """cflib calls its disconnected callback from the shutdown's close_link, which may return after the
+    node's summary line: the bridge does not log that disconnection as a link problem."""
+    c = SafeController(FakePolicy(), SafetyConfig())  # disarmed: no descent first
+    b = fake_bridge(c, FakeClock())
+    b.cf.close_link = lambda: b._on_link(f"disconnected from {b.uri}")
+    b.close()
+    assert not any("disconnected from" in line for line in b.logged), b.logged
+    assert not b.connected
+
+
 def test_a_link_that_failed_to_open_is_opened_again_and_reported_in_one_line():
     """An open that fails inside cflib's open_link (no link driver: the dongle busy with another program,
     unplugged, a USB error) leaves cflib INITIALIZED with no link, never DISCONNECTED, and reports a
