@@ -504,7 +504,8 @@ class CrazyflieBridge(ControllerNode):
         return configs
 
     def _on_connected(self, uri: str) -> None:
-        if self._closing or self.cf.link is None:  # the link failed (or is being closed) as its set-up finished
+        # the link failed, or is being closed (by the shutdown or the timer), as its set-up finished
+        if self._closing or self.cf.link is None or self._closer_busy():
             return
         with self._lock:
             self._assembler = StateAssembler()  # a new link: the firmware's clock may have restarted

@@ -2344,13 +2344,14 @@ def test_log_blocks_that_fail_are_reported_and_the_link_made_again(failure, monk
     assert opened == [b.uri] and want in b.link_problem()
 
 
-def test_a_close_that_blocks_does_not_block_the_timer_or_the_ticks():
+def test_a_close_that_blocks_does_not_block_the_timer_or_the_ticks(monkeypatch):
     """cflib's close_link blocks behind a send that its radio thread retries (a link given up on still takes
     stop setpoints; with a Crazyradio unplugged, for good). The timer starts the close and returns: the safety
     layer ticks on, no new link is opened while the old one is not closed (the status says so), and once the
     close returns the next timer call opens one. A shutdown meanwhile waits for that same close, bounded by
     CLOSE_LINK_S, instead of starting a second one."""
     from cflib.crazyflie import State
+    from cflib.crazyflie.log import LogConfig
 
     from deploy.crazyflie_bridge import CLOSE_LINK_S, OPEN_TIMEOUT_S
 
@@ -2368,6 +2369,8 @@ def test_a_close_that_blocks_does_not_block_the_timer_or_the_ticks():
         b._on_link(f"disconnected from {b.uri}")
 
     cf.open_link, cf.close_link = (lambda uri: opened.append(uri)), close_link
+    cf.log = type("Log", (), {"add_config": lambda self, conf: None})()
+    monkeypatch.setattr(LogConfig, "start", lambda conf: None)
     cf.state, cf.link = State.INITIALIZED, object()
     b._opening_since = 0.0  # an attempt that hangs ...
     clock.t = OPEN_TIMEOUT_S
@@ -2381,6 +2384,8 @@ def test_a_close_that_blocks_does_not_block_the_timer_or_the_ticks():
     assert opened == [] and closes == [OPEN_TIMEOUT_S]
     problem = b.link_problem()
     assert "timed out" in problem and "has not closed yet" in problem, problem
+    b._on_connected(b.uri)  # the hung set-up finishing while its link is being closed: ignored
+    assert not b.connected
 
     release.set()  # the close returns, with cflib's "disconnected": the status keeps why it was closed
     b._closer.join(2.0)
