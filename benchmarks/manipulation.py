@@ -54,6 +54,8 @@ METHODS = {  # method -> policies.train overrides (besides task, seed, budgets)
     # DSRL-NA with the noise bound at which a noise fitted to the scripted expert's chunks passes 90 %
     # on arm_pick_place (against 71 % within the default 1.5; benchmarks.steerability, BENCHMARKS.md)
     "dsrl_na_b3": ["algo=dsrl", "algo.variant=na", "algo.noise_bound=3.0"],
+    # DSRL-NA whose TD targets continue with the deployed noise b tanh(mu(s')), not a sampled one
+    "dsrl_na_deployed": ["algo=dsrl", "algo.variant=na", "algo.bootstrap_noise=deployed"],
     # DSRL-NA with the base's own demonstrations as ordinary entries of Q^A's buffer ({data}: the
     # task's dataset under --work), as DSRL's best Robomimic figures are
     "dsrl_na_demos": ["algo=dsrl", "algo.variant=na", "algo.demos={data}"],

@@ -91,6 +91,10 @@ class DSRLConfig:
     # success near the start (BENCHMARKS.md).
     noise_prior: bool = True
     prior_kl_per_dim: float = 0.05
+    # The next noise w' of the TD target: "sampled" from pi_w(s') as SAC does, or the "deployed" one,
+    # b tanh(mu(s')), so that the critics value the continuation that evaluation and export run (with the
+    # noise prior the sampled w' stays near N(0, I), where the base does worse than at w = 0).
+    bootstrap_noise: str = "sampled"
     actor_hidden: list[int] = field(default_factory=lambda: [256, 256])
     critic_hidden: list[int] = field(default_factory=lambda: [256, 256])
     # LayerNorm in the critics' hidden layers (DSRL's reference configuration uses it). Without
@@ -180,6 +184,8 @@ class DSRL:
 
         if cfg.variant not in ("na", "sac"):
             raise UserError(f"algo.variant={cfg.variant}: expected na (DSRL-NA) or sac (DSRL-SAC)")
+        if cfg.bootstrap_noise not in ("sampled", "deployed"):
+            raise UserError(f"algo.bootstrap_noise={cfg.bootstrap_noise}: expected sampled or deployed")
         if not cfg.noise_bound > 0:
             raise UserError(f"algo.noise_bound={cfg.noise_bound}: expected b > 0 (the steering noise lies in [-b, b])")
         if not cfg.utd > 0:
@@ -410,9 +416,12 @@ class DSRL:
     @torch.no_grad()
     def td_target(self, b: dict[str, torch.Tensor]) -> torch.Tensor:
         """r + gamma^n (1 - done) min_i Q'_i(s', next) for a row of n decisions (n_step, fewer at an
-        episode's end), next = w' ~ pi_w(s') (DSRL-SAC) or the base's action chunk from it
-        (DSRL-NA); clipped to the task's return range if it has one."""
-        w2, _ = self._sample_w(b["next_obs"])
+        episode's end), next = w' ~ pi_w(s') (or the deployed b tanh(mu(s')): bootstrap_noise) for DSRL-SAC,
+        or the base's action chunk from it for DSRL-NA; clipped to the task's return range if it has one."""
+        if self.cfg.bootstrap_noise == "deployed":
+            w2 = self.cfg.noise_bound * torch.tanh(self.pi.dist_params(b["next_obs"])[0])
+        else:
+            w2, _ = self._sample_w(b["next_obs"])
         if self.cfg.variant == "sac":
             q_next = self.q_target(torch.cat((b["next_critic"], w2), -1)).min(-1).values
         else:  # Q^A of the action the steered base takes next

@@ -466,6 +466,29 @@ def test_dsrl_targets_stay_in_the_return_range(base_run, reward_type, bounds):
 
 
 @pytest.mark.parametrize("variant", ["na", "sac"])
+def test_deployed_bootstrap_noise_is_the_actors_mean(base_run, variant):
+    """algo.bootstrap_noise=deployed: the TD target continues with the noise evaluation deploys,
+    b tanh(mu(s')), the same for every draw of the generator; sampled (the default) draws w' ~ pi_w(s')."""
+    algo = _dsrl(base_run, variant, ["algo.bootstrap_noise=deployed"])
+    for _ in range(2):
+        algo.collect()
+    batch = algo.buffer.sample(32, torch.Generator().manual_seed(0))
+    w_next = algo.cfg.noise_bound * torch.tanh(algo.pi.dist_params(batch["next_obs"])[0])
+    with torch.no_grad():
+        if variant == "sac":
+            q_next = algo.q_target(torch.cat((batch["next_critic"], w_next), -1)).min(-1).values
+        else:
+            a_next = algo.base.sample(batch["next_obs"], w_next)[:, : algo.exec_horizon].reshape(32, -1)
+            q_next = algo.q_target(torch.cat((batch["next_critic"], a_next), -1)).min(-1).values
+    want = (batch["reward"] + algo.cfg.gamma * (1 - batch["done"]) * q_next).clamp(*algo.return_range)
+    assert torch.allclose(algo.td_target(batch), want, atol=1e-6) and torch.equal(algo.td_target(batch), algo.td_target(batch))
+    algo.cfg.bootstrap_noise = "sampled"
+    assert not torch.equal(algo.td_target(batch), algo.td_target(batch))  # a new w' at each call
+    with pytest.raises(Exception, match="algo.bootstrap_noise=mean: expected sampled or deployed"):
+        _dsrl(base_run, variant, ["algo.bootstrap_noise=mean"])
+
+
+@pytest.mark.parametrize("variant", ["na", "sac"])
 def test_short_dsrl_run_improves_the_critic_fit(base_run, variant):
     """With gamma = 0 the critic's target is the decision's own reward (dense, the sum over the
     executed chunk): its error on a fixed batch of collected decisions must drop within 300
