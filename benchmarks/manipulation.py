@@ -56,6 +56,7 @@ METHODS = {  # method -> policies.train overrides (besides task, seed, budgets)
     "dsrl_na_b3": ["algo=dsrl", "algo.variant=na", "algo.noise_bound=3.0"],
     # DSRL-NA whose TD targets continue with the deployed noise b tanh(mu(s')), not a sampled one
     "dsrl_na_deployed": ["algo=dsrl", "algo.variant=na", "algo.bootstrap_noise=deployed"],
+    "dsrl_sac_deployed": ["algo=dsrl", "algo.variant=sac", "algo.bootstrap_noise=deployed"],
     # DSRL-NA with the base's own demonstrations as ordinary entries of Q^A's buffer ({data}: the
     # task's dataset under --work), as DSRL's best Robomimic figures are
     "dsrl_na_demos": ["algo=dsrl", "algo.variant=na", "algo.demos={data}"],
