@@ -449,9 +449,10 @@ class CrazyflieBridge(ControllerNode):
             return
         if self.cf.state == State.DISCONNECTED:
             self._open_link()
-        elif self.cf.state == State.SETUP_FINISHED and self.cf.link is not None:
-            # A link given up on (its log blocks failed): closed from here (cflib's own thread, where that
-            # is found, cannot close it: close_link joins that thread), opened next time
+        elif self.cf.state in (State.CONNECTED, State.SETUP_FINISHED) and self.cf.link is not None:
+            # A link given up on (its log blocks failed; cflib 0.1.34 leaves a set-up link CONNECTED and never
+            # sets SETUP_FINISHED): closed from here (cflib's own thread, where that is found, cannot close it:
+            # close_link joins that thread), opened next time
             self._start_close(self._link)
         elif (self.cf.link is None and self._unclosed_since is not None
               and self._steady() - self._unclosed_since >= UNCLOSED_S):
@@ -468,6 +469,8 @@ class CrazyflieBridge(ControllerNode):
         def close() -> None:
             try:
                 self.cf.close_link()
+            except Exception as e:  # cflib's state then decides what the timer does (a link left: closed again)
+                self.get_logger().error(f"closing the radio link failed: {type(e).__name__}: {e}")
             finally:
                 self._close_reason = None
 
@@ -478,13 +481,9 @@ class CrazyflieBridge(ControllerNode):
 
     def _closer_busy(self) -> bool:
         """Whether the last close_link has not returned: no new link until it has (cflib's link object
-        is still the old one)."""
-        if self._closer is None:
-            return False
-        if self._closer.is_alive():
-            return True
-        self._closer = None
-        return False
+        is still the old one). Read-only: cflib's threads call it too."""
+        closer = self._closer
+        return closer is not None and closer.is_alive()
 
     def _log_configs(self) -> list:
         """The log blocks (the variances' only when checked), new for each link: cflib marks a block added
@@ -538,8 +537,9 @@ class CrazyflieBridge(ControllerNode):
         # the log, /status and the services' answers
         head = what.strip().split("\n\n", 1)[0]
         what = "; ".join(line.strip() for line in head.splitlines() if line.strip())
-        if self._close_reason is not None:  # a close of ours: its "disconnected" callback keeps why it was closed
-            what = self._close_reason
+        reason = self._close_reason  # (read once: the closing thread clears it)
+        if reason is not None and what.startswith("disconnected from"):  # a close of ours keeps why it was made
+            what = reason
         if what != self._link:  # a retry failing as the last one did (a dongle unplugged) is not logged again
             self.get_logger().error(what)
         self.connected, self._opening_since, self._link = False, None, what
@@ -656,7 +656,8 @@ class CrazyflieBridge(ControllerNode):
     def _close_link(self) -> None:
         """cflib's close_link (or the one the timer started, if it has not returned), waited for at most
         CLOSE_LINK_S (then left to itself: the node exits)."""
-        closing = self._closer if self._closer_busy() else self._start_close(None)
+        closer = self._closer
+        closing = closer if closer is not None and closer.is_alive() else self._start_close(None)
         closing.join(CLOSE_LINK_S)
         if closing.is_alive():
             stuck = " (a setpoint's send is still blocked in cflib)" if self._uplink.alive() else ""

@@ -467,23 +467,28 @@ def test_dsrl_targets_stay_in_the_return_range(base_run, reward_type, bounds):
 
 @pytest.mark.parametrize("variant", ["na", "sac"])
 def test_deployed_bootstrap_noise_is_the_actors_mean(base_run, variant):
-    """algo.bootstrap_noise=deployed: the TD target continues with the noise evaluation deploys,
-    b tanh(mu(s')), the same for every draw of the generator; sampled (the default) draws w' ~ pi_w(s')."""
+    """algo.bootstrap_noise=deployed: the TD target continues with the noise that evaluation and export
+    deploy (the steered policy's own noise(), computed there in float64), the same at every call;
+    sampled (the default) draws w' ~ pi_w(s') anew at each call."""
     algo = _dsrl(base_run, variant, ["algo.bootstrap_noise=deployed"])
     for _ in range(2):
         algo.collect()
     batch = algo.buffer.sample(32, torch.Generator().manual_seed(0))
-    w_next = algo.cfg.noise_bound * torch.tanh(algo.pi.dist_params(batch["next_obs"])[0])
+    seen = []  # the w' the target continues with: the base's noise input (na), Q's noise input (sac)
+    if variant == "na":
+        sample = algo.base.sample
+        algo.base.sample = lambda obs, w: seen.append(w) or sample(obs, w)
+    else:
+        forward = algo.q_target.forward
+        algo.q_target.forward = lambda x: seen.append(x[:, -algo.latent_dim:]) or forward(x)
+    first, second = algo.td_target(batch), algo.td_target(batch)
     with torch.no_grad():
-        if variant == "sac":
-            q_next = algo.q_target(torch.cat((batch["next_critic"], w_next), -1)).min(-1).values
-        else:
-            a_next = algo.base.sample(batch["next_obs"], w_next)[:, : algo.exec_horizon].reshape(32, -1)
-            q_next = algo.q_target(torch.cat((batch["next_critic"], a_next), -1)).min(-1).values
-    want = (batch["reward"] + algo.cfg.gamma * (1 - batch["done"]) * q_next).clamp(*algo.return_range)
-    assert torch.allclose(algo.td_target(batch), want, atol=1e-6) and torch.equal(algo.td_target(batch), algo.td_target(batch))
+        deployed = algo.actor.noise(batch["next_obs"])
+    assert len(seen) == 2 and torch.allclose(seen[0], deployed, atol=1e-4) and torch.equal(first, second)
+    assert deployed.abs().max() > 0.01  # (a trained-looking noise, not w = 0 by accident)
     algo.cfg.bootstrap_noise = "sampled"
-    assert not torch.equal(algo.td_target(batch), algo.td_target(batch))  # a new w' at each call
+    assert not torch.equal(algo.td_target(batch), algo.td_target(batch))
+    assert not torch.allclose(seen[-1], deployed, atol=1e-2)
     with pytest.raises(Exception, match="algo.bootstrap_noise=mean: expected sampled or deployed"):
         _dsrl(base_run, variant, ["algo.bootstrap_noise=mean"])
 
