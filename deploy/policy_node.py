@@ -27,7 +27,8 @@ host (the simulated world pauses with it) is not a fault; with sim_bridge in loc
 hil launch files) the policy sees exactly one tick per 10 ms of simulated time, as in training. A simulator that stops altogether stops /clock: a
 steady-clock watchdog then declares the state stale once /clock, having run, has not advanced for
 clock_timeout wall seconds (0.5 s: longer than the stalls of a loaded host, measured up to ~70 ms) and keeps
-ticking the failsafe until /clock moves again. Before the first /clock the node ticks on the steady
+ticking the failsafe until /clock moves again; a stall of this node's own is not taken for a stopped
+/clock (see _watchdog). Before the first /clock the node ticks on the steady
 clock too (idle rotors, status), with nothing to arm on.
 Latency: wall time from the receipt of a state to the publication of the command computed from
 it (each state counted once), reported in status and printed at exit.
@@ -204,6 +205,11 @@ class ControllerNode(Node):
         self._last = ("", "")
         self._actuate_error = ""  # the last actuation failure logged (each kind once in a row)
         self._clock_seen_wall: float | None = None  # when /clock last drove a tick (sim time)
+        # Sim time, steady-clock seconds (time.monotonic): the watchdog's last run, when this node last ran
+        # again after a stall of its own, and whether the watchdog is ticking for a stopped /clock
+        self._watchdog_ran: float | None = None
+        self._running_since = -math.inf
+        self._clock_stopped = False
         steady = Clock(clock_type=ClockType.STEADY_TIME)
         if self.use_sim_time:
             self.create_timer(self.period, self._clock_tick)  # node clock = /clock
@@ -335,13 +341,28 @@ class ControllerNode(Node):
         self._clock_seen_wall = time.monotonic()  # after the tick: a slow tick is not a stopped clock
 
     def _watchdog(self) -> None:
-        """Sim time: tick on the steady clock, with the state marked unusable, while /clock is silent."""
+        """Sim time: tick on the steady clock, with the state marked unusable, while /clock is silent.
+
+        A run that comes more than a quarter of clock_timeout after the previous one means this node
+        itself did not run (a stalled process): the /clock messages sent meanwhile may still be on their
+        way into its queue, and rclpy's executor serves ready timers before subscriptions. So a /clock
+        that was running is judged stopped only once the node has run again for a quarter of
+        clock_timeout: its own stall is not read as a stopped /clock, and a /clock that did stop
+        meanwhile is declared at most that much later. A watchdog already ticking goes on ticking."""
+        now = time.monotonic()
+        if self._watchdog_ran is not None and now - self._watchdog_ran > self.clock_timeout / 4:
+            self._running_since = now
+        self._watchdog_ran = now
         if self._clock_seen_wall is None:
             why = "no /clock yet: waiting for the simulator"
         else:
-            stopped = time.monotonic() - self._clock_seen_wall
+            stopped = now - self._clock_seen_wall
             if stopped <= self.clock_timeout:
+                self._clock_stopped = False
                 return
+            if not self._clock_stopped and now - self._running_since <= self.clock_timeout / 4:
+                return
+            self._clock_stopped = True
             self.watchdog_ticks += 1
             why = f"stale: /clock stopped {stopped * 1e3:.0f} ms ago (limit {self.clock_timeout * 1e3:.0f} ms)"
         self.controller.on_state(None, self._now(), why)

@@ -316,12 +316,19 @@ def test_failsafe_when_the_simulator_dies(seeded_policy):
         RosWorld.stop(sim, signal.SIGKILL)
         killed = time.monotonic()
         w.spin_until(lambda: rec.seen_mode("failsafe", killed), 5, "the failsafe")
-        w.spin_for(0.3)
-        # The policy's commands end with the failsafe: the last ones (0.2 s and more after it, so not in flight
-        # behind its status) are the safety layer's: one command for all four rotors, below hover (the
-        # descent, or idle once it has landed).
-        last = [c for _, c in rec.cmd[-10:]]
-        assert len(last) == 10 and all(np.allclose(c, c[0]) and c[0] < NOMINAL.hover_rpm for c in last), last
+
+        def safe(c: np.ndarray) -> bool:  # the safety layer's: one command for all four rotors, below hover
+            return bool(np.allclose(c, c[0]) and c[0] < NOMINAL.hover_rpm)  # (the descent, or idle once landed)
+
+        # The observer takes one message per topic and pass, so under load its 100 Hz commands can lag its
+        # 10 Hz status (the likely reading of a clean clone's failure: 0.3 s after the failsafe's status, 2 of
+        # the last 10 commands seen were still the policy's). It waits for 10 of the safety layer's commands.
+        w.spin_until(lambda: sum(safe(c) for t, c in rec.cmd if t >= killed) >= 10, 5, "10 failsafe commands")
+        w.spin_for(0.2)
+        # The policy's commands end with the failsafe: from the safety layer's first one, every command is its.
+        after = [c for t, c in rec.cmd if t >= killed]
+        first = next(i for i, c in enumerate(after) if safe(c))
+        assert len(after) - first >= 10 and all(safe(c) for c in after[first:]), after[first:]
     # The node's own measurement: how long /clock had been still when it switched (steady clock). The
     # failsafe the kill caused: a loaded machine can starve the node of states for a moment before it.
     t_failsafe, reason = next((t, s["reason"]) for t, s in rec.status if s["mode"] == "failsafe" and t >= killed)
@@ -346,7 +353,9 @@ def test_a_paused_simulator_is_not_a_fault_a_stopped_one_is(seeded_policy):
     it, the policy node stays armed and the watchdog never ticks; frozen for longer: failsafe, and
     control comes back by itself when it runs again (SIGCONT). The node's clock_timeout is 1 s here,
     the pause 0.25 s: with the default 0.5 s a loaded machine once took 0.26 s more than the pause to
-    get /clock going again (a clean clone's suite, 2026-11-29), which the node rightly took for a stop."""
+    get /clock going again (a clean clone's suite, 2026-11-29), which the node rightly took for a stop. Another
+    clean clone saw 1,006 ms at the 1 s limit (2026-12-01): not examined; a stall of the policy node's own
+    was read as a stopped /clock until then (test_a_stalled_policy_node_does_not_blame_the_clock)."""
     timeout = 2 * CLOCK_TIMEOUT
     with world() as w:
         rec = Observed(w)
@@ -372,6 +381,30 @@ def test_a_paused_simulator_is_not_a_fault_a_stopped_one_is(seeded_policy):
         reason = next(s["reason"] for t, s in rec.status if t >= t1 and s["mode"] == "failsafe")
     assert reason.startswith("stale: /clock stopped"), reason
     assert rec.status[-1][1]["watchdog_ticks"] > watchdog_before
+    check_commands(rec.cmd)
+
+
+def test_a_stalled_policy_node_does_not_blame_the_clock(seeded_policy):
+    """The policy node's own process frozen (SIGSTOP) for longer than clock_timeout while the simulator
+    runs on: when it runs again, its steady-clock watchdog is due before the /clock messages that waited
+    in its queue are taken (rclpy's executor serves ready timers before subscriptions), so it must not
+    read its own stall as a stopped /clock. Whatever else the safety layer makes of the stall, the
+    reason is never "/clock stopped"."""
+    with world() as w:
+        rec = Observed(w)
+        w.start(*w.node_cmd("sim_bridge", clamped=True), name="sim")
+        policy = w.start(*w.node_cmd("policy_node", policy=seeded_policy, use_sim_time=True, auto_arm=True),
+                         name="policy")
+        w.spin_until(lambda: rec.mode() == "armed" and len(rec.odom) > 20, 60, "the policy node to arm")
+        t0 = time.monotonic()
+        policy.send_signal(signal.SIGSTOP)
+        w.spin_for(2 * CLOCK_TIMEOUT)
+        policy.send_signal(signal.SIGCONT)
+        w.spin_until(lambda: sum(t > t0 for t, _ in rec.status) > 10, 10, "status from the policy node again")
+        w.spin_for(0.5)
+    blamed = [s["reason"] for t, s in rec.status if t >= t0 and "/clock stopped" in s["reason"]]
+    assert not blamed, blamed
+    assert rec.status[-1][1]["watchdog_ticks"] == 0
     check_commands(rec.cmd)
 
 
