@@ -406,6 +406,9 @@ class CrazyflieBridge(ControllerNode):
         self._closing = False  # shutdown: no more attempts
         self._closer: threading.Thread | None = None  # the last close_link, in a thread of its own (_start_close)
         self._close_reason: str | None = None  # why that close was made: the status keeps it, not cflib's "disconnected"
+        # Guards the closes started (counted) against a link set-up finishing in cflib's thread meanwhile
+        self._link_lock = threading.Lock()
+        self._closes_started = 0
         self._steady = time.monotonic  # the clock log arrivals are timed on (FirmwareClock)
 
         if self.uri.startswith("radio://"):
@@ -418,7 +421,7 @@ class CrazyflieBridge(ControllerNode):
         self.cf = Crazyflie(rw_cache=None)
         self._uplink = Uplink(self.cf.commander)
         self.cf.connected.add_callback(self._on_connected)
-        self.cf.disconnected.add_callback(lambda uri: self._on_link(f"disconnected from {uri}"))
+        self.cf.disconnected.add_callback(self._on_disconnected)
         self.cf.connection_failed.add_callback(lambda uri, msg: self._on_link(f"connection to {uri} failed: {msg}"))
         self.cf.connection_lost.add_callback(lambda uri, msg: self._on_link(f"link to {uri} lost: {msg}"))
         # a link error after cflib counted the link as closed (an attempt started in a callback's wake)
@@ -474,9 +477,11 @@ class CrazyflieBridge(ControllerNode):
             finally:
                 self._close_reason = None
 
-        self._close_reason = self._link if why is None else why
-        self._closer = threading.Thread(target=close, name="crazyflie-close", daemon=True)
-        self._closer.start()
+        with self._link_lock:  # a set-up under way in cflib's thread then does not mark the link connected
+            self._closes_started += 1
+            self._close_reason = self._link if why is None else why
+            self._closer = threading.Thread(target=close, name="crazyflie-close", daemon=True)
+            self._closer.start()
         return self._closer
 
     def _closer_busy(self) -> bool:
@@ -503,9 +508,14 @@ class CrazyflieBridge(ControllerNode):
         return configs
 
     def _on_connected(self, uri: str) -> None:
-        # the link failed, or is being closed (by the shutdown or the timer), as its set-up finished
-        if self._closing or self.cf.link is None or self._closer_busy():
-            return
+        """cflib's thread: the link is set up. Its log blocks are added and started; the link counts as
+        connected unless a close started meanwhile (the timer's, for a set-up that took OPEN_TIMEOUT_S, or
+        the shutdown's): that close may already have returned, and a link marked connected after it
+        would never be opened again."""
+        with self._link_lock:  # the link failed, or is being closed, as its set-up finished
+            if self._closing or self.cf.link is None or self._closer_busy():
+                return
+            closes = self._closes_started
         with self._lock:
             self._assembler = StateAssembler()  # a new link: the firmware's clock may have restarted
         self._settling = KalmanSettling(self.settle_spread)  # (the vehicle may have been reset or moved)
@@ -523,7 +533,10 @@ class CrazyflieBridge(ControllerNode):
             return
         for conf in configs:
             conf.start()
-        self.connected, self._opening_since = True, None
+        with self._link_lock:
+            if self._closes_started != closes:
+                return
+            self.connected, self._opening_since = True, None
         self.get_logger().info(f"connected to {uri}, streaming the state estimate every {LOG_PERIOD_MS} ms")
 
     def _on_log_refused(self, conf, msg: str) -> None:
@@ -531,15 +544,17 @@ class CrazyflieBridge(ControllerNode):
         state would come over this link; _retry_link closes it and opens another."""
         self._on_link(f"the Crazyflie refused the log block {conf.name!r}: {msg}")
 
+    def _on_disconnected(self, uri: str) -> None:
+        """cflib's disconnected callback (close_link calls it): a close of ours keeps why it was made."""
+        reason = self._close_reason  # (read once: the closing thread clears it)
+        self._on_link(f"disconnected from {uri}" if reason is None else reason)
+
     def _on_link(self, what: str) -> None:
         # cflib's messages end in a traceback after a blank line ("Couldn't load link driver: <why>\n\n<traceback>",
         # its drivers' "...unplugged!\nException: <why>\n\n<traceback>"): what comes before it, as one line, goes to
         # the log, /status and the services' answers
         head = what.strip().split("\n\n", 1)[0]
         what = "; ".join(line.strip() for line in head.splitlines() if line.strip())
-        reason = self._close_reason  # (read once: the closing thread clears it)
-        if reason is not None and what.startswith("disconnected from"):  # a close of ours keeps why it was made
-            what = reason
         if what != self._link:  # a retry failing as the last one did (a dongle unplugged) is not logged again
             self.get_logger().error(what)
         self.connected, self._opening_since, self._link = False, None, what

@@ -1972,6 +1972,7 @@ def fake_bridge(controller: SafeController, clock: FakeClock, connected: bool = 
     b.connected, b._link, b.period, b.descent = connected, "test", 0.01, OnboardDescent(controller.cfg)
     b.uri, b.reconnect_s, b._opening_since, b._closing = "radio://0/80/2M/E7E7E7E7E7", 2.0, None, False
     b._unclosed_since, b._closer, b._close_reason = None, None, None
+    b._link_lock, b._closes_started = threading.Lock(), 0
     b._bad_samples, b._estimate_broken, b._last_odom = 0, None, None
     b._onboard, b._fallback_samples = None, 0
     b.settle_spread, b._settling = 0.0, KalmanSettling(0.0)  # (not checked: see its own test)
@@ -2215,7 +2216,7 @@ def test_a_lost_radio_link_is_opened_again_with_new_log_blocks_and_arms_nothing(
     def close_link():  # cflib: the link closed, then its disconnected callback
         closed.append(clock.t)
         cf.state, cf.link = State.DISCONNECTED, None
-        b._on_link(f"disconnected from {b.uri}")
+        b._on_disconnected(b.uri)
 
     def link_error(*callbacks: str) -> None:  # cflib's order: link dropped, callbacks, then DISCONNECTED
         cf.link = None
@@ -2322,7 +2323,7 @@ def test_log_blocks_that_fail_are_reported_and_the_link_made_again(failure, monk
     def close_link():  # cflib: the link closed, then its disconnected callback
         closed.append(True)
         cf.state, cf.link = State.DISCONNECTED, None
-        b._on_link(f"disconnected from {b.uri}")
+        b._on_disconnected(b.uri)
 
     cf.log = type("Log", (), {"add_config": lambda self, conf: add_config(conf)})()
     cf.open_link, cf.close_link = (lambda uri: opened.append(uri)), close_link
@@ -2366,7 +2367,7 @@ def test_a_close_that_blocks_does_not_block_the_timer_or_the_ticks(monkeypatch):
         entered.set()
         release.wait(10.0)
         cf.state, cf.link = State.DISCONNECTED, None
-        b._on_link(f"disconnected from {b.uri}")
+        b._on_disconnected(b.uri)
 
     cf.open_link, cf.close_link = (lambda uri: opened.append(uri)), close_link
     cf.log = type("Log", (), {"add_config": lambda self, conf: None})()
@@ -2410,12 +2411,50 @@ def test_a_close_that_blocks_does_not_block_the_timer_or_the_ticks(monkeypatch):
     assert not closer.is_alive()
 
 
+def test_a_link_set_up_while_the_timer_closes_it_is_not_counted_connected(monkeypatch):
+    """cflib's thread sets a link up (log blocks added, then started) while the timer, finding the attempt
+    OPEN_TIMEOUT_S old, closes it, and the close returns before the set-up does: the link is not counted
+    connected (the timer would never open another), and the next timer call opens a new one."""
+    from cflib.crazyflie import State
+    from cflib.crazyflie.log import LogConfig
+
+    from deploy.crazyflie_bridge import OPEN_TIMEOUT_S
+
+    c, _ = armed_controller()
+    clock = FakeClock()
+    b = fake_bridge(c, clock, connected=False)
+    cf = b.cf
+    opened = []
+
+    def close_link():  # cflib: the link closed, then its disconnected callback
+        cf.state, cf.link = State.DISCONNECTED, None
+        b._on_disconnected(b.uri)
+
+    def add_config(conf):  # the timer fires during the set-up; its close returns before the set-up does
+        if b._closer is None:
+            clock.t = OPEN_TIMEOUT_S
+            b._retry_link()
+            b._closer.join(2.0)
+
+    cf.open_link, cf.close_link = opened.append, close_link
+    cf.log = type("Log", (), {"add_config": lambda self, conf: add_config(conf)})()
+    monkeypatch.setattr(LogConfig, "start", lambda conf: None)
+    cf.state, cf.link = State.CONNECTED, object()
+    b._opening_since = 0.0
+    b._on_connected(b.uri)
+    assert b._closer is not None and not b._closer.is_alive()
+    assert not b.connected and "timed out" in b._link, (b.connected, b._link)
+    clock.t += b.reconnect_s
+    b._retry_link()
+    assert opened == [b.uri]
+
+
 def test_the_shutdowns_own_close_logs_no_disconnection():
     """cflib calls its disconnected callback from the shutdown's close_link, which may return after the
     node's summary line: the bridge does not log that disconnection as a link problem."""
     c = SafeController(FakePolicy(), SafetyConfig())  # disarmed: no descent first
     b = fake_bridge(c, FakeClock())
-    b.cf.close_link = lambda: b._on_link(f"disconnected from {b.uri}")
+    b.cf.close_link = lambda: b._on_disconnected(b.uri)
     b.close()
     assert not any("disconnected from" in line for line in b.logged), b.logged
     assert not b.connected
