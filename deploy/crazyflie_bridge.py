@@ -406,9 +406,10 @@ class CrazyflieBridge(ControllerNode):
         self._closing = False  # shutdown: no more attempts
         self._closer: threading.Thread | None = None  # the last close_link, in a thread of its own (_start_close)
         self._close_reason: str | None = None  # why that close was made: the status keeps it, not cflib's "disconnected"
-        # Guards the closes started (counted) against a link set-up finishing in cflib's thread meanwhile
+        # Counts the closes started and the link failures reported, under the lock: a link set-up finishing in
+        # cflib's thread meanwhile (_on_connected) does not mark that link connected
         self._link_lock = threading.Lock()
-        self._closes_started = 0
+        self._link_epoch = 0
         self._steady = time.monotonic  # the clock log arrivals are timed on (FirmwareClock)
 
         if self.uri.startswith("radio://"):
@@ -478,7 +479,7 @@ class CrazyflieBridge(ControllerNode):
                 self._close_reason = None
 
         with self._link_lock:  # a set-up under way in cflib's thread then does not mark the link connected
-            self._closes_started += 1
+            self._link_epoch += 1
             self._close_reason = self._link if why is None else why
             self._closer = threading.Thread(target=close, name="crazyflie-close", daemon=True)
             self._closer.start()
@@ -510,12 +511,13 @@ class CrazyflieBridge(ControllerNode):
     def _on_connected(self, uri: str) -> None:
         """cflib's thread: the link is set up. Its log blocks are added and started; the link counts as
         connected unless a close started meanwhile (the timer's, for a set-up that took OPEN_TIMEOUT_S, or
-        the shutdown's): that close may already have returned, and a link marked connected after it
-        would never be opened again."""
+        the shutdown's) or a failure was reported (cflib's link error, in its radio thread; a log block
+        refused): that close or failure may already be over, and a link marked connected after it would
+        never be opened again."""
         with self._link_lock:  # the link failed, or is being closed, as its set-up finished
             if self._closing or self.cf.link is None or self._closer_busy():
                 return
-            closes = self._closes_started
+            epoch = self._link_epoch
         with self._lock:
             self._assembler = StateAssembler()  # a new link: the firmware's clock may have restarted
         self._settling = KalmanSettling(self.settle_spread)  # (the vehicle may have been reset or moved)
@@ -534,7 +536,7 @@ class CrazyflieBridge(ControllerNode):
         for conf in configs:
             conf.start()
         with self._link_lock:
-            if self._closes_started != closes:
+            if self._link_epoch != epoch:
                 return
             self.connected, self._opening_since = True, None
         self.get_logger().info(f"connected to {uri}, streaming the state estimate every {LOG_PERIOD_MS} ms")
@@ -557,7 +559,9 @@ class CrazyflieBridge(ControllerNode):
         what = "; ".join(line.strip() for line in head.splitlines() if line.strip())
         if what != self._link:  # a retry failing as the last one did (a dongle unplugged) is not logged again
             self.get_logger().error(what)
-        self.connected, self._opening_since, self._link = False, None, what
+        with self._link_lock:
+            self._link_epoch += 1
+            self.connected, self._opening_since, self._link = False, None, what
         self._uplink.discard()
         self._unclosed_since = self._steady()  # cflib has dropped the link: marked closed within microseconds, or never
 

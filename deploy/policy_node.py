@@ -347,10 +347,14 @@ class ControllerNode(Node):
         itself did not run (a stalled process): the /clock messages sent meanwhile may still be on their
         way into its queue, and rclpy's executor serves ready timers before subscriptions. So a /clock
         that was running is judged stopped only once the node has run again for a quarter of
-        clock_timeout: its own stall is not read as a stopped /clock, and a /clock that did stop
-        meanwhile is declared at most that much later. A watchdog already ticking goes on ticking."""
+        clock_timeout: its own stall is not read as a stopped /clock. That grace is given once per
+        silence of /clock (a node stalling again and again does not postpone the failsafe for good, nor
+        does a clock_timeout so short that every run seems late): a /clock that did stop is declared at
+        most a quarter of clock_timeout (and a period) after the later of its limit and the node's return.
+        A watchdog already ticking goes on ticking."""
         now = time.monotonic()
-        if self._watchdog_ran is not None and now - self._watchdog_ran > self.clock_timeout / 4:
+        if (self._watchdog_ran is not None and now - self._watchdog_ran > self.clock_timeout / 4
+                and self._clock_seen_wall is not None and self._clock_seen_wall > self._running_since):
             self._running_since = now
         self._watchdog_ran = now
         if self._clock_seen_wall is None:

@@ -1874,6 +1874,71 @@ def test_arming_is_refused_for_a_vehicle_moving_or_turning_faster_than_the_train
 # Crazyflie log conversion (no radio)
 
 
+class WatchdogRig:
+    """The policy node's steady-clock watchdog (sim time) alone, on a fake time.monotonic: ``run(t)`` is one
+    watchdog run at t, ``clock(t)`` a /clock-driven tick at t; ``declared`` holds the times it failed safe."""
+
+    def __init__(self, monkeypatch, clock_timeout: float, period: float = 0.01):
+        import deploy.policy_node as pn
+
+        self.t = 0.0
+        monkeypatch.setattr(pn.time, "monotonic", lambda: self.t)
+        n = object.__new__(pn.ControllerNode)
+        n.clock_timeout, n.period, n.watchdog_ticks = clock_timeout, period, 0
+        n._clock_seen_wall, n._watchdog_ran, n._running_since, n._clock_stopped = None, None, -math.inf, False
+        self.declared: list[float] = []
+        n.controller = type("C", (), {"on_state": lambda _, s, now, why: self.declared.append(self.t)})()
+        n._now, n._tick, n._recorder_hold = (lambda: self.t), (lambda: None), None
+        self.node = n
+
+    def run(self, t: float) -> None:
+        self.t = t
+        self.node._watchdog()
+
+    def clock(self, t: float) -> None:
+        self.t = t
+        self.node._clock_tick()
+
+
+def test_the_watchdog_does_not_take_the_nodes_own_stall_for_a_stopped_clock(monkeypatch):
+    """policy_node's watchdog (sim time): the node's own stall longer than clock_timeout, /clock heard again
+    within a quarter of clock_timeout after it, is no failsafe; a /clock that stops is declared within a
+    quarter of clock_timeout and a period after the later of its limit and the node's return, however often the
+    node stalls meanwhile and however short clock_timeout is; a watchdog ticking for a stopped /clock goes on
+    ticking across a stall."""
+    P = 0.01
+    w = WatchdogRig(monkeypatch, clock_timeout=0.5)
+    for k in range(50):  # /clock and the watchdog every period
+        w.clock(k * P)
+        w.run(k * P + 0.005)
+    w.run(1.5)  # the node stalled 1 s (no /clock heard, the watchdog late) ...
+    w.clock(1.502)  # ... and the /clock that waited is taken right after
+    for k in range(1, 50):
+        w.clock(1.502 + k * P)
+        w.run(1.505 + k * P)
+    assert w.declared == [] and w.node.watchdog_ticks == 0
+
+    w = WatchdogRig(monkeypatch, clock_timeout=0.5)
+    w.clock(0.0)
+    t = 0.0
+    while t < 2.0 and not w.declared:  # /clock stopped at 0; the node stalls 0.2 s at every run
+        t += 0.2
+        w.run(t)
+    assert w.declared and w.declared[0] <= 0.5 + 0.125 + 0.2 + 1e-9, w.declared
+    t = w.declared[0]
+    w.run(t + 0.3)  # a stall while failing safe: the ticks go on
+    assert w.declared[-1] == t + 0.3
+
+    for timeout in (0.02, 0.03, 0.04):  # a quarter of clock_timeout shorter than a period: every run looks late
+        w = WatchdogRig(monkeypatch, clock_timeout=timeout)
+        w.clock(0.0)
+        k = 0
+        while k < 100 and not w.declared:
+            k += 1
+            w.run(k * P)
+        assert w.declared and w.declared[0] <= timeout + timeout / 4 + P + 1e-9, (timeout, w.declared)
+
+
 def test_log_blocks_fit_one_radio_packet():
     for block, variables in LOG_BLOCKS.items():
         assert sum(LOG_TYPE_BYTES[t] for _, t in variables) <= MAX_LOG_BLOCK_BYTES, block
@@ -1972,7 +2037,7 @@ def fake_bridge(controller: SafeController, clock: FakeClock, connected: bool = 
     b.connected, b._link, b.period, b.descent = connected, "test", 0.01, OnboardDescent(controller.cfg)
     b.uri, b.reconnect_s, b._opening_since, b._closing = "radio://0/80/2M/E7E7E7E7E7", 2.0, None, False
     b._unclosed_since, b._closer, b._close_reason = None, None, None
-    b._link_lock, b._closes_started = threading.Lock(), 0
+    b._link_lock, b._link_epoch = threading.Lock(), 0
     b._bad_samples, b._estimate_broken, b._last_odom = 0, None, None
     b._onboard, b._fallback_samples = None, 0
     b.settle_spread, b._settling = 0.0, KalmanSettling(0.0)  # (not checked: see its own test)
@@ -2220,8 +2285,8 @@ def test_a_lost_radio_link_is_opened_again_with_new_log_blocks_and_arms_nothing(
 
     def link_error(*callbacks: str) -> None:  # cflib's order: link dropped, callbacks, then DISCONNECTED
         cf.link = None
-        for what in callbacks:
-            b._on_link(what)
+        for what in callbacks:  # ("disconnected": cflib's disconnected callback)
+            b._on_disconnected(b.uri) if what == "disconnected" else b._on_link(what)
             b._retry_link()  # the timer firing in between: cflib is not done with the link
         assert len(opened) == attempts
         cf.state = State.DISCONNECTED
@@ -2233,7 +2298,7 @@ def test_a_lost_radio_link_is_opened_again_with_new_log_blocks_and_arms_nothing(
     stream(b, 1000, 0.0)
     assert c.tick(0.0).mode is Mode.ARMED
     attempts = 0
-    link_error(f"disconnected from {b.uri}", f"link to {b.uri} lost: Too many packets lost")
+    link_error("disconnected", f"link to {b.uri} lost: Too many packets lost")
     assert "reconnecting every 2 s" in b.link_problem()
     clock.t = 0.5
     assert c.tick(0.5).mode is Mode.FAILSAFE  # no state since the loss
@@ -2274,7 +2339,7 @@ def test_a_lost_radio_link_is_opened_again_with_new_log_blocks_and_arms_nothing(
         stream(b, 20000 + 10 * k, t0 + 0.01 * k)
     assert c.tick(clock.t).mode is Mode.DISARMED and c.state_problem(clock.t) is None
 
-    link_error(f"disconnected from {b.uri}", f"link to {b.uri} lost: Too many packets lost")
+    link_error("disconnected", f"link to {b.uri} lost: Too many packets lost")
     b._retry_link()
     attempts = 4
     b._on_connected(b.uri)  # a set-up that finished as its link died (cf.link None): ignored
@@ -2284,7 +2349,7 @@ def test_a_lost_radio_link_is_opened_again_with_new_log_blocks_and_arms_nothing(
     n = len(LOG_BLOCKS)
     assert b.connected and len(added) == 2 * n and not set(map(id, added[:n])) & set(map(id, added[n:]))
 
-    link_error(f"disconnected from {b.uri}", f"link to {b.uri} lost: Too many packets lost")
+    link_error("disconnected", f"link to {b.uri} lost: Too many packets lost")
     b.close()  # shut down while the link is down
     b._retry_link()
     assert len(opened) == 4
@@ -2411,10 +2476,12 @@ def test_a_close_that_blocks_does_not_block_the_timer_or_the_ticks(monkeypatch):
     assert not closer.is_alive()
 
 
-def test_a_link_set_up_while_the_timer_closes_it_is_not_counted_connected(monkeypatch):
-    """cflib's thread sets a link up (log blocks added, then started) while the timer, finding the attempt
-    OPEN_TIMEOUT_S old, closes it, and the close returns before the set-up does: the link is not counted
-    connected (the timer would never open another), and the next timer call opens a new one."""
+@pytest.mark.parametrize("meanwhile", ["the timer's close", "a link error"])
+def test_a_link_that_ends_during_its_set_up_is_not_counted_connected(meanwhile, monkeypatch):
+    """cflib's thread sets a link up (log blocks added, then started) while the link ends: the timer, finding
+    the attempt OPEN_TIMEOUT_S old, closes it, or cflib's radio thread reports a link error; and that is over
+    before the set-up is. The link is not counted connected (the timer would never open another), the
+    status says why it ended, and the next timer call opens a new link."""
     from cflib.crazyflie import State
     from cflib.crazyflie.log import LogConfig
 
@@ -2424,17 +2491,26 @@ def test_a_link_set_up_while_the_timer_closes_it_is_not_counted_connected(monkey
     clock = FakeClock()
     b = fake_bridge(c, clock, connected=False)
     cf = b.cf
-    opened = []
+    opened, ended = [], []
 
     def close_link():  # cflib: the link closed, then its disconnected callback
         cf.state, cf.link = State.DISCONNECTED, None
         b._on_disconnected(b.uri)
 
-    def add_config(conf):  # the timer fires during the set-up; its close returns before the set-up does
-        if b._closer is None:
+    def add_config(conf):
+        if ended:
+            return
+        ended.append(meanwhile)
+        if meanwhile == "the timer's close":  # its close returns before the set-up does
             clock.t = OPEN_TIMEOUT_S
             b._retry_link()
             b._closer.join(2.0)
+            assert not b._closer.is_alive()
+        else:  # cflib's _link_error_cb: link dropped, disconnected and connection_lost, then DISCONNECTED
+            cf.link = None
+            b._on_disconnected(b.uri)
+            b._on_link(f"link to {b.uri} lost: Too many packets lost")
+            cf.state = State.DISCONNECTED
 
     cf.open_link, cf.close_link = opened.append, close_link
     cf.log = type("Log", (), {"add_config": lambda self, conf: add_config(conf)})()
@@ -2442,8 +2518,8 @@ def test_a_link_set_up_while_the_timer_closes_it_is_not_counted_connected(monkey
     cf.state, cf.link = State.CONNECTED, object()
     b._opening_since = 0.0
     b._on_connected(b.uri)
-    assert b._closer is not None and not b._closer.is_alive()
-    assert not b.connected and "timed out" in b._link, (b.connected, b._link)
+    why = "timed out" if meanwhile == "the timer's close" else "Too many packets lost"
+    assert ended and not b.connected and why in b._link, (b.connected, b._link)
     clock.t += b.reconnect_s
     b._retry_link()
     assert opened == [b.uri]
