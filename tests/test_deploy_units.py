@@ -2442,7 +2442,7 @@ def test_a_close_that_blocks_does_not_block_the_timer_or_the_ticks(monkeypatch):
     clock.t = OPEN_TIMEOUT_S
     start = time.monotonic()
     b._retry_link()  # ... is closed: the timer does not wait for it (the close blocks for 10 s)
-    assert time.monotonic() - start < 3.0 and entered.wait(2.0)
+    assert time.monotonic() - start < 0.5 and entered.wait(2.0)
     assert c.tick(clock.t).mode is Mode.FAILSAFE  # the ticks go on (no state: the failsafe)
     for k in range(3):
         clock.t = OPEN_TIMEOUT_S + 2.0 * (k + 1)
@@ -2469,7 +2469,7 @@ def test_a_close_that_blocks_does_not_block_the_timer_or_the_ticks(monkeypatch):
     closer = b._closer
     start = time.monotonic()
     b.close()
-    assert time.monotonic() - start < CLOSE_LINK_S + 2.0 and len(closes) == 2  # the same close (blocked 10 s), waited for
+    assert time.monotonic() - start < CLOSE_LINK_S + 0.5 and len(closes) == 2  # the same close (blocked 10 s), waited for
     assert any("did not close within" in line for line in b.logged), b.logged
     release.set()
     closer.join(2.0)
