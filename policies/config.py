@@ -45,7 +45,9 @@ class RunConfig:
     # The next four default (None) to the task's values (sim/registry.py: quadrotor 200M steps,
     # every 500k, stop at 0.95 confirmed in torch, MuJoCo and PyBullet; manipulation 50k steps, every
     # 5k, never stop early). Offline algorithms (diffusion_bc) count their own budget in gradient steps.
-    max_env_steps: Optional[int] = None  # budget in environment steps (all envs together)
+    # Budget in environment steps (all envs together), checked after each iteration: a run trains whole
+    # iterations (PPO: num_envs x horizon env steps), so it ends at the first multiple at or past the budget.
+    max_env_steps: Optional[int] = None
     eval_every_steps: Optional[int] = None  # evaluate (the task's criterion) and checkpoint this often
     # stop at the first evaluation with this success rate that new episodes confirm in every
     # simulator of confirm_backends (0: never stop early)

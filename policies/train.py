@@ -68,6 +68,10 @@ def make_algo(name: str, algo_cfg, env, device: torch.device, seed: int):
     raise UserError(f"unknown algo '{name}'")
 
 
+# What a training checkpoint (checkpoints/last.pt, written in run()) holds that a resume restores.
+RESUME_KEYS = {"algo", "env", "torch_rng", "trainer"}
+
+
 def prepare(argv: list[str]) -> tuple[DictConfig, Path, dict | None]:
     """Resolve config, run directory and (when resuming) the checkpoint to continue from."""
     resume = next((a.split("=", 1)[1] for a in argv if a.startswith("resume=")), None)
@@ -139,6 +143,10 @@ def prepare(argv: list[str]) -> tuple[DictConfig, Path, dict | None]:
         state = ckpt.load(run_dir / ckpt.LAST, merged.device)
     except ckpt.CheckpointError as e:
         raise UserError(str(e)) from None
+    missing = sorted(RESUME_KEYS - set(state)) if isinstance(state, dict) else sorted(RESUME_KEYS)
+    if missing:  # a file that loads but is something else, e.g. a policy record copied over it
+        raise UserError(f"resume={resume}: {run_dir / ckpt.LAST} is not a training checkpoint of policies.train "
+                        f"(no {', '.join(missing)} in it); nothing was changed")
     if state.get("config_hash") != config_hash(merged):
         raise UserError(f"resume={resume}: checkpoint was written by a different config than {saved_path}")
     task = merged.task.name
@@ -443,7 +451,11 @@ def main(argv: list[str] | None = None) -> int:
         # killed) would otherwise hand it an older last.pt, and the resumed run would train over newer progress.
         resume = next((Path(a.split("=", 1)[1]) for a in argv if a.startswith("resume=")), None)
         if resume is not None and (resume / "config.yaml").is_file():
-            lock = lock_run_dir(resume)
+            try:
+                lock = lock_run_dir(resume)
+            except OSError as e:  # e.g. a read-only run directory: a resumed run writes there
+                raise UserError(f"resume={resume}: cannot make its lock file ({e.strerror or e}); a resumed run "
+                                "writes into its run directory") from None
         cfg, run_dir, state = prepare(argv)
     except UserError as e:
         if lock is not None:

@@ -803,6 +803,21 @@ def test_resume_errors_overwrite_nothing(tmp_path):
     res = _run_cli(f"resume={run}")
     assert res.returncode == 2 and "corrupt" in res.stderr and "Traceback" not in res.stderr
     assert len((run / "checkpoints/last.pt").read_bytes()) == len(before) // 3  # untouched
+    for other in (torch.zeros(3), torch.load(run / "checkpoints/best.pt", weights_only=False)):  # loads, but is no
+        torch.save(other, run / "checkpoints/last.pt")  # training checkpoint: a tensor, a policy record copied over it
+        kept = (run / "checkpoints/last.pt").read_bytes()
+        res = _run_cli(f"resume={run}")
+        assert res.returncode == 2 and res.stderr.strip() == (
+            f"error: resume={run}: {run / 'checkpoints/last.pt'} is not a training checkpoint of policies.train "
+            "(no algo, env, torch_rng, trainer in it); nothing was changed"), res.stderr
+        assert (run / "checkpoints/last.pt").read_bytes() == kept
+    (run / "checkpoints/last.pt").write_bytes(before)
+    (run / ".lock").unlink(missing_ok=True)
+    (run / ".lock").mkdir()  # no lock file can be made (root ignores a read-only directory's mode)
+    res = _run_cli(f"resume={run}")
+    assert res.returncode == 2 and res.stderr.strip().startswith(f"error: resume={run}: cannot make its lock file ("), res.stderr
+    assert "Traceback" not in res.stderr and (run / "checkpoints/last.pt").read_bytes() == before
+    (run / ".lock").rmdir()
 
     saved = (run / "config.yaml").read_text()
     for damaged in ("task: [unclosed\n", "seed: 3\n"):  # not YAML; YAML but not a run's config
