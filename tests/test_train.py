@@ -68,18 +68,20 @@ def test_vector_env_spaces_and_contract():
 
 @pytest.mark.parametrize("task", ["quad_hover", "quad_track"])
 def test_critic_sees_the_actions_a_long_latency_still_applies(task):
-    """With latency up to 2 periods the rotors still receive the action issued before the previous
-    one: the critic's last 4 entries hold it (and reset rows hold the episode's start action), so
-    that its state stays Markov; with up to 1 period the critic keeps its 49 entries."""
+    """With latency beyond one period (1.25, as advised for a vehicle, or 2) the rotors still receive the
+    action issued before the previous one: the critic's last 4 entries hold it (and reset rows hold the
+    episode's start action), so that its state stays Markov; with up to 1 period the critic keeps its 49
+    entries."""
     spec = get_task(task)
     cfg = spec.default_config()
     # Eager: new compiled variants of the step would count toward dynamo's recompile limit (8 per
     # function and process), beyond which later tests in this process would run the step eagerly.
     cfg.compile = False
-    assert spec.env_cls(cfg, 2, seed=0).reset(seed=0)[0]["critic"].shape == (2, 49)
-    cfg.randomization.max_latency_steps = 3
-    assert spec.env_cls(cfg, 2, seed=0).single_observation_space["critic"].shape == (49 + 8,)
-    cfg.randomization.max_latency_steps = 2
+    assert cfg.randomization.max_latency_steps == 1.0
+    for periods, width in ((1, 49), (0, 49), (3, 49 + 8), (2.5, 49 + 8), (2, 53)):
+        cfg.randomization.max_latency_steps = periods
+        assert spec.env_cls(cfg, 2, seed=0).reset(seed=0)[0]["critic"].shape == (2, width), periods
+    cfg.randomization.max_latency_steps = 1.25
     env = spec.env_cls(cfg, 4, seed=0)
     obs, _ = env.reset(seed=0)
     assert env.single_observation_space["critic"].shape == (53,) and obs["critic"].shape == (4, 53)
@@ -639,6 +641,8 @@ def test_a_run_saved_before_hard_fraction_goes_on_drawing_uniformly():
 
     old = OmegaConf.to_container(compose_config([]))
     del old["task"]["randomization"]["hard_fraction"]
+    old["task"]["randomization"]["max_latency_steps"] = 1  # saved as an int before it took fractions
+    assert to_objects(OmegaConf.create(old))[0].randomization.max_latency_steps == 1.0
     assert to_objects(OmegaConf.create(old))[0].randomization.hard_fraction == 0.0
     assert to_objects(compose_config([]))[0].randomization.hard_fraction == 0.25
     shipped = OmegaConf.load(ROOT / "policies/pretrained/quad_hover/config.yaml")

@@ -27,13 +27,13 @@ from .dynamics import OMEGA, POS, QUAT, RPM, STATE_DIM, VEL, TorchBackend, Vehic
 from .contract import ACT_DIM, OBS_DIM, POLICY_PERIOD
 from .params import GRAVITY, NOMINAL, CrazyflieParams, action_to_rpm
 
-CRITIC_DIM = 49  # with randomization.max_latency_steps = L <= 1; 49 + 4 (L - 1) for L >= 2
+CRITIC_DIM = 49  # with randomization.max_latency_steps = L <= 1; 49 + 4 (ceil(L) - 1) beyond
 
 
-def critic_dim(max_latency_steps: int) -> int:
+def critic_dim(max_latency_steps: float) -> int:
     """Width of the critic observation: the actions issued before the previous one that a latency
     of up to ``max_latency_steps`` periods can still apply are part of the state (_observe)."""
-    return CRITIC_DIM + ACT_DIM * max(max_latency_steps - 1, 0)
+    return CRITIC_DIM + ACT_DIM * (math.ceil(max_latency_steps) - 1 if max_latency_steps > 1 else 0)
 
 
 @dataclass
@@ -68,10 +68,19 @@ class RandomizationConfig:
     # which the rotor lag turns into the rotor-speed response of a switch at f of the period to first
     # order in period / tau: for a step command the first period's rise is 8-11 % short of the exact
     # switch's at tau 0.03 s and f 0.5-0.75, 2 % at tau 0.12 s and f 0.5; the gap then decays with the rotor lag).
-    # One period covers the deployed case, the policy running onboard in the firmware's 500 Hz
-    # loop (state estimate <= 2 ms old, command applied at once). Two periods (off-board control
-    # over the radio) is a harder task: see BENCHMARKS.md for what the default recipe reaches there.
-    max_latency_steps: int = 1
+    # The deployed case: onboard, the firmware's 1 kHz stabilizer loop runs the policy every 10th step
+    # and applies its command at once, but the Kalman estimate it observes (position, velocity,
+    # attitude) is advanced only at 100 Hz (crazyflie-firmware, estimator_kalman.c: PREDICT_RATE
+    # RATE_100_HZ) and reaches the stabilizer one step later: at most 1-11 ms old, 0.1-1.1 periods, about the
+    # same all flight (both run on the 1 ms tick; the gyro's rates are fresh). A stale state delays the
+    # loop as a late command does. The default's 1 period is the criterion's (and the time-to-hover
+    # benchmark's); for a vehicle train to 1.25 (`task.randomization.max_latency_steps=1.25`; the
+    # criterion still judges 0-1): trained to 1 period, the recipe's policies passed 93.8-96.3 % of
+    # criterion episodes at the vehicle's 0.1-1.1 periods and 67-76 % at 1.0-1.2; trained to 1.25,
+    # 98.3-99.0 % and 87-89 %, at no more env steps to a pass on average (BENCHMARKS.md, "Actuation latency: what
+    # the vehicle has"). Two periods (off-board control over the radio) is a harder task: see
+    # BENCHMARKS.md for what the default recipe reaches there.
+    max_latency_steps: float = 1.0
     # Constant per-episode disturbances (unmodelled aerodynamic asymmetry), std per axis.
     # 0.002 N is 0.75 % of the weight, i.e. the force of a 0.4 deg tilt.
     force_std: float = 0.002  # N, world frame
@@ -238,8 +247,8 @@ class QuadHoverEnv(gym.vector.VectorEnv):
             if isinstance(v, Range) and not 0 < v.lo <= v.hi:
                 raise ValueError(f"randomization.{f.name}=[{v.lo}, {v.hi}]: expected 0 < lo <= hi")
         for name in ("max_latency_steps", "force_std", "torque_std"):
-            if getattr(r, name) < 0:
-                raise ValueError(f"randomization.{name}={getattr(r, name)}: expected >= 0")
+            if not getattr(r, name) >= 0 or not math.isfinite(getattr(r, name)):
+                raise ValueError(f"randomization.{name}={getattr(r, name)}: expected >= 0 (and finite)")
         if not 0 <= r.hard_fraction <= 1:
             raise ValueError(f"randomization.hard_fraction={r.hard_fraction}: expected a fraction in [0, 1]")
         for group in ("noise", "init"):
@@ -285,7 +294,14 @@ class QuadHoverEnv(gym.vector.VectorEnv):
         self.episode_return = torch.zeros(n, device=d)
         self.phase = torch.zeros(n, device=d)  # used by moving references (quad_track)
         self.prev_action = torch.full((n, ACT_DIM), self.hover_action, device=d)
-        self.action_hist = torch.full((n, self.cfg.randomization.max_latency_steps + 2, ACT_DIM), self.hover_action, device=d)
+        # Latencies are drawn up to max_latency_steps = L periods: the commands issued 0..ceil(L) periods
+        # ago can be weighted (one slot more is kept, as saved histories have it), and ceil(L) - 1 of them
+        # before the previous one are still in flight (the critic sees them). The compiled step reads only these int and tensor forms: a Python float
+        # read there is traced as a symbolic input, and the step's graph could not be saved.
+        self.latency_max = self.cfg.randomization.max_latency_steps
+        self.older_in_flight = math.ceil(self.latency_max) - 1 if self.latency_max > 1 else 0
+        self.latency_norm = torch.tensor(max(self.latency_max, 1.0), device=d)  # critic feature: latency / L
+        self.action_hist = torch.full((n, math.ceil(self.latency_max) + 2, ACT_DIM), self.hover_action, device=d)
         self.latency = torch.zeros(n, device=d)  # policy periods, continuous
         self.force = torch.zeros(n, 3, device=d)
         self.torque = torch.zeros(n, 3, device=d)
@@ -341,7 +357,6 @@ class QuadHoverEnv(gym.vector.VectorEnv):
             policy = torch.cat((clean[:, :k] + noise, clean[:, k:]), dim=-1)
 
         p, v = self.params, self.vehicle
-        max_lat = max(self.cfg.randomization.max_latency_steps, 1)
         critic = torch.cat(
             (
                 clean,
@@ -354,7 +369,7 @@ class QuadHoverEnv(gym.vector.VectorEnv):
                 (pick(v.km) / p.km)[:, None],
                 (pick(v.motor_tau) / 0.1)[:, None],
                 pick(v.thrust_scale)[:, None],
-                (pick(self.latency) / max_lat)[:, None],
+                (pick(self.latency) / self.latency_norm)[:, None],
                 (pick(self.t).float() / self.max_steps)[:, None],
                 ref_vel,
                 # The position error again at the precision term's scale (critic only). Through the
@@ -366,12 +381,12 @@ class QuadHoverEnv(gym.vector.VectorEnv):
             ),
             dim=-1,
         )
-        if self.cfg.randomization.max_latency_steps >= 2:
+        if self.older_in_flight:
             # The rotors will still receive the commands issued up to L periods before the next one:
-            # the previous action (in the observation above) and, with L >= 2, the L - 1 before it
-            # (action_hist[:, 1:L] after this step's shift). Without them the critic's state is not
+            # the previous action (in the observation above) and, with L > 1, the ceil(L) - 1 before it
+            # (action_hist[:, 1:ceil(L)] after this step's shift). Without them the critic's state is not
             # Markov at latencies beyond one period.
-            older = pick(self.action_hist[:, 1:self.cfg.randomization.max_latency_steps])
+            older = pick(self.action_hist[:, 1:1 + self.older_in_flight])
             critic = torch.cat((critic, older.reshape(older.shape[0], -1)), dim=-1)
         return {"policy": policy, "critic": critic}
 
@@ -453,7 +468,7 @@ class QuadHoverEnv(gym.vector.VectorEnv):
                 lat_u = torch.where(hard, 0.5 + 0.5 * lat_u, lat_u)
             v.motor_tau[idx] = r.motor_tau.at(tau_u)
             v.thrust_scale[idx] = r.thrust_scale.at(thrust_u)
-            self.latency[idx] = r.max_latency_steps * lat_u
+            self.latency[idx] = self.latency_max * lat_u
             self.force[idx] = r.force_std * self._randn((k, 3))
             self.torque[idx] = r.torque_std * self._randn((k, 3))
 
