@@ -65,7 +65,18 @@ def compile_if(fn: Callable, enabled: bool, dynamic: bool | None = None,
         # it builds a probe and loads it in a fresh Python subprocess per set, ~0.85 s of each start
         # here (2 cores). Where the compiler is known to build them all, trust the CPU's list.
         inductor.cpp.vec_isa_ok = True
-    return torch.compile(fn, dynamic=dynamic, options=_options(dynamic))
+    return torch.compile(fn, dynamic=dynamic, options=_options(dynamic), recompile_limit=RECOMPILE_LIMIT)
+
+
+# Dynamo keeps a function's compiled variants on its code object, shared by every object of the process
+# that calls it: each environment configuration (latency slots, a batch of one, the tracking subclass,
+# noise on or off) is one more. Past torch's default limit of 8 it runs the function eagerly from then on,
+# with only a logged warning: slower, and with results that differ in the last bits from a fresh process's
+# (a run trained in a process that had stepped 8 other configurations no longer matched the same run in a
+# new one). 64 is well above what one process of this project makes (the whole test suite in one process:
+# 11 variants of the environment's _observe, 8 of _transition; TORCH_LOGS=recompiles, 2026-12-02), and a
+# variant costs only its kernels' memory.
+RECOMPILE_LIMIT = 64
 
 
 # Set to 1 (install.sh's warm-up run does) to save the graphs of the methods compiled by compile_method

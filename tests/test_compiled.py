@@ -19,6 +19,24 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.skipif(shutil.which("g++") is None, reason="torch.compile builds CPU kernels with g++")
+def test_a_function_compiled_here_is_still_compiled_past_torchs_default_of_eight_variants(monkeypatch):
+    """Dynamo's variants of a function are shared by the whole process. Past torch's default limit of 8 it
+    ran the simulator's step eagerly from then on (see RECOMPILE_LIMIT): here a ninth and later variant
+    (each shape is one, dynamic=False) would raise instead."""
+    from sim.compiled import RECOMPILE_LIMIT
+
+    monkeypatch.setattr(torch._dynamo.config, "fail_on_recompile_limit_hit", True)
+
+    def step(x: torch.Tensor) -> torch.Tensor:
+        return x * 3.0 + 1.0
+
+    fn = compile_if(step, True, dynamic=False)
+    assert RECOMPILE_LIMIT > 12
+    for n in range(1, 13):
+        assert torch.equal(fn(torch.ones(n)), torch.full((n,), 4.0)), n
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="torch.compile builds CPU kernels with g++")
 def test_a_dynamic_batch_graph_first_compiled_small_still_runs_its_loops_on_every_thread():
     """Inductor would make this graph's loops single-threaded for good (272 elements < 2 threads x
     512) and reuse that kernel at every batch size: see the comment in compile_if."""
