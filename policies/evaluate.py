@@ -109,9 +109,10 @@ def tilt_deg(quat: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
 # Task fields the hover criterion sets itself, whatever the run's config or an evaluation's conditions
 # say: its 1 m ball as the termination (a run's own, stricter one would end episodes the criterion
 # keeps), episodes longer than the 5 s window (no autoreset inside it) and every vehicle drawn uniformly
-# from the ranges (training's emphasis on slow, delayed vehicles is not judged). Dotted: a nested field.
+# from the ranges (training's emphasis on slow, delayed vehicles and its latency margin are not judged).
+# Dotted: a nested field.
 CRITERION_FIXED = {"fail_distance": MAX_DISTANCE, "episode_seconds": EPISODE_SECONDS + 1.0,
-                   "randomization.hard_fraction": 0.0}
+                   "randomization.hard_fraction": 0.0, "randomization.latency_margin": 0.0}
 
 
 def criterion_config(task_cfg, conditions=None):

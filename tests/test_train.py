@@ -48,7 +48,8 @@ def test_env_checker_passes():
 def test_vector_env_spaces_and_contract():
     env = QuadHoverEnv(QuadTaskConfig(), 8)
     obs, _ = env.reset(seed=0)
-    assert obs["policy"].shape == (8, 22) and obs["critic"].shape == (8, 49)
+    # critic: 49 + the one older action in flight at latencies up to the default's 1 + 0.25 periods
+    assert obs["policy"].shape == (8, 22) and obs["critic"].shape == (8, 53)
     assert env.metadata["autoreset_mode"] == gym.vector.AutoresetMode.SAME_STEP
     # rotation matrix block is orthonormal (noise off)
     env.cfg.noise.enabled = False
@@ -68,20 +69,22 @@ def test_vector_env_spaces_and_contract():
 
 @pytest.mark.parametrize("task", ["quad_hover", "quad_track"])
 def test_critic_sees_the_actions_a_long_latency_still_applies(task):
-    """With latency beyond one period (1.25, as advised for a vehicle, or 2) the rotors still receive the
-    action issued before the previous one: the critic's last 4 entries hold it (and reset rows hold the
-    episode's start action), so that its state stays Markov; with up to 1 period the critic keeps its 49
-    entries."""
+    """With latency beyond one period (1.25, what the default trains with, or 2) the rotors still
+    receive the action issued before the previous one: the critic's last 4 entries hold it (and reset
+    rows hold the episode's start action), so that its state stays Markov; with up to 1 period the
+    critic keeps its 49 entries."""
     spec = get_task(task)
     cfg = spec.default_config()
     # Eager: new compiled variants of the step would count toward dynamo's recompile limit (8 per
     # function and process), beyond which later tests in this process would run the step eagerly.
     cfg.compile = False
-    assert cfg.randomization.max_latency_steps == 1.0
-    for periods, width in ((1, 49), (0, 49), (3, 49 + 8), (2.5, 49 + 8), (2, 53)):
-        cfg.randomization.max_latency_steps = periods
-        assert spec.env_cls(cfg, 2, seed=0).reset(seed=0)[0]["critic"].shape == (2, width), periods
-    cfg.randomization.max_latency_steps = 1.25
+    r = cfg.randomization
+    assert (r.max_latency_steps, r.latency_margin) == (1.0, 0.25)
+    for periods, margin, width in ((1, 0, 49), (0, 0, 49), (0, 0.25, 49), (3, 0, 49 + 8), (2.5, 0, 49 + 8),
+                                   (2, 0, 53), (1, 0.25, 53), (2, 0.25, 49 + 8)):
+        r.max_latency_steps, r.latency_margin = periods, margin
+        assert spec.env_cls(cfg, 2, seed=0).reset(seed=0)[0]["critic"].shape == (2, width), (periods, margin)
+    r.max_latency_steps, r.latency_margin = 1.0, 0.25
     env = spec.env_cls(cfg, 4, seed=0)
     obs, _ = env.reset(seed=0)
     assert env.single_observation_space["critic"].shape == (53,) and obs["critic"].shape == (4, 53)
@@ -127,7 +130,7 @@ def test_a_step_that_resets_some_envs_observes_their_new_episodes(task, ending):
     assert one.reset(seed=0)[0]["policy"].shape == (1, 22)
     one.t[0] = one.max_steps - 1
     obs, _, _, trunc, _ = one.step(torch.full((1, 4), one.hover_action))
-    assert trunc.item() and obs["critic"].shape == (1, 49)
+    assert trunc.item() and obs["critic"].shape == (1, 53)
 
 
 def test_one_reset_row_is_observed_bit_for_bit_like_the_batch():
@@ -597,6 +600,8 @@ def test_bad_overrides_give_one_clear_line(args, expected):
     (["task.noise.pos=-0.1"], "error: task quad_hover: noise.pos=-0.1: expected >= 0"),
     (["task.randomization.hard_fraction=1.5"],
      "error: task quad_hover: randomization.hard_fraction=1.5: expected a fraction in [0, 1]"),
+    (["task.randomization.latency_margin=-0.25"],
+     "error: task quad_hover: randomization.latency_margin=-0.25: expected >= 0 (and finite)"),
     (["task.reward.precision_scale=0"], "error: task quad_hover: reward.precision_scale=0.0: expected > 0 (m)"),
 ])
 def test_a_task_value_the_environment_refuses_writes_nothing(tmp_path, args, expected):
@@ -608,45 +613,50 @@ def test_a_task_value_the_environment_refuses_writes_nothing(tmp_path, args, exp
 def test_training_draws_slow_late_vehicles_more_often_and_the_criterion_uniformly():
     """randomization.hard_fraction: that fraction of a training run's episodes draws the motor time
     constant and the latency from the upper halves of their ranges (a quarter of uniform draws land in
-    both); the hover criterion draws every episode uniformly whatever the run's config says."""
+    both); latency_margin: training's latencies reach max_latency_steps + latency_margin periods. The
+    hover criterion draws every episode uniformly, latencies up to max_latency_steps, whatever the
+    run's config says."""
     from policies.evaluate import criterion_config
 
     cfg = QuadTaskConfig(compile=False)
     r = cfg.randomization
 
-    def slow_and_late(c: QuadTaskConfig) -> float:
+    def slow_and_late(c: QuadTaskConfig, longest: float) -> float:
         env = QuadHoverEnv(c, 4000, seed=0)
         env.reset(seed=0)
         tau_ok = (env.vehicle.motor_tau >= r.motor_tau.lo) & (env.vehicle.motor_tau <= r.motor_tau.hi)
-        assert bool(tau_ok.all()) and bool((env.latency <= r.max_latency_steps).all())
+        assert bool(tau_ok.all()) and bool((env.latency <= longest).all())
+        assert env.latency.max().item() > 0.99 * longest  # 4000 draws reach the range's end
         slow = env.vehicle.motor_tau >= (r.motor_tau.lo + r.motor_tau.hi) / 2
-        return (slow & (env.latency >= r.max_latency_steps / 2)).float().mean().item()
+        return (slow & (env.latency >= longest / 2)).float().mean().item()
 
-    assert r.hard_fraction == 0.25
-    assert abs(slow_and_late(cfg) - (0.25 + 0.75 / 4)) < 0.03  # 4000 draws: a std of ~0.008
+    assert (r.hard_fraction, r.max_latency_steps, r.latency_margin) == (0.25, 1.0, 0.25)
+    assert abs(slow_and_late(cfg, 1.25) - (0.25 + 0.75 / 4)) < 0.03  # 4000 draws: a std of ~0.008
     every = QuadTaskConfig(compile=False)
     every.randomization.hard_fraction = 1.0
-    assert slow_and_late(every) == 1.0
+    assert slow_and_late(every, 1.25) == 1.0
     judged = criterion_config(every)
-    assert judged.randomization.hard_fraction == 0.0
-    assert abs(slow_and_late(judged) - 0.25) < 0.03
+    assert (judged.randomization.hard_fraction, judged.randomization.latency_margin) == (0.0, 0.0)
+    assert abs(slow_and_late(judged, 1.0) - 0.25) < 0.03
 
 
 def test_a_run_saved_before_hard_fraction_goes_on_drawing_uniformly():
-    """A config saved by a revision without randomization.hard_fraction (the shipped policy's) is read
-    with 0, what that run trained with; a new run's takes today's default."""
+    """A config saved by a revision without randomization.hard_fraction or latency_margin (the shipped
+    policy's) is read with 0 for each, what that run trained with; a new run's takes today's defaults."""
     from omegaconf import OmegaConf
 
     from policies.config import compose_config, to_objects
 
     old = OmegaConf.to_container(compose_config([]))
-    del old["task"]["randomization"]["hard_fraction"]
+    del old["task"]["randomization"]["hard_fraction"], old["task"]["randomization"]["latency_margin"]
     old["task"]["randomization"]["max_latency_steps"] = 1  # saved as an int before it took fractions
-    assert to_objects(OmegaConf.create(old))[0].randomization.max_latency_steps == 1.0
-    assert to_objects(OmegaConf.create(old))[0].randomization.hard_fraction == 0.0
-    assert to_objects(compose_config([]))[0].randomization.hard_fraction == 0.25
+    r = to_objects(OmegaConf.create(old))[0].randomization
+    assert (r.max_latency_steps, r.hard_fraction, r.latency_margin) == (1.0, 0.0, 0.0)
+    r = to_objects(compose_config([]))[0].randomization
+    assert (r.hard_fraction, r.latency_margin) == (0.25, 0.25)
     shipped = OmegaConf.load(ROOT / "policies/pretrained/quad_hover/config.yaml")
-    assert to_objects(shipped)[0].randomization.hard_fraction == 0.0
+    r = to_objects(shipped)[0].randomization
+    assert (r.hard_fraction, r.latency_margin) == (0.0, 0.0)
 
 
 def test_a_quadrotor_run_loads_no_arm_task_and_every_task_resolves():
