@@ -55,16 +55,20 @@ fi
 .venv/bin/python -m pip install -q --no-cache-dir -c constraints.txt -e ".[test,deploy,perception]"
 .venv/bin/python -m deploy.ament   # register the ROS 2 package robolearn in .venv (editable installs skip data-files)
 # Compile the quadrotor training's simulator and PPO kernels into inductor's cache (sim/compiled.py:
-# ~/.cache/robolearn/torchinductor) with two iterations and two evaluations of the main job's
-# configuration: ~40 s once on the 2-core AMD EPYC of BENCHMARKS.md, ~10 s when they are there already. The first
+# ~/.cache/robolearn/torchinductor) with 8 iterations (128 steps of each environment) and two evaluations of the main job's
+# configuration: ~50 s once on a 2-core Intel Xeon, ~15 s when they are there already. The first
 # `policies.train task=quad_hover` then loads them instead of compiling (BENCHMARKS.md "Time to hover"). With
 # ROBOLEARN_SAVE_GRAPHS=1 it also saves the traced graphs of the simulator's step and of PPO's rollout step and
-# loss, which later processes load instead of tracing them again (sim/compiled.py, compile_method).
+# loss, which later processes load instead of tracing them again (sim/compiled.py, compile_method). 128
+# steps, so that training episodes end while others go on: a reset of some environments is observed by a
+# graph of its own (reset()'s graph of every environment is tied to the batch size), traced ~2.5 s in every
+# run whose warm-up had none (32 steps had none since the criterion's environments stopped sharing
+# training's layout: BENCHMARKS.md, "Actuation latency: what the vehicle has").
 # Everything is installed by now: a failure here only leaves the kernels to the first training run.
 warmup=$(mktemp -d)
 trap 'rm -rf "$warmup"' EXIT
-if ! ROBOLEARN_SAVE_GRAPHS=1 .venv/bin/python -m policies.train task=quad_hover max_env_steps=32768 \
-    eval_every_steps=16384 stop_at_success=0 progress=false run_dir="$warmup/run" >"$warmup/log" 2>&1; then
+if ! ROBOLEARN_SAVE_GRAPHS=1 .venv/bin/python -m policies.train task=quad_hover max_env_steps=131072 \
+    eval_every_steps=65536 stop_at_success=0 progress=false run_dir="$warmup/run" >"$warmup/log" 2>&1; then
   tail -n 20 "$warmup/log" >&2
   echo "warning: compiling the training's kernels failed (above); the first training run will compile them" >&2
 fi
