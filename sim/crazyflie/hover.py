@@ -30,10 +30,10 @@ from .params import GRAVITY, NOMINAL, CrazyflieParams, action_to_rpm
 CRITIC_DIM = 49  # with latencies drawn up to L <= 1 period (latency_drawn); 49 + 4 (ceil(L) - 1) beyond
 
 
-def critic_dim(max_latency_steps: float) -> int:
-    """Width of the critic observation: the actions issued before the previous one that a latency
-    of up to ``max_latency_steps`` periods can still apply are part of the state (_observe)."""
-    return CRITIC_DIM + ACT_DIM * (math.ceil(max_latency_steps) - 1 if max_latency_steps > 1 else 0)
+def critic_dim(latency: float) -> int:
+    """Width of the critic observation where latencies are drawn up to ``latency`` periods: the actions
+    issued before the previous one that such a latency can still apply are part of the state (_observe)."""
+    return CRITIC_DIM + ACT_DIM * (math.ceil(latency) - 1 if latency > 1 else 0)
 
 
 @dataclass
@@ -63,7 +63,7 @@ class RandomizationConfig:
     motor_tau: Range = field(default_factory=lambda: Range(0.03, 0.12))  # s
     # Full battery 4.2 V down to ~3.7 V under load loses ~10-15% of peak thrust.
     thrust_scale: Range = field(default_factory=lambda: Range(0.85, 1.0))
-    # Actuation latency, uniform in [0, max_latency_steps] policy periods (continuous: a delay of
+    # Actuation latency, uniform in [0, max_latency_steps + latency_margin] policy periods (continuous: a delay of
     # k + f periods applies the f-weighted mean of the commands issued k and k + 1 periods ago,
     # which the rotor lag turns into the rotor-speed response of a switch at f of the period to first
     # order in period / tau: for a step command the first period's rise is 8-11 % short of the exact
@@ -82,8 +82,8 @@ class RandomizationConfig:
     # still flies. Trained to 1 period, the recipe's policies passed 93.8-96.3 % of criterion episodes at
     # the vehicle's 0.1-1.1 periods and 67-76 % at 1.0-1.2; trained to 1.25, 98.3-99.0 % and 87-89 %, at
     # no more env steps to a pass on average (12 seeds; BENCHMARKS.md, "Actuation latency: what the
-    # vehicle has"). Its cost: the critic sees one more action in flight (4 floats), and the step a few
-    # per cent more time.
+    # vehicle has"). Its cost: the critic sees one more action in flight (4 floats), the history keeps one
+    # more slot, and a run to a pass takes ~0.4-1.3 s longer (BENCHMARKS.md, "Time to hover").
     latency_margin: float = 0.25
     # Constant per-episode disturbances (unmodelled aerodynamic asymmetry), std per axis.
     # 0.002 N is 0.75 % of the weight, i.e. the force of a 0.4 deg tilt.
@@ -99,10 +99,10 @@ class RandomizationConfig:
     hard_fraction: float = 0.25
 
 
-
 def latency_drawn(r: RandomizationConfig) -> float:
     """Longest actuation latency (policy periods) that environments of randomization ``r`` draw."""
     return r.max_latency_steps + r.latency_margin
+
 
 @dataclass
 class NoiseConfig:
@@ -221,9 +221,9 @@ def make_backend(name: str, num_envs: int, params: CrazyflieParams, substeps: in
 
 class QuadHoverEnv(gym.vector.VectorEnv):
     """Batched hover task. Observations are dicts of torch tensors: ``policy`` [N, 22] (noisy,
-    the contract above) and ``critic`` [N, 49] (privileged: noise-free state, rotor speeds,
-    disturbances, randomized parameters, the position error at the precision scale; with latency
-    beyond one period also the older actions still in flight, ``critic_dim``). Autoreset
+    the contract above) and ``critic`` [N, 53] by default (privileged: noise-free state, rotor speeds,
+    disturbances, randomized parameters, the position error at the precision scale: 49; with latency
+    drawn beyond one period, as by default, also the older actions still in flight, ``critic_dim``). Autoreset
     happens in the same step, with Gymnasium's keys: the observation that ended an episode is in
     ``info["final_obs"]`` (for every environment; the rows that did not end repeat the current
     observation) and the mask of those that ended in ``info["_final_obs"]``. Tensors stay torch
@@ -303,10 +303,11 @@ class QuadHoverEnv(gym.vector.VectorEnv):
         self.episode_return = torch.zeros(n, device=d)
         self.phase = torch.zeros(n, device=d)  # used by moving references (quad_track)
         self.prev_action = torch.full((n, ACT_DIM), self.hover_action, device=d)
-        # Latencies are drawn up to L = max_latency_steps + latency_margin periods: the commands issued 0..ceil(L) periods
-        # ago can be weighted (one slot more is kept, as saved histories have it), and ceil(L) - 1 of them
-        # before the previous one are still in flight (the critic sees them). The compiled step reads only these int and tensor forms: a Python float
-        # read there is traced as a symbolic input, and the step's graph could not be saved.
+        # Latencies are drawn up to L = max_latency_steps + latency_margin periods: the commands issued
+        # 0..ceil(L) periods ago can be weighted (one slot more is kept, as saved histories have it), and
+        # ceil(L) - 1 of them before the previous one are still in flight (the critic sees them). The
+        # compiled step reads only these int and tensor forms: a Python float read there is traced as a
+        # symbolic input, and the step's graph could not be saved.
         self.latency_max = latency_drawn(self.cfg.randomization)
         self.older_in_flight = math.ceil(self.latency_max) - 1 if self.latency_max > 1 else 0
         self.latency_norm = torch.tensor(max(self.latency_max, 1.0), device=d)  # critic feature: latency / L
@@ -366,38 +367,35 @@ class QuadHoverEnv(gym.vector.VectorEnv):
             policy = torch.cat((clean[:, :k] + noise, clean[:, k:]), dim=-1)
 
         p, v = self.params, self.vehicle
-        critic = torch.cat(
-            (
-                clean,
-                s[:, RPM] / p.rpm_max,
-                pick(self.force) / p.weight,
-                pick(self.torque) / 1e-5,
-                (pick(v.mass) / p.mass)[:, None],
-                pick(v.inertia) / self.nominal_inertia,
-                (pick(v.kf) / p.kf)[:, None],
-                (pick(v.km) / p.km)[:, None],
-                (pick(v.motor_tau) / 0.1)[:, None],
-                pick(v.thrust_scale)[:, None],
-                (pick(self.latency) / self.latency_norm)[:, None],
-                (pick(self.t).float() / self.max_steps)[:, None],
-                ref_vel,
-                # The position error again at the precision term's scale (critic only). Through the
-                # running normaliser alone (std ~0.2 m) the critic's value peaked up to 13 cm away from
-                # the target, and the actor held every vehicle at such a common offset for millions of
-                # steps (BENCHMARKS.md, "Time to hover").
-                torch.tanh(e_pos / self.cfg.reward.precision_scale),
-                torch.exp(-(e_pos.norm(dim=-1, keepdim=True) / self.cfg.reward.precision_scale).square()),
-            ),
-            dim=-1,
-        )
+        parts = [
+            clean,
+            s[:, RPM] / p.rpm_max,
+            pick(self.force) / p.weight,
+            pick(self.torque) / 1e-5,
+            (pick(v.mass) / p.mass)[:, None],
+            pick(v.inertia) / self.nominal_inertia,
+            (pick(v.kf) / p.kf)[:, None],
+            (pick(v.km) / p.km)[:, None],
+            (pick(v.motor_tau) / 0.1)[:, None],
+            pick(v.thrust_scale)[:, None],
+            (pick(self.latency) / self.latency_norm)[:, None],
+            (pick(self.t).float() / self.max_steps)[:, None],
+            ref_vel,
+            # The position error again at the precision term's scale (critic only). Through the
+            # running normaliser alone (std ~0.2 m) the critic's value peaked up to 13 cm away from
+            # the target, and the actor held every vehicle at such a common offset for millions of
+            # steps (BENCHMARKS.md, "Time to hover").
+            torch.tanh(e_pos / self.cfg.reward.precision_scale),
+            torch.exp(-(e_pos.norm(dim=-1, keepdim=True) / self.cfg.reward.precision_scale).square()),
+        ]
         if self.older_in_flight:
             # The rotors will still receive the commands issued up to L periods before the next one:
             # the previous action (in the observation above) and, with L > 1, the ceil(L) - 1 before it
             # (action_hist[:, 1:ceil(L)] after this step's shift). Without them the critic's state is not
-            # Markov at latencies beyond one period.
+            # Markov at latencies beyond one period. (In the same cat: a second one copied the critic again.)
             older = pick(self.action_hist[:, 1:1 + self.older_in_flight])
-            critic = torch.cat((critic, older.reshape(older.shape[0], -1)), dim=-1)
-        return {"policy": policy, "critic": critic}
+            parts.append(older.reshape(older.shape[0], -1))
+        return {"policy": policy, "critic": torch.cat(parts, dim=-1)}
 
     def _observe_rows(self, noise: torch.Tensor | None, rows: torch.Tensor) -> dict[str, torch.Tensor]:
         """Observations of environments ``rows`` (after a reset), by one compiled graph for any count.
