@@ -56,12 +56,12 @@ fi
 .venv/bin/python -m deploy.ament   # register the ROS 2 package robolearn in .venv (editable installs skip data-files)
 # Compile the quadrotor training's simulator and PPO kernels into inductor's cache (sim/compiled.py:
 # ~/.cache/robolearn/torchinductor) with 8 iterations (128 steps of each environment) and two evaluations of the main job's
-# configuration: ~50 s once on a 2-core Intel Xeon, ~15 s when they are there already. The first
+# configuration: ~50 s once on a 2-core Intel Xeon, ~7 s when they are there already. The first
 # `policies.train task=quad_hover` then loads them instead of compiling (BENCHMARKS.md "Time to hover"). With
 # ROBOLEARN_SAVE_GRAPHS=1 it also saves the traced graphs of the simulator's step and of PPO's rollout step and
 # loss, which later processes load instead of tracing them again (sim/compiled.py, compile_method). 128
 # steps, so that training episodes end while others go on: a reset of some environments is observed by a
-# graph of its own (reset()'s graph of every environment is tied to the batch size), traced ~2.5 s in every
+# graph of its own (reset()'s graph of every environment is tied to the batch size), traced (~1.5 s) in every
 # run whose warm-up had none (32 steps had none since the criterion's environments stopped sharing
 # training's layout: BENCHMARKS.md, "Actuation latency: what the vehicle has").
 # Everything is installed by now: a failure here only leaves the kernels to the first training run.

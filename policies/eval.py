@@ -27,8 +27,9 @@ evaluations of other episodes sit beside the default one; every result records i
 ``..._w0.json`` with ``base_noise=zero``), which lists the overrides under ``task_overrides``. Quadrotor tasks: the hover
 criterion's conditions (initial states, randomization, noise) are the task's defaults whatever the
 run trained with; these overrides change them too, so the result is a judge by the criterion's
-bounds under those conditions, no longer the criterion (its termination distance and episode
-length stay fixed and cannot be overridden). The task itself (``task.name``) is the run's.
+bounds under those conditions, no longer the criterion (its termination distance, episode length,
+``randomization.hard_fraction`` and ``randomization.latency_margin`` stay fixed and cannot be
+overridden). The task itself (``task.name``) is the run's.
 """
 
 from __future__ import annotations

@@ -32,6 +32,17 @@ import torch
 _LAYOUT_ASSERTS = {"size_asserts": "TORCHINDUCTOR_SIZE_ASSERTS", "alignment_asserts": "TORCHINDUCTOR_ALIGNMENT_ASSERTS"}
 
 
+# Dynamo keeps a function's compiled variants on its code object, shared by every object of the process
+# that calls it: each environment configuration (latency slots, a batch of one, the tracking subclass,
+# noise on or off) is one more. Past torch's default limit of 8 it runs the function eagerly from then on,
+# with only a logged warning: slower, and with results that differ in the last bits from a fresh process's
+# (a run trained in a process that had stepped 8 other configurations no longer matched the same run in a
+# new one). 64 is well above what one process of this project makes (the whole test suite in one process:
+# 11 variants of the environment's _observe, 8 of _transition; TORCH_LOGS=recompiles, 2026-12-02); a
+# variant costs its kernels' memory, and a call checks the guards of the variants tried before its own.
+RECOMPILE_LIMIT = 64
+
+
 def compile_if(fn: Callable, enabled: bool, dynamic: bool | None = None,
                device: str | torch.device = "cpu") -> Callable:
     """``torch.compile(fn)`` when ``enabled`` and a C++ compiler and Python's C headers are installed
@@ -67,16 +78,6 @@ def compile_if(fn: Callable, enabled: bool, dynamic: bool | None = None,
         inductor.cpp.vec_isa_ok = True
     return torch.compile(fn, dynamic=dynamic, options=_options(dynamic), recompile_limit=RECOMPILE_LIMIT)
 
-
-# Dynamo keeps a function's compiled variants on its code object, shared by every object of the process
-# that calls it: each environment configuration (latency slots, a batch of one, the tracking subclass,
-# noise on or off) is one more. Past torch's default limit of 8 it runs the function eagerly from then on,
-# with only a logged warning: slower, and with results that differ in the last bits from a fresh process's
-# (a run trained in a process that had stepped 8 other configurations no longer matched the same run in a
-# new one). 64 is well above what one process of this project makes (the whole test suite in one process:
-# 11 variants of the environment's _observe, 8 of _transition; TORCH_LOGS=recompiles, 2026-12-02), and a
-# variant costs only its kernels' memory.
-RECOMPILE_LIMIT = 64
 
 
 # Set to 1 (install.sh's warm-up run does) to save the graphs of the methods compiled by compile_method

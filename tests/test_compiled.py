@@ -31,8 +31,9 @@ def test_a_function_compiled_here_is_still_compiled_past_torchs_default_of_eight
         return x * 3.0 + 1.0
 
     fn = compile_if(step, True, dynamic=False)
-    assert RECOMPILE_LIMIT > 12
-    for n in range(1, 13):
+    assert fn is not step, "not compiled (no Python headers?)"
+    assert RECOMPILE_LIMIT > 10
+    for n in range(1, 11):
         assert torch.equal(fn(torch.ones(n)), torch.full((n,), 4.0)), n
 
 

@@ -75,8 +75,8 @@ def test_critic_sees_the_actions_a_long_latency_still_applies(task):
     critic keeps its 49 entries."""
     spec = get_task(task)
     cfg = spec.default_config()
-    # Eager: new compiled variants of the step would count toward dynamo's recompile limit (8 per
-    # function and process), beyond which later tests in this process would run the step eagerly.
+    # Eager: new compiled variants of the step would count toward dynamo's recompile limit per
+    # function and process (sim/compiled.py: RECOMPILE_LIMIT); keep the suite's count low.
     cfg.compile = False
     r = cfg.randomization
     assert (r.max_latency_steps, r.latency_margin) == (1.0, 0.25)
