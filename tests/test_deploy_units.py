@@ -2767,7 +2767,8 @@ def test_a_radio_that_takes_no_setpoint_blocks_neither_the_ticks_nor_the_service
         time.sleep(0.005)
     problem = b.link_problem()
     assert problem is not None and "has not taken a setpoint" in problem and "18 setpoints replaced" in problem, problem
-    assert b.arm_problem() == problem
+    # the same problem refuses arming (its stall time read again, later: 0.10 s became 0.11 s between the calls)
+    assert re.sub(r"for \d+\.\d+ s", "for <t> s", b.arm_problem() or "") == re.sub(r"for \d+\.\d+ s", "for <t> s", problem)
     response = b._on_estop(None, type("Response", (), {})())  # the service answers (and ticks) at once
     assert not response.success and "NOT delivered" in response.message and c.mode is Mode.ESTOP
     assert radio.sent == []
