@@ -79,7 +79,6 @@ def compile_if(fn: Callable, enabled: bool, dynamic: bool | None = None,
     return torch.compile(fn, dynamic=dynamic, options=_options(dynamic), recompile_limit=RECOMPILE_LIMIT)
 
 
-
 # Set to 1 (install.sh's warm-up run does) to save the graphs of the methods compiled by compile_method
 # that no saved graph fits yet, for later processes to load.
 SAVE_GRAPHS_ENV = "ROBOLEARN_SAVE_GRAPHS"
