@@ -30,10 +30,15 @@ from .params import GRAVITY, NOMINAL, CrazyflieParams, action_to_rpm
 CRITIC_DIM = 49  # with latencies drawn up to L <= 1 period (latency_drawn); 49 + 4 (ceil(L) - 1) beyond
 
 
+def older_in_flight(latency: float) -> int:
+    """How many actions issued before the previous one a latency of up to ``latency`` periods can still
+    apply (they are part of the state the critic sees, _observe)."""
+    return math.ceil(latency) - 1 if latency > 1 else 0
+
+
 def critic_dim(latency: float) -> int:
-    """Width of the critic observation where latencies are drawn up to ``latency`` periods: the actions
-    issued before the previous one that such a latency can still apply are part of the state (_observe)."""
-    return CRITIC_DIM + ACT_DIM * (math.ceil(latency) - 1 if latency > 1 else 0)
+    """Width of the critic observation where latencies are drawn up to ``latency`` periods."""
+    return CRITIC_DIM + ACT_DIM * older_in_flight(latency)
 
 
 @dataclass
@@ -309,7 +314,7 @@ class QuadHoverEnv(gym.vector.VectorEnv):
         # compiled step reads only these int and tensor forms: a Python float read there is traced as a
         # symbolic input, and the step's graph could not be saved.
         self.latency_max = latency_drawn(self.cfg.randomization)
-        self.older_in_flight = math.ceil(self.latency_max) - 1 if self.latency_max > 1 else 0
+        self.older_in_flight = older_in_flight(self.latency_max)
         self.latency_norm = torch.tensor(max(self.latency_max, 1.0), device=d)  # critic feature: latency / L
         self.action_hist = torch.full((n, math.ceil(self.latency_max) + 2, ACT_DIM), self.hover_action, device=d)
         self.latency = torch.zeros(n, device=d)  # policy periods, continuous
