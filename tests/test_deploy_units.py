@@ -452,7 +452,7 @@ def test_the_shipped_policy_takes_off_from_the_floor(vehicle):
                 lift_off = t
         assert np.mean(errors[-200:]) < 0.05, (start, np.mean(errors[-200:]))  # the hover criterion's bound
         assert max(tilts) < 15.0, (start, max(tilts))
-        # off the floor well before the safety layer would cut the rotors there (0.35 s nominal, 0.96 s weak)
+        # off the floor well before the safety layer would cut the rotors there (0.25 s nominal, 0.81 s weak)
         assert lift_off is not None and lift_off < 0.75 * c.cfg.ground_timeout, (start, lift_off)
 
 

@@ -211,7 +211,7 @@ def test_tilt_from_vertical_is_bit_for_bit_the_hover_criterion_tilt():
 
 def test_each_failed_episode_is_counted_under_the_bounds_it_broke():
     """Under a harder judge than the criterion (latency up to 1.5 periods), the shipped policy fails a few
-    of 100 episodes (5 on the Intel Xeon of BENCHMARKS.md: 3 over 5 cm, 5 over 10 deg, none leaving the
+    of 100 episodes (5 on the AMD EPYC of 2026-12-02: 3 over 5 cm, 5 over 10 deg, none leaving the
     1 m ball): each failure of an episode that stayed breaks the 5 cm or the 10 deg bound over the last 2 s,
     and is counted under each bound it broke. The exact count is not pinned: another CPU's float rounding
     can move an episode that sits at a bound (or out of the ball: such an episode is left out of the
