@@ -320,8 +320,9 @@ def test_pybullet_effects_are_chosen_in_the_task_config():
 def test_the_closed_loop_agrees_in_every_simulator():
     """The shipped hover policy flies the same 100 criterion episodes (randomized vehicles, noise,
     latency) in the three simulators (benchmarks/closed_loop.py): the same verdict on each, and the
-    position error within 2 mm of torch's at every step. Measured 0.16 mm (MuJoCo) and 0.66 mm
-    (PyBullet). PyBullet's velocities read half a substep old (before the leapfrog reading) let one
+    position error within 2 mm of torch's at every step. Measured 0.03 mm (MuJoCo) and 0.39 mm
+    (PyBullet) with the policy shipped since 2026-12-02 (AMD EPYC; 0.16 and 0.66 mm with the one
+    before). PyBullet's velocities read half a substep old (before the leapfrog reading) let one
     slow, delayed vehicle of these break into oscillation: 52 mm, and 1.9 % fewer successes than torch
     over 1,000 episodes (BENCHMARKS.md, "Closed loop in the three simulators")."""
     from benchmarks.closed_loop import SHIPPED, run

@@ -23,6 +23,7 @@ from sim.registry import get_task
 from sim.single import SingleEnv
 
 ROOT = Path(__file__).resolve().parents[1]
+OLD_HOVER_RUN = ROOT / "tests/fixtures/hover_run_2026-11-22"  # config.yaml and best.pt of a run saved that day
 COMMON = ["eval_episodes=8", "eval_every_steps=2048", "progress=false", "threads=1", "stop_at_success=0"]
 TINY = ["algo.num_envs=64", "algo.horizon=8", "algo.minibatches=2", "algo.epochs=2", *COMMON]
 
@@ -641,9 +642,9 @@ def test_training_draws_slow_late_vehicles_more_often_and_the_criterion_uniforml
 
 
 def test_a_run_saved_before_hard_fraction_goes_on_drawing_uniformly():
-    """A config saved by a revision without randomization.hard_fraction or latency_margin (as the shipped
-    policy's was until 2026-12-02) is read with 0 for each, what that run trained with; a new run's takes
-    today's defaults."""
+    """A config saved by a revision without randomization.hard_fraction or latency_margin (as the run in
+    tests/fixtures, the policy shipped until 2026-12-02) is read with 0 for each, what that run trained with;
+    a new run's takes today's defaults."""
     from omegaconf import OmegaConf
 
     from policies.config import compose_config, to_objects
@@ -655,6 +656,8 @@ def test_a_run_saved_before_hard_fraction_goes_on_drawing_uniformly():
     assert (r.max_latency_steps, r.hard_fraction, r.latency_margin) == (1.0, 0.0, 0.0)
     r = to_objects(compose_config([]))[0].randomization
     assert (r.hard_fraction, r.latency_margin) == (0.25, 0.25)
+    r = to_objects(OmegaConf.load(OLD_HOVER_RUN / "config.yaml"))[0].randomization  # saved on 2026-11-22
+    assert (r.max_latency_steps, r.hard_fraction, r.latency_margin) == (1.0, 0.0, 0.0)
 
 
 def test_a_quadrotor_run_loads_no_arm_task_and_every_task_resolves():
@@ -759,15 +762,15 @@ def test_every_generator_state_of_an_environment_stays_on_the_cpu(tmp_path, task
         torch.Generator().set_state(loaded[k])
 
 
-def test_a_hover_policy_from_before_contract_versions_were_recorded_loads(tmp_path):
-    """A hover record without a contract version (saved before 2026-11-29, as the shipped policy was until
-    2026-12-02) loads: the Crazyflie contract has had no other version, so it is judged by its sizes."""
-    rec = ckpt.load_record(ROOT / "policies/pretrained/quad_hover")
-    del rec["contract"]
-    (tmp_path / ckpt.BEST).parent.mkdir()
-    ckpt.save_atomic(rec, tmp_path / ckpt.BEST)
-    policy, loaded = ckpt.load_policy(tmp_path)
-    assert "contract" not in loaded and policy(torch.zeros(1, 22)).shape == (1, 4)
+def test_a_hover_policy_from_before_contract_versions_were_recorded_loads():
+    """The run in tests/fixtures (the hover policy shipped from 2026-11-22 to 2026-12-02) has no contract
+    version in its record (saved before they were recorded); the Crazyflie contract has had no other
+    version, so it is judged by its sizes and loads, and still hovers."""
+    from policies.evaluate import evaluate_hover
+
+    policy, rec = ckpt.load_policy(OLD_HOVER_RUN)
+    assert "contract" not in rec and "source_revisions" not in rec and policy(torch.zeros(1, 22)).shape == (1, 4)
+    assert evaluate_hover(policy, get_task("quad_hover").default_config(), episodes=20).success_rate >= 0.9
 
 
 def test_resume_errors_overwrite_nothing(tmp_path):
