@@ -641,6 +641,27 @@ def test_training_draws_slow_late_vehicles_more_often_and_the_criterion_uniforml
     assert abs(slow_and_late(judged, 1.0) - 0.25) < 0.03
 
 
+def test_a_judge_of_the_vehicles_latencies_draws_them_between_min_and_max():
+    """randomization.min_latency_steps: latencies uniform in [min, max] periods (the vehicle's 0.1-1.1 here),
+    the same uniform draws as from 0 (the default, what every saved run trained with) shifted; a minimum
+    above the maximum is refused."""
+    c = QuadTaskConfig(compile=False)
+    c.randomization.min_latency_steps, c.randomization.max_latency_steps, c.randomization.latency_margin = 0.1, 1.1, 0.0
+    c.randomization.hard_fraction = 0.0
+    env = QuadHoverEnv(c, 4000, seed=0)
+    env.reset(seed=0)
+    assert env.latency.min().item() >= 0.1 and env.latency.max().item() <= 1.1
+    assert env.latency.min().item() < 0.11 and env.latency.max().item() > 1.09  # 4000 draws reach both ends
+    assert abs(env.latency.mean().item() - 0.6) < 0.02  # uniform: a std of the mean of ~0.005
+    c.randomization.min_latency_steps, c.randomization.max_latency_steps = 0.0, 1.0
+    zero = QuadHoverEnv(c, 4000, seed=0)
+    zero.reset(seed=0)
+    assert torch.allclose(env.latency - 0.1, zero.latency, atol=1e-6)
+    c.randomization.min_latency_steps = 1.5
+    with pytest.raises(ValueError, match="min_latency_steps=1.5: expected <= max_latency_steps"):
+        QuadHoverEnv.check_config(c)
+
+
 def test_a_run_saved_before_hard_fraction_goes_on_drawing_uniformly():
     """A config saved by a revision without randomization.hard_fraction or latency_margin (as the run in
     tests/fixtures, the policy shipped until 2026-12-02) is read with 0 for each, what that run trained with;
