@@ -317,7 +317,8 @@ def _first_lines(e: Exception) -> str:
 
 # Task keys added after runs were first saved, each with the value a run saved without it trained with
 # (not today's default): a resumed, evaluated or exported run of an older revision keeps its behaviour.
-LEGACY_TASK_VALUES = {"randomization.hard_fraction": 0.0, "randomization.latency_margin": 0.0}
+LEGACY_TASK_VALUES = {"randomization.hard_fraction": 0.0, "randomization.latency_margin": 0.0,
+                      "randomization.min_latency_steps": 0.0}
 
 
 def to_objects(cfg: DictConfig) -> tuple[Any, Any]:

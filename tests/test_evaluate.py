@@ -144,6 +144,7 @@ def test_eval_judges_under_the_conditions_its_task_overrides_give(tmp_path):
                       ("task.randomization.hard_fraction=1", "the hover criterion sets it"),
                       ("task.randomization.latency_margin=0.5", "the hover criterion sets it"),
                       ("task.randomization.max_latency_steps=-1", "randomization.max_latency_steps=-1.0: expected >= 0"),
+                      ("task.randomization.min_latency_steps=1.5", "min_latency_steps=1.5: expected <= max_latency_steps"),
                       ("task.randomization.motor_tau.lo=0.2", "expected 0 < lo <= hi"),
                       ("task.randomization.force_std=nan", "task.randomization.force_std=nan: expected a finite number")):
         r = subprocess.run([sys.executable, "-m", "policies.eval", str(run), "episodes=2", bad],

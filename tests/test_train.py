@@ -645,6 +645,8 @@ def test_a_judge_of_the_vehicles_latencies_draws_them_between_min_and_max():
     """randomization.min_latency_steps: latencies uniform in [min, max] periods (the vehicle's 0.1-1.1 here),
     the same uniform draws as from 0 (the default, what every saved run trained with) shifted; a minimum
     above the maximum is refused."""
+    from policies.evaluate import criterion_config
+
     c = QuadTaskConfig(compile=False)
     c.randomization.min_latency_steps, c.randomization.max_latency_steps, c.randomization.latency_margin = 0.1, 1.1, 0.0
     c.randomization.hard_fraction = 0.0
@@ -657,6 +659,8 @@ def test_a_judge_of_the_vehicles_latencies_draws_them_between_min_and_max():
     zero = QuadHoverEnv(c, 4000, seed=0)
     zero.reset(seed=0)
     assert torch.allclose(env.latency - 0.1, zero.latency, atol=1e-6)
+    c.randomization.min_latency_steps = 0.5
+    assert criterion_config(c).randomization.min_latency_steps == 0.0  # a run's own minimum never judges it
     c.randomization.min_latency_steps = 1.5
     with pytest.raises(ValueError, match="min_latency_steps=1.5: expected <= max_latency_steps"):
         QuadHoverEnv.check_config(c)

@@ -68,11 +68,12 @@ class RandomizationConfig:
     motor_tau: Range = field(default_factory=lambda: Range(0.03, 0.12))  # s
     # Full battery 4.2 V down to ~3.7 V under load loses ~10-15% of peak thrust.
     thrust_scale: Range = field(default_factory=lambda: Range(0.85, 1.0))
-    # Actuation latency, uniform in [min_latency_steps, max_latency_steps + latency_margin] policy periods (continuous: a delay of
-    # k + f periods applies the f-weighted mean of the commands issued k and k + 1 periods ago,
-    # which the rotor lag turns into the rotor-speed response of a switch at f of the period to first
-    # order in period / tau: for a step command the first period's rise is 8-11 % short of the exact
-    # switch's at tau 0.03 s and f 0.5-0.75, 2 % at tau 0.12 s and f 0.5; the gap then decays with the rotor lag).
+    # Actuation latency, uniform in [min_latency_steps, max_latency_steps + latency_margin] policy periods
+    # (0 with randomization off; continuous: a delay of k + f periods applies the f-weighted mean of the
+    # commands issued k and k + 1 periods ago, which the rotor lag turns into the rotor-speed response of
+    # a switch at f of the period to first order in period / tau: for a step command the first period's
+    # rise is 8-11 % short of the exact switch's at tau 0.03 s and f 0.5-0.75, 2 % at tau 0.12 s and f 0.5;
+    # the gap then decays with the rotor lag).
     # The deployed case: onboard, the firmware's 1 kHz stabilizer loop runs the policy every 10th step
     # and applies its command at once, but the Kalman estimate it observes (position, velocity,
     # attitude) is advanced only at 100 Hz (crazyflie-firmware, estimator_kalman.c: PREDICT_RATE
@@ -82,8 +83,8 @@ class RandomizationConfig:
     # Two periods (off-board control over the radio) is a harder task: see BENCHMARKS.md for what the
     # default recipe reaches there.
     max_latency_steps: float = 1.0
-    # Shortest latency drawn (periods). 0 in training and in the criterion; a judge of the vehicle's range sets
-    # it, e.g. `python -m policies.eval <run> task.randomization.min_latency_steps=0.1
+    # Shortest latency drawn (periods, at most max_latency_steps). 0 in training and in the criterion; a judge
+    # of the vehicle's range sets it, e.g. `python -m policies.eval <run> task.randomization.min_latency_steps=0.1
     # task.randomization.max_latency_steps=1.1` (BENCHMARKS.md, "Actuation latency: what the vehicle has").
     min_latency_steps: float = 0.0
     # Training draws latencies up to max_latency_steps + latency_margin (the criterion: up to
