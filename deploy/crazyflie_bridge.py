@@ -11,11 +11,12 @@ this bridge streams setpoints, chosen by the same safety layer (deploy/safety.py
   ARMED      position setpoint = the safety layer's setpoint (the onboard policy flies to it), every
              period: from where the policy took over (armed on the floor, or a recovery) to the
              target at takeoff_speed
-  FAILSAFE   position setpoint descending from the failsafe height along
-             z(t) = z0 + min(vz0, 0) t - (1 - r) g t^2 / 2 (r = descent_thrust_ratio; vz0 the last valid
-             vertical velocity): a sinking vehicle's setpoint sinks on as the simulated failsafe does, a
-             climbing one's starts down at once, so it reaches the floor before the safety layer's
-             descent timer sends the stop: without states that timer runs the fall time, the
+  FAILSAFE   position setpoint descending from the failsafe height (deploy/safety.py, DescentProfile.onboard):
+             sinking faster at (1 - r) g (r = descent_thrust_ratio) from the last valid vertical velocity
+             (a climbing vehicle's setpoint starts down at once), then braking at (1 - r) g to
+             ONBOARD_TOUCHDOWN_SPEED (0.25 m/s) at ONBOARD_FLARE_HEIGHT (0.1 m) and on at that speed,
+             so it reaches the floor before the safety layer's descent timer, which times the same
+             profile, sends the stop: without states that timer runs the descent's time, the
              spin-down and the onboard descent's lag behind its setpoint (ONBOARD_DESCENT_LAG_S),
              with them the descent ends once they show it landed (deploy/safety.py: LANDED_SAMPLES
              on the floor); at the last valid x, y.
@@ -123,8 +124,8 @@ UNCLOSED_S = 1.0
 # glitch is left to the failsafe and its recovery (the onboard policy flew on it for one sample anyway).
 BROKEN_ESTIMATE_SAMPLES = 3
 # A descent at shutdown ends by this time (s), inside the launch runner's 5 s from SIGINT to SIGTERM:
-# from the geofence's 2.5 m ceiling at rest its timer runs 2.26 s of fall, 0.3 s of spin-down and the
-# 1.5 s lag, 4.06 s.
+# from the geofence's 2.5 m ceiling at rest its timer runs 3.29 s of braked descent, 0.3 s of spin-down and
+# the 0.8 s lag, 4.39 s (deploy/safety.py, ONBOARD_DESCENT_LAG_S).
 LANDING_LIMIT_S = 4.5
 # s: at shutdown the stop setpoint is sent every period for this long before the link closes. cflib's radio
 # thread sends the queued packets one at a time and retries each until acknowledged; closing the link stops

@@ -66,7 +66,7 @@ from .ros import (
     run_node,
     vector_param,
 )
-from .safety import SPIN_DOWN_S, Command, Mode, OnboardDescent, SafeController, SafetyConfig
+from .safety import Command, Mode, OnboardDescent, SafeController, SafetyConfig
 from .state import InvalidState, stamp_seconds, state_from_odometry
 
 Policy = Callable[[np.ndarray], np.ndarray]
@@ -111,7 +111,7 @@ class ControllerNode(Node):
 
     # Whether the vehicle's onboard policy flies a failsafe descent (safety.OnboardDescent: the bridges to
     # the real vehicle and to the emulated MCU) instead of the safety layer's open-loop rotor command; its
-    # timer then allows for the onboard descent's lag.
+    # timer then times that descent (it brakes to the floor) and allows for its lag.
     ONBOARD_DESCENT = False
 
     def __init__(self, name: str, make_policy: Callable[[str], tuple[Policy, dict]], **node_options):
@@ -177,9 +177,9 @@ class ControllerNode(Node):
         self.period = float(contract["policy_period_s"])
         self.rpm_max = float(contract["rpm_max"])
         self._to_rpm = lambda a: action_to_rpm(a, self.rpm_max)
-        settle = OnboardDescent.SETTLE_S if self.ONBOARD_DESCENT else SPIN_DOWN_S
-        self.controller = SafeController(self._timed(policy), cfg, NOMINAL, settle_s=settle)
         self.descent = OnboardDescent(cfg) if self.ONBOARD_DESCENT else None
+        self.controller = SafeController(self._timed(policy), cfg, NOMINAL,
+                                         descent=self.descent.profile if self.descent else None)
         self.stale_timeout = cfg.stale_timeout
 
         self.cmd_pub = self.create_publisher(Float32MultiArray, ROTOR_CMD, CONTROL_PUB_QOS)

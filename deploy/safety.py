@@ -46,8 +46,9 @@ Modes and rules, checked on every tick:
             hover thrust (a fixed, attitude-neutral command: with no trustworthy state there is
             nothing to close a loop on), so the vehicle sinks at (1 - ratio) g, for the time the
             last valid height and vertical velocity take to reach the floor at that acceleration
-            (a vehicle climbing when the failsafe starts rises first) plus ``settle_s`` (the rotors'
-            spin-down; the bridges whose onboard policy flies the descent add its lag), or until
+            (a vehicle climbing when the failsafe starts rises first) plus the rotors' spin-down (the
+            bridges whose onboard policy flies the descent as setpoints time those, which brake to the
+            floor, and add the policy's lag: DescentProfile.onboard), or until
             it has landed: ``LANDED_SAMPLES`` valid states below ``landed_height`` with none at twice
             that height or more and no dropped sample between them, no sooner than it could have fallen
             freely from the last state in the air (one at twice that height or more, as are
@@ -258,18 +259,17 @@ class SafeController:
 
     def __init__(self, policy: Callable[[np.ndarray], np.ndarray], cfg: SafetyConfig,
                  params: CrazyflieParams = NOMINAL, wall: Callable[[], float] = time.monotonic,
-                 settle_s: float = SPIN_DOWN_S, limits: StateLimits = StateLimits()):
+                 descent: DescentProfile | None = None, limits: StateLimits = StateLimits()):
         """``limits``: the bounds the samples were checked against (make_state), whose speed bounds how far a
         sample can be from the last. ``wall``: steady wall time (s), which only the
-        clock-restart rate is counted on. ``settle_s``:
-        time (s) a failsafe descent's timer adds to the fall time before the rotors are cut: the rotors'
-        spin-down for this layer's own open-loop descent command; more where the descent is flown by
-        something that lags it (crazyflie_bridge: the onboard policy following a sinking setpoint)."""
-        self.policy, self.cfg, self.wall, self.settle_s, self.limits = policy, cfg, wall, settle_s, limits
+        clock-restart rate is counted on. ``descent``: what a failsafe descent's timer times, by default
+        this layer's own open-loop descent command (DescentProfile.open_loop); the bridges whose onboard
+        policy flies the descent as setpoints give theirs (DescentProfile.onboard, with its lag)."""
+        self.policy, self.cfg, self.wall, self.limits = policy, cfg, wall, limits
+        self.descent = descent if descent is not None else DescentProfile.open_loop(cfg)
         self.target = np.asarray(cfg.target, dtype=np.float64)
         self.hover_action = params.hover_action
         self.descent_action = rpm_to_action(params.hover_rpm * math.sqrt(cfg.descent_thrust_ratio), params.rpm_max)
-        self.descent_accel = (1.0 - cfg.descent_thrust_ratio) * GRAVITY  # m/s^2, downwards
         # rad/s^2: twice the roll or pitch acceleration of two rotors on one side at full speed, the others
         # stopped (503 rad/s^2 for the nominal vehicle): for heavier, longer-armed variants and knocks
         arm = max(abs(c) for xy in params.rotor_xy for c in xy)
@@ -707,10 +707,10 @@ class SafeController:
         return h, float(self._latest.vel[2]), 0.0
 
     def _fall_time(self, now: float) -> float:
-        """Time (s) from ``now`` to the floor, sinking at the descent acceleration from ``_fall_from``'s height h
-        and vertical velocity v: the root of h + v t - a t^2 / 2 = 0, less the time since, plus ``settle_s``."""
-        (h, v, since), a = self._fall_from(now), self.descent_accel
-        return max((v + math.sqrt(v * v + 2.0 * a * h)) / a - since, 0.0) + self.settle_s
+        """Time (s) from ``now`` to the floor along the descent's profile from ``_fall_from``'s height and
+        vertical velocity, less the time since, plus the profile's ``settle_s``."""
+        h, v, since = self._fall_from(now)
+        return max(self.descent.fall_time(h, v) - since, 0.0) + self.descent.settle_s
 
     def _earliest_landing(self) -> float:
         """The earliest time (s) the vehicle can be on the floor: a free fall from the last valid state in the air
@@ -736,35 +736,108 @@ class SafeController:
                                   f"{self.cfg.max_recoveries} within {self.cfg.recovery_window:g} s)")
 
 
-# How long the onboard policy's descent may lag the sinking setpoint it follows (s): its position setpoint
-# has no velocity reference, so a policy may brake the sink. Measured by `python -m benchmarks.onboard_descent`
+# How long the onboard policy's descent may lag the setpoints it follows (s): a position setpoint has no
+# velocity reference, so a policy may brake the sink. Measured by `python -m benchmarks.onboard_descent`
 # (BENCHMARKS.md, "Onboard failsafe descent": the shipped hover policy in the torch simulator, from rest at
-# 1.0 and 2.5 m). The policy shipped until 2026-12-02 lagged most: below landed_height (5 cm) 0.74 / 0.96 s
-# after the setpoint reached the floor for the nominal vehicle, 0.64-1.26 s for heavy, slow-motor and light,
-# fast vehicles, 0.32-0.35 s for the randomization's weakest corner. The one shipped since follows the
-# setpoint closer: 0.13-1.11 s (and lands harder, 0.5-2.1 m/s). With this lag the timer, which alone ends a
-# descent when no state arrives, cuts the rotors 1.8 s after the setpoint reached the floor, at least 0.54 s
-# after each of these vehicles was on it.
-ONBOARD_DESCENT_LAG_S = 1.5
+# 1.0 and 2.5 m, for the nominal vehicle and corners of the randomization): below landed_height (5 cm) at
+# most 0.27 s after the braking setpoint reached the floor (the light, fast vehicle, which hovers above its
+# setpoint; the others 0.04 s after it or sooner). With this lag the timer, which alone ends a descent when
+# no state arrives, cuts the rotors 1.1 s after the setpoint reached the floor, 0.83 s after the latest of
+# them was on it; from the geofence's 2.5 m ceiling at rest it runs 3.29 + 0.3 + 0.8 = 4.39 s, inside
+# crazyflie_bridge's LANDING_LIMIT_S (4.5 s).
+ONBOARD_DESCENT_LAG_S = 0.8
+# The onboard descent's speed at the floor (m/s) and the height (m) from which it sinks at that speed: a
+# setpoint that only sinks at (1 - descent_thrust_ratio) g reaches the floor at up to 2.2 m/s (from the
+# geofence's 2.5 m ceiling), and the policy that follows it lands at up to that speed. The onboard descent
+# brakes at the same (1 - ratio) g (1.1 times the hover thrust, inside every vehicle's reach) to this speed at
+# this height. Chosen by `python -m benchmarks.onboard_descent --sweep` (BENCHMARKS.md) among braking at 0.1-0.3 g
+# to 0.2-0.25 m/s at 0-20 cm: it landed every vehicle tried at 0.52 m/s or slower, as slowly as any, with the
+# shortest descent of those that did (3.29 s from 2.5 m); braking harder or lower let the policy, which lags a
+# moving setpoint by up to 0.5 m, arrive at up to 1.6 m/s (2.05 m/s without braking).
+ONBOARD_TOUCHDOWN_SPEED = 0.25
+ONBOARD_FLARE_HEIGHT = 0.1
 
 
-def descent_setpoint(z0: float, seconds: float, ratio: float, ground: float, vz0: float = 0.0) -> float:
-    """Failsafe descent height (m, world) after ``seconds`` from height ``z0`` with vertical velocity
-    ``vz0`` (m/s, up > 0): the sink at (1 - ratio) g, from vz0 if sinking, from rest if climbing; floored."""
-    return max(ground, z0 + min(vz0, 0.0) * seconds - 0.5 * (1.0 - ratio) * GRAVITY * seconds ** 2)
+@dataclass(frozen=True)
+class DescentProfile:
+    """A failsafe descent's height over time from a height h above the floor (m) and a vertical velocity
+    (m/s, world z, up > 0): sinking at ``accel`` (m/s^2), from that velocity if sinking, after rising to a
+    stop at ``accel`` if climbing; with ``brake`` > 0, decelerating at ``brake`` (m/s^2, or harder if the
+    start is already too fast to stop in time) so as to sink at ``touchdown`` (m/s) from ``flare`` (m above
+    the floor) down (at once from a start below it). ``settle_s`` (s) is what the descent's timer adds to
+    the time to the floor before the rotors are cut."""
+
+    accel: float
+    brake: float = 0.0
+    touchdown: float = 0.0
+    flare: float = 0.0
+    settle_s: float = SPIN_DOWN_S
+
+    @classmethod
+    def open_loop(cls, cfg: SafetyConfig) -> DescentProfile:
+        """The safety layer's own descent: a fixed rotor command that sinks at (1 - ratio) g, no braking
+        (nothing to close a loop on), the rotors' spin-down added."""
+        return cls((1.0 - cfg.descent_thrust_ratio) * GRAVITY)
+
+    @classmethod
+    def onboard(cls, cfg: SafetyConfig) -> DescentProfile:
+        """The descent an onboard policy flies as position setpoints (OnboardDescent): sinking as the open-loop
+        one and braking as fast to the floor, its timer allowing for the policy's lag behind the setpoint."""
+        accel = (1.0 - cfg.descent_thrust_ratio) * GRAVITY
+        return cls(accel, accel, ONBOARD_TOUCHDOWN_SPEED, ONBOARD_FLARE_HEIGHT, SPIN_DOWN_S + ONBOARD_DESCENT_LAG_S)
+
+    def _phases(self, h: float, v: float) -> tuple[float, float, float, float, float]:
+        """From h > 0 m up sinking at v >= 0 m/s: the time (s) sinking faster, the peak sink speed (m/s),
+        the time (s) braking, the deceleration (m/s^2) and the time (s) at the touchdown speed."""
+        a, b, vt = self.accel, self.brake, self.touchdown
+        if b > 0.0:
+            tail = min(h, self.flare) / vt
+            h -= self.flare
+            if h <= 0.0:  # inside the flare: at the touchdown speed at once
+                return 0.0, vt, 0.0, 0.0, tail
+            if v * v >= vt * vt + 2.0 * b * h:  # too fast to stop at b: brake at once, harder
+                return 0.0, v, 2.0 * h / (v + vt), (v * v - vt * vt) / (2.0 * h), tail
+            if v * v + 2.0 * a * h > vt * vt:  # sink faster until the braking curve v^2 = vt^2 + 2 b h is met
+                peak = math.sqrt((2.0 * a * b * h + b * v * v + a * vt * vt) / (a + b))
+                return (peak - v) / a, peak, (peak - vt) / b, b, tail
+            # too slow to reach the touchdown speed above the flare: sink faster down to it, then at vt
+            peak = math.sqrt(v * v + 2.0 * a * h)
+            return (peak - v) / a, peak, 0.0, 0.0, tail
+        peak = math.sqrt(v * v + 2.0 * a * h)  # no braking: sinking faster all the way down
+        return (peak - v) / a, peak, 0.0, 0.0, 0.0
+
+    def fall_time(self, h: float, vz: float) -> float:
+        """Time (s) from height h (m above the floor) and vertical velocity vz (m/s, up > 0) to the floor."""
+        rise = max(vz, 0.0) / self.accel  # climbing: up to a stop first
+        h += max(vz, 0.0) ** 2 / (2.0 * self.accel)
+        if h <= 0.0:
+            return rise
+        t1, _, t2, _, t3 = self._phases(h, max(-vz, 0.0))
+        return rise + t1 + t2 + t3
+
+    def height(self, z0: float, vz0: float, seconds: float, ground: float) -> float:
+        """Height (m, world) ``seconds`` after the start at z0 (m, world) with vertical velocity vz0 (m/s, up > 0),
+        from rest if climbing (a setpoint goes down at once), over the floor at ``ground`` (m, world)."""
+        h, v = z0 - ground, max(-vz0, 0.0)
+        if h <= 0.0:
+            return ground
+        t1, peak, t2, b, _ = self._phases(h, v)
+        if seconds <= t1:
+            return max(ground, z0 - v * seconds - 0.5 * self.accel * seconds ** 2)
+        tau = min(seconds - t1, t2)
+        sunk = v * t1 + 0.5 * self.accel * t1 ** 2 + peak * tau - 0.5 * b * tau ** 2
+        return max(ground, z0 - sunk - self.touchdown * max(seconds - t1 - t2, 0.0))
 
 
 class OnboardDescent:
     """The failsafe descent as position setpoints, for a vehicle whose onboard policy flies it instead
     of this layer's open-loop rotor command (crazyflie_bridge: the real vehicle; firmware_bridge: the
-    emulated MCU): from the last valid x, y and height, sinking along :func:`descent_setpoint`, so that
-    it reaches the floor no later than the safety layer's timer; that timer adds the onboard descent's
-    lag (``SETTLE_S``, SafeController's ``settle_s``)."""
-
-    SETTLE_S = SPIN_DOWN_S + ONBOARD_DESCENT_LAG_S
+    emulated MCU): from the last valid x, y and height, along ``profile`` (DescentProfile.onboard: sinking
+    as the open-loop descent, braking to the floor), so that it reaches the floor no later than the safety
+    layer's timer, which times the same profile (SafeController's ``descent``) and adds the policy's lag."""
 
     def __init__(self, cfg: SafetyConfig):
-        self.ratio, self.ground = cfg.descent_thrust_ratio, cfg.ground_height
+        self.profile, self.ground = DescentProfile.onboard(cfg), cfg.ground_height
         self._from: tuple[float, np.ndarray, float] | None = None  # start (s), last valid position (m), its vz (m/s)
 
     def setpoint(self, cmd: Command, latest: State | None, now: float) -> np.ndarray | None:
@@ -776,4 +849,4 @@ class OnboardDescent:
         if self._from is None:
             self._from = (now, latest.pos.copy(), float(latest.vel[2]))
         t0, p0, vz0 = self._from
-        return np.array([p0[0], p0[1], descent_setpoint(p0[2], now - t0, self.ratio, self.ground, vz0)])
+        return np.array([p0[0], p0[1], self.profile.height(p0[2], vz0, now - t0, self.ground)])

@@ -36,11 +36,12 @@ from deploy.safety import (
     CLOCK_RESTARTS_MAX,
     IDLE_ACTION,
     LANDED_SAMPLES,
+    SPIN_DOWN_S,
+    DescentProfile,
     Mode,
     OnboardDescent,
     SafeController,
     SafetyConfig,
-    descent_setpoint,
 )
 from deploy.state import (
     InvalidState,
@@ -208,7 +209,7 @@ def test_failsafe_descent_gives_its_share_of_hover_thrust():
         rpm = (c.descent_action + 1.0) / 2.0 * NOMINAL.rpm_max
         thrust = 4 * NOMINAL.kf * rpm**2
         assert thrust / (NOMINAL.mass * GRAVITY) == pytest.approx(ratio, rel=1e-9)
-        assert c.descent_accel == pytest.approx((1.0 - ratio) * GRAVITY, rel=1e-12)
+        assert c.descent.accel == pytest.approx((1.0 - ratio) * GRAVITY, rel=1e-12) and c.descent.brake == 0.0
 
 
 @pytest.mark.parametrize("fault", ["stale", "nan", "out_of_range", "geofence", "policy_exception", "policy_nan"])
@@ -326,7 +327,7 @@ def test_a_policy_that_keeps_leaving_the_fence_lands_after_max_recoveries():
     while t < 60.0 and c.mode is not Mode.DISARMED:
         c.on_state(make_state([0.0, 0.0, z], [1, 0, 0, 0], [0.0, 0.0, vz], [0, 0, 0], t), t)
         mode = c.tick(t).mode
-        vz += (2.0 if mode is Mode.ARMED else -c.descent_accel) * dt  # the policy climbs at 2 m/s^2
+        vz += (2.0 if mode is Mode.ARMED else -c.descent.accel) * dt  # the policy climbs at 2 m/s^2
         z, t = z + vz * dt, t + dt
         if z <= 0.0:  # on the floor
             z, vz = 0.0, 0.0
@@ -2041,7 +2042,7 @@ def fake_bridge(controller: SafeController, clock: FakeClock, connected: bool = 
     b._bad_samples, b._estimate_broken, b._last_odom = 0, None, None
     b._onboard, b._fallback_samples = None, 0
     b.settle_spread, b._settling = 0.0, KalmanSettling(0.0)  # (not checked: see its own test)
-    controller.settle_s = OnboardDescent.SETTLE_S  # as the bridge's own controller has it (ONBOARD_DESCENT)
+    controller.descent = b.descent.profile  # as the bridge's own controller has it (ONBOARD_DESCENT)
     return b
 
 
@@ -2638,8 +2639,9 @@ def test_stopping_the_bridge_in_flight_descends_before_the_motors_stop(output, m
     assert all(z == "stop" for _, z in stops) and len(stops) >= repeats
     assert stops[-1][0] - stops[-repeats][0] >= (repeats - 1) * b.period
     heights = [z for _, z in sent[:first_stop]]
-    fall = math.sqrt(2 * 1.0 / ((1 - c.cfg.descent_thrust_ratio) * GRAVITY))
-    timer = fall + OnboardDescent.SETTLE_S
+    profile = DescentProfile.onboard(c.cfg)
+    fall = profile.fall_time(1.0, 0.0)  # (2.09 s: sinking, braking, then at the touchdown speed)
+    timer = fall + profile.settle_s
     assert heights[0] > 0.99 and heights[-1] == 0.0 and all(a >= b for a, b in zip(heights, heights[1:]))
     floor_from = next(t for t, z in sent if z == 0.0) - sent[0][0]
     assert fall - 0.05 <= floor_from <= fall + 0.1 and timer - 0.05 <= sent[first_stop][0] - sent[0][0] <= timer + 0.2
@@ -2657,8 +2659,9 @@ def test_stopping_the_bridge_in_flight_descends_before_the_motors_stop(output, m
 def test_stopping_the_bridge_in_flight_lands_on_the_states_that_still_arrive(monkeypatch):
     """Ctrl-C at 1 m with the onboard estimate still streaming (the executor has stopped): the descent
     feeds the newest state to the safety layer itself, so the stop follows the states on the floor
-    (LANDED_SAMPLES in a row), not a timer: here a vehicle that reaches the floor 0.6 s after its setpoint (as the onboard policy
-    lags it) is on the floor when the stop is sent, and the descent ends before the no-state timer."""
+    (LANDED_SAMPLES in a row), not a timer: here a vehicle that reaches the floor 0.6 s after its setpoint (more than the
+    onboard policy lagged it in the simulator) is on the floor when the stop is sent, and the descent ends before the
+    no-state timer."""
     import deploy.crazyflie_bridge as bridge_module
 
     c = SafeController(FakePolicy(), SafetyConfig())
@@ -2667,13 +2670,13 @@ def test_stopping_the_bridge_in_flight_lands_on_the_states_that_still_arrive(mon
     b._now = b._steady = lambda: clock.t
     stream(b, 1000, 100.0, pos=(0.0, 0.0, 1.0), vel=(0.0, 0.0, 0.0))
     assert c.arm(100.0)[0] and c.tick(100.0).mode is Mode.ARMED
-    heights = []
+    heights, profile = [], DescentProfile.onboard(c.cfg)
 
     def sleep(period):  # a period passes; the vehicle sends its estimate: 0.6 s behind the setpoint
         clock.t += period
         t = clock.t - 100.0
-        z = descent_setpoint(1.0, max(t - 0.6, 0.0), c.cfg.descent_thrust_ratio, 0.0)
-        vz = -(1 - c.cfg.descent_thrust_ratio) * GRAVITY * max(t - 0.6, 0.0) if z > 0.0 else 0.0
+        z = profile.height(1.0, 0.0, max(t - 0.6, 0.0), 0.0)
+        vz = (profile.height(1.0, 0.0, max(t - 0.6, 0.0) + 1e-4, 0.0) - z) / 1e-4
         heights.append(z)
         stream(b, 1000 + round(t * 1000), clock.t, subscribed=False, pos=(0.0, 0.0, z), vel=(0.0, 0.0, vz))
 
@@ -2681,13 +2684,13 @@ def test_stopping_the_bridge_in_flight_lands_on_the_states_that_still_arrive(mon
     b.close()
     sent = b.cf.commander.sent
     stop = next(i for i, (_, z) in enumerate(sent) if z == "stop")
-    fall = math.sqrt(2 * 1.0 / ((1 - c.cfg.descent_thrust_ratio) * GRAVITY))
+    fall = profile.fall_time(1.0, 0.0)
     assert c.mode is Mode.DISARMED and "landed" in c.reason, c.reason
     # the stop follows LANDED_SAMPLES states on the floor, and one more period at most (a free fall from the
-    # last state 10 cm up, at its velocity: 59 ms; the first state on the floor came 36 ms after it)
+    # last state 10 cm up, at its velocity: 0.12 s; the first state on the floor came 0.2 s after it)
     on_floor = next(i for i, h in enumerate(heights) if h < c.cfg.landed_height)
     assert LANDED_SAMPLES <= stop - on_floor <= LANDED_SAMPLES + 1, (stop - on_floor, heights[on_floor - 5:stop])
-    assert fall + 0.6 - 0.05 <= clock.t - 100.0 < fall + OnboardDescent.SETTLE_S
+    assert fall + 0.6 - 0.05 <= clock.t - 100.0 < fall + profile.settle_s
     assert b.statuses[-1]["mode"] == Mode.DISARMED.value and "landed" in b.statuses[-1]["reason"]
 
 
@@ -3263,12 +3266,56 @@ def test_a_mcu_that_fails_in_flight_is_a_failsafe_that_lands_without_recovering(
     assert st["reason"].count("no recovery") == 1
 
 
-def test_descent_setpoint_follows_the_simulated_failsafe():
-    assert descent_setpoint(1.0, 0.0, 0.9, 0.0) == 1.0
-    assert descent_setpoint(1.0, 1.0, 0.9, 0.0) == pytest.approx(1.0 - 0.05 * GRAVITY)
-    assert descent_setpoint(1.0, 10.0, 0.9, 0.0) == 0.0
-    assert descent_setpoint(1.0, 1.0, 0.9, 0.0, vz0=-0.5) == pytest.approx(0.5 - 0.05 * GRAVITY)  # sinking on
-    assert descent_setpoint(1.0, 1.0, 0.9, 0.0, vz0=0.5) == pytest.approx(1.0 - 0.05 * GRAVITY)  # down at once
+def test_the_open_loop_descent_profile_is_the_simulated_failsafe():
+    """No braking: h - |vz| t - a t^2 / 2 down to the floor, a = (1 - ratio) g; a climbing vehicle rises to a
+    stop first (the timer's fall time), a climbing setpoint goes down at once."""
+    p, a = DescentProfile.open_loop(SafetyConfig()), 0.1 * GRAVITY
+    assert p.accel == pytest.approx(a) and p.settle_s == SPIN_DOWN_S
+    assert p.height(1.0, 0.0, 0.0, 0.0) == 1.0
+    assert p.height(1.0, 0.0, 1.0, 0.0) == pytest.approx(1.0 - 0.05 * GRAVITY)
+    assert p.height(1.0, 0.0, 10.0, 0.0) == 0.0
+    assert p.height(1.0, -0.5, 1.0, 0.0) == pytest.approx(0.5 - 0.05 * GRAVITY)  # sinking on
+    assert p.height(1.0, 0.5, 1.0, 0.0) == pytest.approx(1.0 - 0.05 * GRAVITY)  # down at once
+    assert p.height(1.5, 0.0, 1.0, 0.5) == pytest.approx(1.5 - 0.05 * GRAVITY)  # over a floor at 0.5 m
+    assert p.fall_time(1.0, 0.0) == pytest.approx(math.sqrt(2.0 / a))
+    assert p.fall_time(1.0, -0.5) == pytest.approx((-0.5 + math.sqrt(0.25 + 2 * a)) / a)
+    assert p.fall_time(1.0, 0.5) == pytest.approx((0.5 + math.sqrt(0.25 + 2 * a)) / a)
+    assert p.fall_time(0.0, 0.0) == 0.0
+
+
+@pytest.mark.parametrize("z0, vz0", [(2.5, 0.0), (1.0, 0.0), (1.0, -0.5), (1.0, -1.5), (0.3, -1.5), (1.0, 0.8),
+                                     (0.12, 0.0), (0.05, 0.0), (0.05, -0.6)])
+def test_the_onboard_descent_brakes_to_the_touchdown_speed_and_reaches_the_floor_at_its_fall_time(z0, vz0):
+    """The onboard setpoint, sampled every ms: it starts at z0 and is continuous; it never sinks faster than it
+    sank at the start or reached by (1 - ratio) g from it; where it starts slower than its braking curve it
+    changes speed by no more than (1 - ratio) g; it is at the touchdown speed over the last ONBOARD_FLARE_HEIGHT
+    (from a start inside it at once); and it reaches the floor at fall_time, over which the timer adds the
+    policy's lag."""
+    from deploy.safety import ONBOARD_DESCENT_LAG_S, ONBOARD_FLARE_HEIGHT, ONBOARD_TOUCHDOWN_SPEED
+
+    p, dt = DescentProfile.onboard(SafetyConfig()), 1e-3
+    a, vt, ground = 0.1 * GRAVITY, ONBOARD_TOUCHDOWN_SPEED, 0.5  # over a floor at 0.5 m
+    fall = p.fall_time(z0, vz0)
+    assert p.settle_s == pytest.approx(SPIN_DOWN_S + ONBOARD_DESCENT_LAG_S) and p.brake == pytest.approx(a)
+    z = np.array([p.height(ground + z0, vz0, k * dt, ground) for k in range(int(fall / dt) + 50)]) - ground
+    v = -np.diff(z) / dt  # sink speed (m/s) over each ms
+    assert z[0] == pytest.approx(z0) and np.all(np.diff(z) <= 0.0)
+    landing = int(np.argmax(z <= 1e-12))
+    if vz0 > 0.0:  # climbing: the timer counts the rise to a stop that the setpoint does not make
+        rise = vz0 / a
+        assert fall == pytest.approx(rise + p.fall_time(z0 + vz0 ** 2 / (2 * a), 0.0))
+        assert landing * dt < fall - rise
+        return
+    assert landing * dt == pytest.approx(fall, abs=2 * dt)
+    v0 = max(-vz0, 0.0)
+    assert v.max() <= max(v0, math.sqrt(v0 ** 2 + 2 * a * z0)) + 1e-6
+    flare = z[:landing - 1] < ONBOARD_FLARE_HEIGHT - 1e-9  # (the last ms ends on the floor)
+    assert np.allclose(v[:landing - 1][flare], vt, atol=1e-6)
+    if v0 ** 2 < vt ** 2 + 2 * a * max(z0 - ONBOARD_FLARE_HEIGHT, 0.0):  # on or under its braking curve
+        above = z[2:landing] >= ONBOARD_FLARE_HEIGHT  # both ms above the flare (the speed may step to vt there)
+        assert np.all(np.abs(np.diff(v[:landing - 1]))[above] <= a * dt + 1e-6)
+        assert v.max() <= math.sqrt(vt ** 2 + 2 * a * z0) + 1e-6  # it never needs to brake harder
+    assert p.height(ground + z0, vz0, fall + 1.0, ground) == ground
 
 
 @pytest.mark.parametrize("vz", [0.0, -0.5, -0.8, 0.5])
@@ -3290,7 +3337,7 @@ def test_the_bridges_failsafe_setpoint_reaches_the_floor_before_the_stop(vz):
             self.sent.append("stop")
 
     bridge = object.__new__(CrazyflieBridge)  # no ROS node, no radio: the descent logic alone
-    bridge.controller = c = SafeController(FakePolicy(), SafetyConfig(), settle_s=OnboardDescent.SETTLE_S)
+    bridge.controller = c = SafeController(FakePolicy(), SafetyConfig(), descent=DescentProfile.onboard(SafetyConfig()))
     bridge.cf = type("Crazyflie", (), {"commander": Commander()})()
     with_uplink(bridge, bridge.cf.commander)
     bridge.connected, bridge.descent, bridge._estimate_broken = True, OnboardDescent(c.cfg), None
