@@ -60,7 +60,7 @@ def descend(policy, profile: DescentProfile, h0: float, scales: dict,
     prev, zeros, z, vz = np.full(4, NOMINAL.hover_action), torch.zeros(1, 3), [], []
     for k in range(int(round(seconds / POLICY_PERIOD))):
         x = backend.state[0].double().numpy()
-        setpoint = np.array([0.0, 0.0, profile.height(h0, 0.0, k * POLICY_PERIOD, 0.0)])
+        setpoint = np.array([0.0, 0.0, profile.z(h0, 0.0, k * POLICY_PERIOD, 0.0)])
         prev = np.clip(np.asarray(policy(observation(make_state(x[POS], x[QUAT], x[VEL], x[OMEGA], 0.0), setpoint,
                                                                   prev.astype(np.float32))), float), -1.0, 1.0)
         after = backend.step(torch.as_tensor(action_to_rpm(prev, NOMINAL.rpm_max), dtype=torch.float32)[None],

@@ -125,7 +125,10 @@ UNCLOSED_S = 1.0
 BROKEN_ESTIMATE_SAMPLES = 3
 # A descent at shutdown ends by this time (s), inside the launch runner's 5 s from SIGINT to SIGTERM:
 # from the geofence's 2.5 m ceiling at rest its timer runs 3.29 s of braked descent, 0.3 s of spin-down and
-# the 0.8 s lag, 4.39 s (deploy/safety.py, ONBOARD_DESCENT_LAG_S).
+# the 0.8 s lag, 4.39 s (deploy/safety.py, ONBOARD_DESCENT_LAG_S; tested). A vehicle climbing there is timed
+# longer (its rise counted as the open-loop descent's, at (1 - ratio) g; 4.5 s at 0.1 m/s) while its setpoint
+# still goes down at once from 2.5 m: this limit then cuts the rotors first, 1.2 s after the setpoint reached
+# the floor, more than the 0.27 s the simulated vehicles lagged it.
 LANDING_LIMIT_S = 4.5
 # s: at shutdown the stop setpoint is sent every period for this long before the link closes. cflib's radio
 # thread sends the queued packets one at a time and retries each until acknowledged; closing the link stops

@@ -47,9 +47,8 @@ Modes and rules, checked on every tick:
             nothing to close a loop on), so the vehicle sinks at (1 - ratio) g, for the time the
             last valid height and vertical velocity take to reach the floor at that acceleration
             (a vehicle climbing when the failsafe starts rises first) plus the rotors' spin-down (the
-            bridges whose onboard policy flies the descent as setpoints time those, which brake to the
-            floor, and add the policy's lag: DescentProfile.onboard), or until
-            it has landed: ``LANDED_SAMPLES`` valid states below ``landed_height`` with none at twice
+            bridges whose onboard policy flies the descent time its braking setpoints instead and add
+            the policy's lag: DescentProfile.onboard), or until it has landed: ``LANDED_SAMPLES`` valid states below ``landed_height`` with none at twice
             that height or more and no dropped sample between them, no sooner than it could have fallen
             freely from the last state in the air (one at twice that height or more, as are
             ``LANDED_SAMPLES`` of the last 2 ``LANDED_SAMPLES`` - 1: fewer may be the estimate's noise)
@@ -122,7 +121,7 @@ import time
 from collections import deque
 from dataclasses import dataclass
 from enum import Enum
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import numpy as np
 
@@ -266,7 +265,7 @@ class SafeController:
         this layer's own open-loop descent command (DescentProfile.open_loop); the bridges whose onboard
         policy flies the descent as setpoints give theirs (DescentProfile.onboard, with its lag)."""
         self.policy, self.cfg, self.wall, self.limits = policy, cfg, wall, limits
-        self.descent = descent if descent is not None else DescentProfile.open_loop(cfg)
+        self.descent_profile = descent if descent is not None else DescentProfile.open_loop(cfg)
         self.target = np.asarray(cfg.target, dtype=np.float64)
         self.hover_action = params.hover_action
         self.descent_action = rpm_to_action(params.hover_rpm * math.sqrt(cfg.descent_thrust_ratio), params.rpm_max)
@@ -710,7 +709,7 @@ class SafeController:
         """Time (s) from ``now`` to the floor along the descent's profile from ``_fall_from``'s height and
         vertical velocity, less the time since, plus the profile's ``settle_s``."""
         h, v, since = self._fall_from(now)
-        return max(self.descent.fall_time(h, v) - since, 0.0) + self.descent.settle_s
+        return max(self.descent_profile.fall_time(h, v) - since, 0.0) + self.descent_profile.settle_s
 
     def _earliest_landing(self) -> float:
         """The earliest time (s) the vehicle can be on the floor: a free fall from the last valid state in the air
@@ -754,24 +753,41 @@ ONBOARD_DESCENT_LAG_S = 0.8
 # to 0.2-0.25 m/s at 0-20 cm: it landed every vehicle tried at 0.52 m/s or slower, as slowly as any, with the
 # shortest descent of those that did (3.29 s from 2.5 m); braking harder or lower let the policy, which lags a
 # moving setpoint by up to 0.5 m, arrive at up to 1.6 m/s (2.05 m/s without braking).
-ONBOARD_TOUCHDOWN_SPEED = 0.25
-ONBOARD_FLARE_HEIGHT = 0.1
+ONBOARD_TOUCHDOWN_SPEED = 0.25  # m/s
+ONBOARD_FLARE_HEIGHT = 0.1  # m above the floor
+
+
+class _Phases(NamedTuple):
+    """A descent from its start to the floor: sinking faster, braking, then at the touchdown speed."""
+
+    faster_s: float  # s sinking faster, at the profile's accel
+    peak: float  # m/s, the sink speed then
+    braking_s: float  # s braking
+    decel: float  # m/s^2 while braking
+    touchdown_s: float  # s at the touchdown speed, from the flare height down
 
 
 @dataclass(frozen=True)
 class DescentProfile:
-    """A failsafe descent's height over time from a height h above the floor (m) and a vertical velocity
-    (m/s, world z, up > 0): sinking at ``accel`` (m/s^2), from that velocity if sinking, after rising to a
-    stop at ``accel`` if climbing; with ``brake`` > 0, decelerating at ``brake`` (m/s^2, or harder if the
-    start is already too fast to stop in time) so as to sink at ``touchdown`` (m/s) from ``flare`` (m above
-    the floor) down (at once from a start below it). ``settle_s`` (s) is what the descent's timer adds to
-    the time to the floor before the rotors are cut."""
+    """A failsafe descent from a height above the floor (m) and a vertical velocity (m/s, world z, up > 0):
+    sinking at ``accel`` (m/s^2), from that velocity if sinking, from rest if climbing (a setpoint goes
+    down at once; the timer's ``fall_time`` counts a climbing vehicle's rise to a stop at ``accel`` first);
+    with ``brake`` > 0, decelerating at ``brake`` (m/s^2, or harder if the start is already too fast to stop
+    in time) so as to sink at ``touchdown`` (m/s) from ``flare`` (m above the floor) down (at once from a
+    start below it). ``settle_s`` (s) is what the descent's timer adds to the time to the floor before the
+    rotors are cut."""
 
     accel: float
     brake: float = 0.0
     touchdown: float = 0.0
     flare: float = 0.0
     settle_s: float = SPIN_DOWN_S
+
+    def __post_init__(self):
+        if not self.accel > 0.0 or not self.brake >= 0.0 or not self.flare >= 0.0 or not self.settle_s >= 0.0:
+            raise ValueError(f"{self}: expected accel > 0, brake, flare and settle_s >= 0")
+        if self.brake > 0.0 and not self.touchdown > 0.0:
+            raise ValueError(f"{self}: a braking descent needs a touchdown speed > 0 (it would never land)")
 
     @classmethod
     def open_loop(cls, cfg: SafetyConfig) -> DescentProfile:
@@ -786,25 +802,24 @@ class DescentProfile:
         accel = (1.0 - cfg.descent_thrust_ratio) * GRAVITY
         return cls(accel, accel, ONBOARD_TOUCHDOWN_SPEED, ONBOARD_FLARE_HEIGHT, SPIN_DOWN_S + ONBOARD_DESCENT_LAG_S)
 
-    def _phases(self, h: float, v: float) -> tuple[float, float, float, float, float]:
-        """From h > 0 m up sinking at v >= 0 m/s: the time (s) sinking faster, the peak sink speed (m/s),
-        the time (s) braking, the deceleration (m/s^2) and the time (s) at the touchdown speed."""
+    def _phases(self, h: float, v: float) -> _Phases:
+        """The phases from h > 0 m above the floor (the flare included), sinking at v >= 0 m/s."""
         a, b, vt = self.accel, self.brake, self.touchdown
         if b > 0.0:
             tail = min(h, self.flare) / vt
-            h -= self.flare
+            h -= self.flare  # from here on: the height above the flare
             if h <= 0.0:  # inside the flare: at the touchdown speed at once
-                return 0.0, vt, 0.0, 0.0, tail
+                return _Phases(0.0, vt, 0.0, 0.0, tail)
             if v * v >= vt * vt + 2.0 * b * h:  # too fast to stop at b: brake at once, harder
-                return 0.0, v, 2.0 * h / (v + vt), (v * v - vt * vt) / (2.0 * h), tail
+                return _Phases(0.0, v, 2.0 * h / (v + vt), (v * v - vt * vt) / (2.0 * h), tail)
             if v * v + 2.0 * a * h > vt * vt:  # sink faster until the braking curve v^2 = vt^2 + 2 b h is met
                 peak = math.sqrt((2.0 * a * b * h + b * v * v + a * vt * vt) / (a + b))
-                return (peak - v) / a, peak, (peak - vt) / b, b, tail
+                return _Phases((peak - v) / a, peak, (peak - vt) / b, b, tail)
             # too slow to reach the touchdown speed above the flare: sink faster down to it, then at vt
             peak = math.sqrt(v * v + 2.0 * a * h)
-            return (peak - v) / a, peak, 0.0, 0.0, tail
+            return _Phases((peak - v) / a, peak, 0.0, 0.0, tail)
         peak = math.sqrt(v * v + 2.0 * a * h)  # no braking: sinking faster all the way down
-        return (peak - v) / a, peak, 0.0, 0.0, 0.0
+        return _Phases((peak - v) / a, peak, 0.0, 0.0, 0.0)
 
     def fall_time(self, h: float, vz: float) -> float:
         """Time (s) from height h (m above the floor) and vertical velocity vz (m/s, up > 0) to the floor."""
@@ -812,21 +827,21 @@ class DescentProfile:
         h += max(vz, 0.0) ** 2 / (2.0 * self.accel)
         if h <= 0.0:
             return rise
-        t1, _, t2, _, t3 = self._phases(h, max(-vz, 0.0))
-        return rise + t1 + t2 + t3
+        p = self._phases(h, max(-vz, 0.0))
+        return rise + p.faster_s + p.braking_s + p.touchdown_s
 
-    def height(self, z0: float, vz0: float, seconds: float, ground: float) -> float:
-        """Height (m, world) ``seconds`` after the start at z0 (m, world) with vertical velocity vz0 (m/s, up > 0),
-        from rest if climbing (a setpoint goes down at once), over the floor at ``ground`` (m, world)."""
-        h, v = z0 - ground, max(-vz0, 0.0)
-        if h <= 0.0:
+    def z(self, z0: float, vz0: float, seconds: float, ground: float) -> float:
+        """World z (m) ``seconds`` after the start at world z0 (m) with vertical velocity vz0 (m/s, up > 0),
+        from rest if climbing (a setpoint goes down at once), over the floor at world z ``ground`` (m)."""
+        v = max(-vz0, 0.0)
+        if z0 <= ground:
             return ground
-        t1, peak, t2, b, _ = self._phases(h, v)
-        if seconds <= t1:
+        p = self._phases(z0 - ground, v)
+        if seconds <= p.faster_s:
             return max(ground, z0 - v * seconds - 0.5 * self.accel * seconds ** 2)
-        tau = min(seconds - t1, t2)
-        sunk = v * t1 + 0.5 * self.accel * t1 ** 2 + peak * tau - 0.5 * b * tau ** 2
-        return max(ground, z0 - sunk - self.touchdown * max(seconds - t1 - t2, 0.0))
+        t1, tau = p.faster_s, min(seconds - p.faster_s, p.braking_s)
+        sunk = v * t1 + 0.5 * self.accel * t1 ** 2 + p.peak * tau - 0.5 * p.decel * tau ** 2
+        return max(ground, z0 - sunk - self.touchdown * max(seconds - t1 - p.braking_s, 0.0))
 
 
 class OnboardDescent:
@@ -849,4 +864,4 @@ class OnboardDescent:
         if self._from is None:
             self._from = (now, latest.pos.copy(), float(latest.vel[2]))
         t0, p0, vz0 = self._from
-        return np.array([p0[0], p0[1], self.profile.height(p0[2], vz0, now - t0, self.ground)])
+        return np.array([p0[0], p0[1], self.profile.z(p0[2], vz0, now - t0, self.ground)])

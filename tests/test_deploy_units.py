@@ -209,7 +209,7 @@ def test_failsafe_descent_gives_its_share_of_hover_thrust():
         rpm = (c.descent_action + 1.0) / 2.0 * NOMINAL.rpm_max
         thrust = 4 * NOMINAL.kf * rpm**2
         assert thrust / (NOMINAL.mass * GRAVITY) == pytest.approx(ratio, rel=1e-9)
-        assert c.descent.accel == pytest.approx((1.0 - ratio) * GRAVITY, rel=1e-12) and c.descent.brake == 0.0
+        assert c.descent_profile.accel == pytest.approx((1.0 - ratio) * GRAVITY, rel=1e-12) and c.descent_profile.brake == 0.0
 
 
 @pytest.mark.parametrize("fault", ["stale", "nan", "out_of_range", "geofence", "policy_exception", "policy_nan"])
@@ -327,7 +327,7 @@ def test_a_policy_that_keeps_leaving_the_fence_lands_after_max_recoveries():
     while t < 60.0 and c.mode is not Mode.DISARMED:
         c.on_state(make_state([0.0, 0.0, z], [1, 0, 0, 0], [0.0, 0.0, vz], [0, 0, 0], t), t)
         mode = c.tick(t).mode
-        vz += (2.0 if mode is Mode.ARMED else -c.descent.accel) * dt  # the policy climbs at 2 m/s^2
+        vz += (2.0 if mode is Mode.ARMED else -c.descent_profile.accel) * dt  # the policy climbs at 2 m/s^2
         z, t = z + vz * dt, t + dt
         if z <= 0.0:  # on the floor
             z, vz = 0.0, 0.0
@@ -2042,7 +2042,7 @@ def fake_bridge(controller: SafeController, clock: FakeClock, connected: bool = 
     b._bad_samples, b._estimate_broken, b._last_odom = 0, None, None
     b._onboard, b._fallback_samples = None, 0
     b.settle_spread, b._settling = 0.0, KalmanSettling(0.0)  # (not checked: see its own test)
-    controller.descent = b.descent.profile  # as the bridge's own controller has it (ONBOARD_DESCENT)
+    controller.descent_profile = b.descent.profile  # as the bridge's own controller has it (ONBOARD_DESCENT)
     return b
 
 
@@ -2675,8 +2675,8 @@ def test_stopping_the_bridge_in_flight_lands_on_the_states_that_still_arrive(mon
     def sleep(period):  # a period passes; the vehicle sends its estimate: 0.6 s behind the setpoint
         clock.t += period
         t = clock.t - 100.0
-        z = profile.height(1.0, 0.0, max(t - 0.6, 0.0), 0.0)
-        vz = (profile.height(1.0, 0.0, max(t - 0.6, 0.0) + 1e-4, 0.0) - z) / 1e-4
+        z = profile.z(1.0, 0.0, max(t - 0.6, 0.0), 0.0)
+        vz = (profile.z(1.0, 0.0, max(t - 0.6, 0.0) + 1e-4, 0.0) - z) / 1e-4
         heights.append(z)
         stream(b, 1000 + round(t * 1000), clock.t, subscribed=False, pos=(0.0, 0.0, z), vel=(0.0, 0.0, vz))
 
@@ -3271,12 +3271,12 @@ def test_the_open_loop_descent_profile_is_the_simulated_failsafe():
     stop first (the timer's fall time), a climbing setpoint goes down at once."""
     p, a = DescentProfile.open_loop(SafetyConfig()), 0.1 * GRAVITY
     assert p.accel == pytest.approx(a) and p.settle_s == SPIN_DOWN_S
-    assert p.height(1.0, 0.0, 0.0, 0.0) == 1.0
-    assert p.height(1.0, 0.0, 1.0, 0.0) == pytest.approx(1.0 - 0.05 * GRAVITY)
-    assert p.height(1.0, 0.0, 10.0, 0.0) == 0.0
-    assert p.height(1.0, -0.5, 1.0, 0.0) == pytest.approx(0.5 - 0.05 * GRAVITY)  # sinking on
-    assert p.height(1.0, 0.5, 1.0, 0.0) == pytest.approx(1.0 - 0.05 * GRAVITY)  # down at once
-    assert p.height(1.5, 0.0, 1.0, 0.5) == pytest.approx(1.5 - 0.05 * GRAVITY)  # over a floor at 0.5 m
+    assert p.z(1.0, 0.0, 0.0, 0.0) == 1.0
+    assert p.z(1.0, 0.0, 1.0, 0.0) == pytest.approx(1.0 - 0.05 * GRAVITY)
+    assert p.z(1.0, 0.0, 10.0, 0.0) == 0.0
+    assert p.z(1.0, -0.5, 1.0, 0.0) == pytest.approx(0.5 - 0.05 * GRAVITY)  # sinking on
+    assert p.z(1.0, 0.5, 1.0, 0.0) == pytest.approx(1.0 - 0.05 * GRAVITY)  # down at once
+    assert p.z(1.5, 0.0, 1.0, 0.5) == pytest.approx(1.5 - 0.05 * GRAVITY)  # over a floor at 0.5 m
     assert p.fall_time(1.0, 0.0) == pytest.approx(math.sqrt(2.0 / a))
     assert p.fall_time(1.0, -0.5) == pytest.approx((-0.5 + math.sqrt(0.25 + 2 * a)) / a)
     assert p.fall_time(1.0, 0.5) == pytest.approx((0.5 + math.sqrt(0.25 + 2 * a)) / a)
@@ -3286,36 +3286,62 @@ def test_the_open_loop_descent_profile_is_the_simulated_failsafe():
 @pytest.mark.parametrize("z0, vz0", [(2.5, 0.0), (1.0, 0.0), (1.0, -0.5), (1.0, -1.5), (0.3, -1.5), (1.0, 0.8),
                                      (0.12, 0.0), (0.05, 0.0), (0.05, -0.6)])
 def test_the_onboard_descent_brakes_to_the_touchdown_speed_and_reaches_the_floor_at_its_fall_time(z0, vz0):
-    """The onboard setpoint, sampled every ms: it starts at z0 and is continuous; it never sinks faster than it
-    sank at the start or reached by (1 - ratio) g from it; where it starts slower than its braking curve it
-    changes speed by no more than (1 - ratio) g; it is at the touchdown speed over the last ONBOARD_FLARE_HEIGHT
-    (from a start inside it at once); and it reaches the floor at fall_time, over which the timer adds the
-    policy's lag."""
+    """The onboard setpoint, sampled every ms: it starts at z0, sinking at the start's speed (from rest if
+    climbing), and never rises; it never sinks faster than it sank at the start or reached by (1 - ratio) g
+    from it (so it has no jump); where it starts slower than its braking curve it changes speed by no more
+    than (1 - ratio) g, and from rest it takes the closed-form time of a sink and a brake at (1 - ratio) g;
+    where it starts faster it only slows; it is at the touchdown speed over the last ONBOARD_FLARE_HEIGHT
+    (from a start inside it at once); it reaches the floor at fall_time and stays there."""
     from deploy.safety import ONBOARD_DESCENT_LAG_S, ONBOARD_FLARE_HEIGHT, ONBOARD_TOUCHDOWN_SPEED
 
     p, dt = DescentProfile.onboard(SafetyConfig()), 1e-3
-    a, vt, ground = 0.1 * GRAVITY, ONBOARD_TOUCHDOWN_SPEED, 0.5  # over a floor at 0.5 m
+    a, vt, flare, ground = 0.1 * GRAVITY, ONBOARD_TOUCHDOWN_SPEED, ONBOARD_FLARE_HEIGHT, 0.5  # a floor at 0.5 m
+    assert p.accel == pytest.approx(a) and p.brake == pytest.approx(a)
+    assert p.settle_s == pytest.approx(SPIN_DOWN_S + ONBOARD_DESCENT_LAG_S)
     fall = p.fall_time(z0, vz0)
-    assert p.settle_s == pytest.approx(SPIN_DOWN_S + ONBOARD_DESCENT_LAG_S) and p.brake == pytest.approx(a)
-    z = np.array([p.height(ground + z0, vz0, k * dt, ground) for k in range(int(fall / dt) + 50)]) - ground
+    z = np.array([p.z(ground + z0, vz0, k * dt, ground) for k in range(int(fall / dt) + 50)]) - ground
     v = -np.diff(z) / dt  # sink speed (m/s) over each ms
-    assert z[0] == pytest.approx(z0) and np.all(np.diff(z) <= 0.0)
+    v0 = max(-vz0, 0.0)
+    assert z[0] == pytest.approx(z0) and np.all(np.diff(z) <= 0.0) and z[-1] == pytest.approx(0.0, abs=1e-12)
+    assert v[0] == pytest.approx(v0 if z0 > flare else vt, abs=0.01)
     landing = int(np.argmax(z <= 1e-12))
-    if vz0 > 0.0:  # climbing: the timer counts the rise to a stop that the setpoint does not make
+    assert v.max() <= max(v0, math.sqrt(v0 ** 2 + 2 * a * z0)) + 1e-6
+    inside = z[:landing - 1] < flare - 1e-9  # ms that end inside the flare (the last one ends on the floor)
+    assert np.allclose(v[:landing - 1][inside], vt, atol=1e-6)
+    if vz0 > 0.0:  # climbing: the timer counts a rise to a stop that the setpoint does not make
         rise = vz0 / a
         assert fall == pytest.approx(rise + p.fall_time(z0 + vz0 ** 2 / (2 * a), 0.0))
-        assert landing * dt < fall - rise
+        assert landing * dt == pytest.approx(p.fall_time(z0, 0.0), abs=2 * dt)
         return
     assert landing * dt == pytest.approx(fall, abs=2 * dt)
-    v0 = max(-vz0, 0.0)
-    assert v.max() <= max(v0, math.sqrt(v0 ** 2 + 2 * a * z0)) + 1e-6
-    flare = z[:landing - 1] < ONBOARD_FLARE_HEIGHT - 1e-9  # (the last ms ends on the floor)
-    assert np.allclose(v[:landing - 1][flare], vt, atol=1e-6)
-    if v0 ** 2 < vt ** 2 + 2 * a * max(z0 - ONBOARD_FLARE_HEIGHT, 0.0):  # on or under its braking curve
-        above = z[2:landing] >= ONBOARD_FLARE_HEIGHT  # both ms above the flare (the speed may step to vt there)
+    above = z[2:landing] >= flare  # both ms above the flare (the speed may step to vt there)
+    if v0 ** 2 < vt ** 2 + 2 * a * max(z0 - flare, 0.0):  # on or under its braking curve
         assert np.all(np.abs(np.diff(v[:landing - 1]))[above] <= a * dt + 1e-6)
         assert v.max() <= math.sqrt(vt ** 2 + 2 * a * z0) + 1e-6  # it never needs to brake harder
-    assert p.height(ground + z0, vz0, fall + 1.0, ground) == ground
+    else:  # too fast for the braking curve: it brakes from the start
+        assert np.all(np.diff(v[:landing - 1])[above] <= 1e-9)
+    if vz0 == 0.0 and 2 * a * (z0 - flare) > vt ** 2:  # from rest: to a peak at a, to vt at a, the flare at vt
+        peak = math.sqrt(a * (z0 - flare) + vt ** 2 / 2)  # a peak^2 / 2a + (peak^2 - vt^2) / 2a = z0 - flare
+        assert fall == pytest.approx((2 * peak - vt) / a + flare / vt, rel=1e-9)
+    assert p.z(ground + z0, vz0, fall + 1.0, ground) == ground
+
+
+def test_descent_profiles_refuse_what_would_never_land():
+    with pytest.raises(ValueError, match="needs a touchdown speed > 0"):
+        DescentProfile(1.0, brake=1.0)
+    for bad in (dict(accel=0.0), dict(accel=1.0, brake=-1.0), dict(accel=1.0, flare=-0.1), dict(accel=1.0, settle_s=-1.0)):
+        with pytest.raises(ValueError, match="expected accel > 0"):
+            DescentProfile(**bad)
+
+
+def test_a_shutdown_descent_from_the_ceiling_is_timed_inside_the_landing_limit():
+    """From rest at the geofence's ceiling, the onboard descent's no-state timer (its setpoints' time to the
+    floor, the spin-down and the policy's lag) ends before crazyflie_bridge cuts a landing that did not end."""
+    from deploy.crazyflie_bridge import LANDING_LIMIT_S
+
+    cfg = SafetyConfig()
+    p = DescentProfile.onboard(cfg)
+    assert p.fall_time(cfg.geofence_max[2] - cfg.ground_height, 0.0) + p.settle_s < LANDING_LIMIT_S
 
 
 @pytest.mark.parametrize("vz", [0.0, -0.5, -0.8, 0.5])
@@ -3354,6 +3380,8 @@ def test_the_bridges_failsafe_setpoint_reaches_the_floor_before_the_stop(vz):
     stop = sent.index("stop")
     descent = sent[:stop]  # the armed setpoints (1 m) while the state is fresh, then the descent's
     assert len(descent) > 10 and descent[-1] == 0.0 and all(a >= b for a, b in zip(descent, descent[1:])), descent
+    on_floor = len(descent) - descent.index(0.0)  # periods the setpoint was on the floor before the stop
+    assert on_floor * 0.01 >= c.descent_profile.settle_s - 0.02, on_floor  # the policy's lag and the spin-down
 
 
 # ---------------------------------------------------------------------------------------------
