@@ -87,6 +87,8 @@ def sweep(policy) -> str:
         for scales in VEHICLES.values():
             for h0 in HEIGHTS:
                 z, vz = descend(policy, p, h0, scales)
+                if not (z < LANDED).any():
+                    raise SystemExit(f"error: {label}: a vehicle from {h0:g} m never came below {LANDED * 100:.0f} cm")
                 k = int(np.argmax(z < LANDED))
                 fastest.append(-vz[k:].min())
                 lags.append((k + 1) * POLICY_PERIOD - p.fall_time(h0, 0.0))
@@ -111,6 +113,8 @@ def main() -> None:
     for name, scales in VEHICLES.items():
         for h0 in HEIGHTS:
             z, vz = descend(policy, profile, h0, scales)
+            if not (z < LANDED).any():
+                raise SystemExit(f"error: {name} from {h0:g} m never came below {LANDED * 100:.0f} cm in 5 s")
             floor = profile.fall_time(h0, 0.0)  # s: the setpoint reaches the floor
             timer = floor + SPIN_DOWN_S  # its time, as an open-loop descent's timer would count it
             k = int(np.argmax(z < LANDED))  # the period it is first below landed_height

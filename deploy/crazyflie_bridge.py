@@ -649,7 +649,7 @@ class CrazyflieBridge(ControllerNode):
             cmd = dataclasses.replace(cmd, mode=self.controller.mode)
         if cmd.mode is not Mode.FAILSAFE:  # recovered on valid states, or the rotors are off
             self._estimate_broken = None
-        descent = self.descent.setpoint(cmd, self.controller.latest, now)
+        descent = self.descent.setpoint(cmd, self.controller, now)
         if descent is not None:
             self._uplink.position(epoch, *descent)
         elif cmd.mode is Mode.ARMED:

@@ -14,7 +14,7 @@ that leaves its policy mode (a policy error on the MCU: non-finite input or outp
 error here too, so the safety layer fails safe; the glue's fault stays latched until the safety
 layer disarms, which sends it the stop setpoint the real bridge sends. A failsafe is flown as on the
 real vehicle: the MCU's policy flies the descending position setpoints crazyflie_bridge sends
-(``safety.OnboardDescent``), with the same longer timer for its lag; the safety layer's open-loop
+(``safety.OnboardDescent``), timed along ``DescentProfile.onboard`` plus its lag; the safety layer's open-loop
 descent command stands in only where the glue does not fly (a latched fault: the vehicle's stock PID
 fallback is not in the image). The ONNX file is loaded too,
 for the contract check, and the image is refused unless its policy.c computes the ONNX model's
@@ -143,7 +143,7 @@ class FirmwareBridge(ControllerNode):
         the safety layer's open-loop rotor command. That command stands where the MCU cannot fly it (no
         current state here, the glue's latched fault, a failed MCU). Actions are clipped as the safety
         layer clips the policy's. ``status`` keeps showing the safety layer's previous action."""
-        setpoint = self.descent.setpoint(cmd, self.controller.latest, now)
+        setpoint = self.descent.setpoint(cmd, self.controller, now)
         if setpoint is None or not self.controller.state_fresh(now):
             return cmd
         action = self.glue.fly_to(setpoint)

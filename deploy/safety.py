@@ -482,6 +482,16 @@ class SafeController:
         """Height above the floor from the last valid state (m), None before any."""
         return None if self._latest is None else float(self._latest.pos[2] - self.cfg.ground_height)
 
+    def descent_start(self, now: float) -> tuple[float, float, float] | None:
+        """Where a failsafe descent at ``now`` is timed from: world z (m), vertical velocity (m/s, up > 0) and
+        the time (s) of that state: the last valid one, or the last in the air where the one near the floor
+        may be a glitch (``_fall_from``); None before any valid state. OnboardDescent starts its setpoints
+        there, so that they and the timer follow one profile."""
+        if self._latest is None:
+            return None
+        h, v, since = self._fall_from(now)
+        return self.cfg.ground_height + h, v, now - since
+
     # ------------------------------------------------------------------ services
     def arm(self, now: float) -> tuple[bool, str]:
         self._check_clock(now)
@@ -772,9 +782,9 @@ class DescentProfile:
     """A failsafe descent from a height above the floor (m) and a vertical velocity (m/s, world z, up > 0):
     sinking at ``accel`` (m/s^2), from that velocity if sinking, from rest if climbing (a setpoint goes
     down at once; the timer's ``fall_time`` counts a climbing vehicle's rise to a stop at ``accel`` first);
-    with ``brake`` > 0, decelerating at ``brake`` (m/s^2, or harder if the start is already too fast to stop
-    in time) so as to sink at ``touchdown`` (m/s) from ``flare`` (m above the floor) down (at once from a
-    start below it). ``settle_s`` (s) is what the descent's timer adds to the time to the floor before the
+    with ``brake`` > 0, decelerating at ``brake`` (m/s^2, or as hard as it takes if the start is already too
+    fast to stop in time: harder than a vehicle may manage, which then lands faster) so as to sink at
+    ``touchdown`` (m/s) from ``flare`` (m above the floor) down (at once from a start below it). ``settle_s`` (s) is what the descent's timer adds to the time to the floor before the
     rotors are cut."""
 
     accel: float
@@ -847,21 +857,25 @@ class DescentProfile:
 class OnboardDescent:
     """The failsafe descent as position setpoints, for a vehicle whose onboard policy flies it instead
     of this layer's open-loop rotor command (crazyflie_bridge: the real vehicle; firmware_bridge: the
-    emulated MCU): from the last valid x, y and height, along ``profile`` (DescentProfile.onboard: sinking
-    as the open-loop descent, braking to the floor), so that it reaches the floor no later than the safety
-    layer's timer, which times the same profile (SafeController's ``descent``) and adds the policy's lag."""
+    emulated MCU): at the last valid x, y, from the height and vertical velocity the safety layer times the
+    descent from (SafeController.descent_start), along ``profile`` (DescentProfile.onboard: sinking as the
+    open-loop descent, braking to the floor), so that it reaches the floor no later than the safety layer's
+    timer, which times the same profile (SafeController's ``descent_profile``) and adds the policy's lag."""
 
     def __init__(self, cfg: SafetyConfig):
         self.profile, self.ground = DescentProfile.onboard(cfg), cfg.ground_height
-        self._from: tuple[float, np.ndarray, float] | None = None  # start (s), last valid position (m), its vz (m/s)
+        # start: its time (s), the last valid x, y (m, world), world z (m) and vertical velocity (m/s)
+        self._from: tuple[float, np.ndarray, float, float] | None = None
 
-    def setpoint(self, cmd: Command, latest: State | None, now: float) -> np.ndarray | None:
-        """Where the vehicle is sent at ``now`` (world, m) while ``cmd`` is a failsafe's and a valid state
-        was ever received, else None (and the next failsafe starts anew)."""
+    def setpoint(self, cmd: Command, controller: SafeController, now: float) -> np.ndarray | None:
+        """Where the vehicle is sent at ``now`` (world, m) while ``cmd`` is a failsafe's and ``controller``
+        ever received a valid state, else None (and the next failsafe starts anew)."""
+        latest = controller.latest
         if cmd.mode is not Mode.FAILSAFE or latest is None:
             self._from = None
             return None
         if self._from is None:
-            self._from = (now, latest.pos.copy(), float(latest.vel[2]))
-        t0, p0, vz0 = self._from
-        return np.array([p0[0], p0[1], self.profile.z(p0[2], vz0, now - t0, self.ground)])
+            z0, vz0, t0 = controller.descent_start(now)
+            self._from = (t0, latest.pos[:2].copy(), z0, vz0)
+        t0, xy, z0, vz0 = self._from
+        return np.array([xy[0], xy[1], self.profile.z(z0, vz0, now - t0, self.ground)])

@@ -3326,6 +3326,29 @@ def test_the_onboard_descent_brakes_to_the_touchdown_speed_and_reaches_the_floor
     assert p.z(ground + z0, vz0, fall + 1.0, ground) == ground
 
 
+def test_the_onboard_descent_starts_where_its_timer_starts_after_a_glitch_to_the_floor():
+    """A sample at the floor 10 ms after the vehicle was 0.3 m up (within max_jump: valid), then no more: the
+    failsafe is timed from the last state in the air (a free fall could not have reached the floor yet), and the
+    onboard descent's setpoints start there too, not on the floor at once (the policy would dive to it
+    without braking)."""
+    cfg = SafetyConfig()
+    c, descent = SafeController(FakePolicy(), cfg, descent=DescentProfile.onboard(cfg)), OnboardDescent(cfg)
+    for k in range(6):
+        c.on_state(make_state([0.0, 0.0, 0.3], [1, 0, 0, 0], [0.0, 0.0, 0.0], [0, 0, 0], 0.01 * k), 0.01 * k)
+        if k == 0:
+            assert c.arm(0.0)[0]
+        assert c.tick(0.01 * k).mode is Mode.ARMED
+    glitch = make_state([0.0, 0.0, 0.02], [1, 0, 0, 0], [0.0, 0.0, 0.0], [0, 0, 0], 0.06)
+    assert c.on_state(glitch, 0.06) is None and c.height() == pytest.approx(0.02)  # believed
+    now = 0.06 + cfg.stale_timeout + 0.01
+    cmd = c.tick(now)
+    assert cmd.mode is Mode.FAILSAFE, cmd.reason
+    z0, vz0, t0 = c.descent_start(now)
+    assert (z0, vz0, t0) == pytest.approx((0.3, 0.0, 0.05))
+    first = descent.setpoint(cmd, c, now)[2]
+    assert first == pytest.approx(DescentProfile.onboard(cfg).z(0.3, 0.0, now - 0.05, 0.0)) and first > 0.25
+
+
 def test_descent_profiles_refuse_what_would_never_land():
     with pytest.raises(ValueError, match="needs a touchdown speed > 0"):
         DescentProfile(1.0, brake=1.0)
@@ -3382,6 +3405,8 @@ def test_the_bridges_failsafe_setpoint_reaches_the_floor_before_the_stop(vz):
     assert len(descent) > 10 and descent[-1] == 0.0 and all(a >= b for a, b in zip(descent, descent[1:])), descent
     on_floor = len(descent) - descent.index(0.0)  # periods the setpoint was on the floor before the stop
     assert on_floor * 0.01 >= c.descent_profile.settle_s - 0.02, on_floor  # the policy's lag and the spin-down
+    if vz <= 0.0:  # (a climbing vehicle's timer also counts a rise the setpoint does not make)
+        assert on_floor * 0.01 <= c.descent_profile.settle_s + 0.02, on_floor
 
 
 # ---------------------------------------------------------------------------------------------
