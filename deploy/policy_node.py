@@ -73,6 +73,9 @@ Policy = Callable[[np.ndarray], np.ndarray]
 RECORDER = "recorder"  # the recorder node's name (deploy/recorder.py), which wait_for_recorder_s waits for
 STATUS_EVERY = 10  # ticks between periodic status messages (10 Hz at the 10 ms period)
 DROP_LOG_EVERY_S = 1.0  # at most one log line per this many seconds (node clock) about dropped state samples
+# At most one log line per this many seconds (node clock) about the same kind of failed actuation: a radio
+# error that comes and goes between sent setpoints logged up to every period (100 lines/s) before.
+ACTUATION_LOG_EVERY_S = 5.0
 
 
 class Percentiles:
@@ -203,7 +206,8 @@ class ControllerNode(Node):
         # taken when /clock ticked): the policy then acts one period late, which lock-step is meant to avoid
         self.older_state_ticks = 0
         self._last = ("", "")
-        self._actuate_error = ""  # the last actuation failure logged (each kind once in a row)
+        # The kind of actuation failure last logged, when (_now()), and its repeats not logged since
+        self._actuate_log: tuple[str, float, int] = ("", -math.inf, 0)
         self._clock_seen_wall: float | None = None  # when /clock last drove a tick (sim time)
         # Sim time, steady-clock seconds (time.monotonic): the watchdog's last run, when this node last ran
         # again after a stall of its own, and whether the watchdog is ticking for a stopped /clock
@@ -284,6 +288,19 @@ class ControllerNode(Node):
             log = self.get_logger()
             (log.info if self.controller.mode is Mode.DISARMED else log.warning)(
                 f"state sample dropped, {why}" + (f" ({n} dropped since the last such line)" if n > 1 else ""))
+
+    def _log_actuation_failure(self, kind: str) -> None:
+        """Log a failed actuation: a new kind of failure at once, the same kind again at most once per
+        ACTUATION_LOG_EVERY_S (node clock), with how often it came since its last line."""
+        last, logged_at, unlogged = self._actuate_log
+        t = self._now()
+        if kind == last and 0.0 <= t - logged_at < ACTUATION_LOG_EVERY_S:  # (a clock that went back logs again)
+            self._actuate_log = (last, logged_at, unlogged + 1)
+            return
+        again = unlogged if kind == last else 0
+        self._actuate_log = (kind, t, 0)
+        self.get_logger().error(f"actuation failed: {kind}"
+                                + (f" (and {again} times since its last line, not logged)" if again else ""))
 
     def link_problem(self) -> str | None:
         """Why commands cannot reach the vehicle (crazyflie_bridge: no radio link), or None."""
@@ -408,12 +425,8 @@ class ControllerNode(Node):
             self.older_state_ticks += 1
         try:
             self.actuate(cmd, now)
-            self._actuate_error = ""
         except Exception as e:  # hardware output failing (a dead MCU, a radio error) must not stop the ticks
-            kind = f"{type(e).__name__}: {e}"[:200]
-            if kind != self._actuate_error:
-                self.get_logger().error(f"actuation failed: {kind}")
-            self._actuate_error = kind
+            self._log_actuation_failure(f"{type(e).__name__}: {e}"[:200])
         self._publish_tick(cmd)
         if received is not None:
             if cmd.mode is Mode.ARMED:

@@ -718,7 +718,7 @@ def test_sim_time_ticks_on_an_older_state_are_counted():
     node.controller, node._to_rpm, node._now = c, lambda a: a, lambda: clock["t"]
     node.cmd_pub = type("Pub", (), {"publish": lambda self, m: None})()
     node._publish_status = lambda cmd: None
-    node._state_received_at, node._ticks, node._last, node._actuate_error = None, 0, ("", ""), ""
+    node._state_received_at, node._ticks, node._last, node._actuate_log = None, 0, ("", ""), ("", -math.inf, 0)
     node.latency, node._recorder_deadline, node.use_sim_time, node.older_state_ticks = Percentiles(), None, True, 0
     node._recorder_hold = None
     c.on_state(hover_state(1.0), 1.0)
@@ -751,7 +751,7 @@ def test_auto_arm_waits_for_the_recorder_to_listen(recorder):
     node.status_pub = type("Pub", (), {"topic_name": "/cf1/status",
                                        "get_subscription_count": lambda self: matched[self.topic_name]})()
     node._publish_status = lambda cmd: statuses.append((cmd.mode, cmd.reason))
-    node._state_received_at, node._ticks, node._last, node._actuate_error = None, 0, ("", ""), ""
+    node._state_received_at, node._ticks, node._last, node._actuate_log = None, 0, ("", ""), ("", -math.inf, 0)
     node.latency, node.use_sim_time, node.older_state_ticks = Percentiles(), False, 0
     node._recorder_hold = "waiting for the recorder (at most 60 s)"
     node.get_logger = lambda: type("Log", (), {k: staticmethod(logged.append) for k in ("info", "warning")})()
@@ -2026,7 +2026,7 @@ def fake_bridge(controller: SafeController, clock: FakeClock, connected: bool = 
     b.status_pub = type("Pub", (), {"publish": lambda self, msg: b.statuses.append(json.loads(msg.data))})()
     b.cmd_pub = type("Pub", (), {"publish": lambda self, msg: b.rotor_cmds.append(list(msg.data))})()
     b._status_msg, b._to_rpm = String, lambda a: action_to_rpm(a, NOMINAL.rpm_max)
-    b._last, b._ticks, b._actuate_error, b.watchdog_ticks, b._recorder_deadline = ("", ""), 0, "", 0, None
+    b._last, b._ticks, b._actuate_log, b.watchdog_ticks, b._recorder_deadline = ("", ""), 0, ("", -math.inf, 0), 0, None
     b.use_sim_time, b.older_state_ticks, b._recorder_hold = False, 0, None
     # rclpy's logger writes from C (a dead output pipe does not raise there): kept in a list here
     b.logged = []
@@ -3121,7 +3121,7 @@ def test_a_failed_mcu_is_asked_once_and_the_ticks_go_on():
     published, statuses, errors = [], [], []
     node.controller, node._to_rpm, node._now = c, lambda a: a, lambda: 0.0
     node.cmd_pub = type("Pub", (), {"publish": lambda self, m: published.append(m)})()
-    node._state_received_at, node._ticks, node._last, node._actuate_error = None, 0, ("", ""), ""
+    node._state_received_at, node._ticks, node._last, node._actuate_log = None, 0, ("", ""), ("", -math.inf, 0)
     node.latency, node._recorder_deadline = Percentiles(), None
     node.use_sim_time, node.older_state_ticks, node._recorder_hold = False, 0, None
     node._publish_status = lambda cmd: statuses.append(cmd.mode)
@@ -3131,8 +3131,12 @@ def test_a_failed_mcu_is_asked_once_and_the_ticks_go_on():
         node._tick()
     assert len(published) == 3 and node._ticks == 3 and statuses
     assert len(errors) == 1 and "the MCU failed earlier" in errors[0], errors
-    # the same error again after an actuation that succeeded is logged again (each kind once in a row)
-    outcomes = iter([None, RuntimeError("radio"), RuntimeError("radio"), None, RuntimeError("radio")])
+    # An error that comes and goes (a radio error between sent setpoints): logged once per ACTUATION_LOG_EVERY_S
+    # of the node's clock with how often it came in between; another kind at once.
+    from deploy.policy_node import ACTUATION_LOG_EVERY_S
+
+    outcomes = iter([None, RuntimeError("radio"), RuntimeError("radio"), None, RuntimeError("radio"),
+                     RuntimeError("radio"), OSError("usb"), RuntimeError("radio")])
 
     def actuate(cmd, now):
         outcome = next(outcomes)
@@ -3142,7 +3146,13 @@ def test_a_failed_mcu_is_asked_once_and_the_ticks_go_on():
     node.actuate = actuate
     for _ in range(5):
         node._tick()
-    assert errors[1:] == ["actuation failed: RuntimeError: radio"] * 2, errors
+    assert errors[1:] == ["actuation failed: RuntimeError: radio"], errors  # and twice more, not logged
+    node._now = lambda: ACTUATION_LOG_EVERY_S  # that long later
+    node._tick()
+    assert errors[2:] == ["actuation failed: RuntimeError: radio (and 2 times since its last line, not logged)"], errors
+    node._tick()
+    node._tick()
+    assert errors[3:] == ["actuation failed: OSError: usb", "actuation failed: RuntimeError: radio"], errors
 
 
 def test_the_hil_failsafe_is_the_mcus_only_from_a_current_state_and_a_flying_glue():
@@ -3211,7 +3221,7 @@ def test_a_failed_mcu_refuses_arming_holds_auto_arm_and_says_so():
     assert why.startswith("the emulated MCU failed (TimeoutError: no answer") and why.endswith("restart the bridge")
     assert b.link_problem() is None
     b._recorder_hold, b._recorder_deadline, b.use_sim_time, b.older_state_ticks = None, None, False, 0
-    b._state_received_at, b._ticks, b._last, b._actuate_error = None, 0, ("", ""), ""
+    b._state_received_at, b._ticks, b._last, b._actuate_log = None, 0, ("", ""), ("", -math.inf, 0)
     b.cmd_pub = type("Pub", (), {"publish": lambda self, m: None})()
     b._publish_status, b._to_rpm, b.actuate = lambda cmd: None, lambda a: a, lambda cmd, now: None
     b._tick()  # the node's tick: auto_arm holds
@@ -3245,7 +3255,7 @@ def test_a_mcu_that_fails_in_flight_is_a_failsafe_that_lands_without_recovering(
     b._now, b._report_change = lambda: now[0], lambda always=False: None
     b.get_logger = lambda: type("Log", (), {k: staticmethod(lambda m: None) for k in ("info", "warning", "error")})()
     b._recorder_hold, b._recorder_deadline, b.use_sim_time, b.older_state_ticks = None, None, False, 0
-    b._state_received_at, b._ticks, b._last, b._actuate_error = None, 0, ("", ""), ""
+    b._state_received_at, b._ticks, b._last, b._actuate_log = None, 0, ("", ""), ("", -math.inf, 0)
     b.cmd_pub = type("Pub", (), {"publish": lambda self, m: None})()
     b._publish_status, b._to_rpm, b.actuate = lambda cmd: None, lambda a: a, lambda cmd, now: None
     c.on_state(hover_state(), 0.0)
