@@ -1,7 +1,7 @@
 """The failsafe descent as the real vehicle flies it: the shipped hover policy following the descending
 position setpoints crazyflie_bridge sends (deploy.safety.OnboardDescent: sinking, then braking to the floor;
 no velocity reference), in the
-torch simulator, from rest at each height, for the nominal vehicle and corners of the hover training's
+torch simulator, from rest at each height and from fast sinks (STARTS), for the nominal vehicle and corners of the hover training's
 randomization. It measures how long the vehicle lags its setpoint, which ONBOARD_DESCENT_LAG_S (the
 no-state timer's margin, deploy/safety.py) must cover, and how fast it reaches the floor. ``--sweep``
 adds the same descents along other profiles (braking, touchdown speed, flare height; the one without
@@ -31,6 +31,9 @@ from sim.crazyflie.params import GRAVITY, NOMINAL, action_to_rpm
 
 POLICY = Path(__file__).resolve().parents[1] / "policies/pretrained/quad_hover/export/policy.onnx"
 HEIGHTS = (1.0, 2.5)  # m: a hover, and the geofence's ceiling
+# The main table's starts: from rest at HEIGHTS, and failsafes during a fast sink: at 1 m sinking at 1 m/s (on
+# the braking curve's reach), and at 0.5 m sinking at 1.5 m/s (beyond it: the setpoint brakes at 2.7 m/s^2)
+STARTS = tuple((h, 0.0) for h in HEIGHTS) + ((1.0, -1.0), (0.5, -1.5))
 # Scales of the nominal vehicle (the hover training's randomization ranges, sim/crazyflie/hover.py).
 VEHICLES = {
     "nominal": {},
@@ -43,24 +46,24 @@ VEHICLES = {
 LANDED = SafetyConfig().landed_height  # m
 
 
-def descend(policy, profile: DescentProfile, h0: float, scales: dict,
+def descend(policy, profile: DescentProfile, h0: float, scales: dict, vz0: float = 0.0,
             seconds: float = 5.0) -> tuple[np.ndarray, np.ndarray]:
     """Heights (m) and vertical velocities (m/s) after each 10 ms period of a descent along ``profile`` from
-    rest at ``h0``, over sim_bridge's floor (a vehicle below z = 0 is put back on it at rest; the velocity
-    recorded is the one before)."""
+    ``h0`` (m) at vertical velocity ``vz0`` (m/s, up > 0), level, over sim_bridge's floor (a vehicle below
+    z = 0 is put back on it at rest; the velocity recorded is the one before)."""
     backend, v = make_backend("torch", 1, NOMINAL, 1, "cpu"), VehicleBatch.nominal(1, NOMINAL)
     v.mass *= scales.get("mass", 1.0)
     v.kf *= scales.get("kf", 1.0)
     v.thrust_scale[:] = scales.get("thrust_scale", 1.0)
     v.motor_tau[:] = scales.get("motor_tau", NOMINAL.motor_tau)
     s = torch.zeros(1, STATE_DIM)
-    s[0, POS.start + 2], s[0, QUAT.start] = h0, 1.0  # level: w of (w, x, y, z)
+    s[0, POS.start + 2], s[0, QUAT.start], s[0, VEL.start + 2] = h0, 1.0, vz0  # level: w of (w, x, y, z)
     s[0, RPM] = float(torch.sqrt(v.mass * GRAVITY / (4 * v.kf * v.thrust_scale))[0])  # its hover speed
     backend.set_state(torch.arange(1), s, v)
     prev, zeros, z, vz = np.full(4, NOMINAL.hover_action), torch.zeros(1, 3), [], []
     for k in range(int(round(seconds / POLICY_PERIOD))):
         x = backend.state[0].double().numpy()
-        setpoint = np.array([0.0, 0.0, profile.z(h0, 0.0, k * POLICY_PERIOD, 0.0)])
+        setpoint = np.array([0.0, 0.0, profile.z(h0, vz0, k * POLICY_PERIOD, 0.0)])
         prev = np.clip(np.asarray(policy(observation(make_state(x[POS], x[QUAT], x[VEL], x[OMEGA], 0.0), setpoint,
                                                                   prev.astype(np.float32))), float), -1.0, 1.0)
         after = backend.step(torch.as_tensor(action_to_rpm(prev, NOMINAL.rpm_max), dtype=torch.float32)[None],
@@ -111,21 +114,21 @@ def main() -> None:
     profile = DescentProfile.onboard(SafetyConfig())
     rows, worst = [], 0.0
     for name, scales in VEHICLES.items():
-        for h0 in HEIGHTS:
-            z, vz = descend(policy, profile, h0, scales)
+        for h0, vz0 in STARTS:
+            z, vz = descend(policy, profile, h0, scales, vz0)
             if not (z < LANDED).any():
                 raise SystemExit(f"error: {name} from {h0:g} m never came below {LANDED * 100:.0f} cm in 5 s")
-            floor = profile.fall_time(h0, 0.0)  # s: the setpoint reaches the floor
+            floor = profile.fall_time(h0, vz0)  # s: the setpoint reaches the floor
             timer = floor + SPIN_DOWN_S  # its time, as an open-loop descent's timer would count it
             k = int(np.argmax(z < LANDED))  # the period it is first below landed_height
             landed = (k + 1) * POLICY_PERIOD
             worst = max(worst, landed - floor)
             t = int(round(timer / POLICY_PERIOD)) - 1
-            rows.append(f"| {name} | {h0:g} | {landed - floor:.2f} | {z[t]:.2f} m, {vz[t]:.2f} m/s | {vz[k]:.2f} | "
+            rows.append(f"| {name} | {h0:g}, {vz0:g} | {landed - floor:.2f} | {z[t]:.2f} m, {vz[t]:.2f} m/s | {vz[k]:.2f} | "
                         f"{vz[k:].min():.2f} |")
-    body = f"""Policy: `policies/pretrained/quad_hover` (its export), setpoints of `deploy.safety.OnboardDescent` (descent_thrust_ratio {SafetyConfig().descent_thrust_ratio}: sinking at {profile.accel:.2f} m/s^2, braking at {profile.brake:.2f} m/s^2 to {profile.touchdown:g} m/s at {profile.flare:g} m, then on at that speed), torch simulator, from rest.
+    body = f"""Policy: `policies/pretrained/quad_hover` (its export), setpoints of `deploy.safety.OnboardDescent` (descent_thrust_ratio {SafetyConfig().descent_thrust_ratio}: sinking at {profile.accel:.2f} m/s^2, braking at {profile.brake:.2f} m/s^2 to {profile.touchdown:g} m/s at {profile.flare:g} m, then on at that speed), torch simulator, level, at hover rotor speed.
 
-| vehicle | from [m] | below {LANDED * 100:.0f} cm, after the setpoint reached the floor [s] | at the setpoint's arrival + {SPIN_DOWN_S} s: height, vertical velocity | vertical velocity below {LANDED * 100:.0f} cm [m/s] | fastest sink from there [m/s] |
+| vehicle | from [m], vertical velocity [m/s] | below {LANDED * 100:.0f} cm, after the setpoint reached the floor [s] | at the setpoint's arrival + {SPIN_DOWN_S} s: height, vertical velocity | vertical velocity below {LANDED * 100:.0f} cm [m/s] | fastest sink from there [m/s] |
 |---|---:|---:|---|---:|---:|
 """ + "\n".join(rows) + f"""
 

@@ -748,9 +748,9 @@ class SafeController:
 # How long the onboard policy's descent may lag the setpoints it follows (s): a position setpoint has no
 # velocity reference, so a policy may brake the sink. Measured by `python -m benchmarks.onboard_descent`
 # (BENCHMARKS.md, "Onboard failsafe descent": the shipped hover policy in the torch simulator, from rest at
-# 1.0 and 2.5 m, for the nominal vehicle and corners of the randomization): below landed_height (5 cm) at
-# most 0.27 s after the braking setpoint reached the floor (the light, fast vehicle, which hovers above its
-# setpoint; the others 0.04 s after it or sooner). With this lag the timer, which alone ends a descent when
+# 1.0 and 2.5 m and from fast sinks, 1 m/s at 1 m and 1.5 m/s at 0.5 m, for the nominal vehicle and corners of
+# the randomization): below landed_height (5 cm) at most 0.27 s after the braking setpoint reached the floor
+# (the light, fast vehicle, which hovers above its setpoint; the others 0.12 s after it or sooner). With this lag the timer, which alone ends a descent when
 # no state arrives, cuts the rotors 1.1 s after the setpoint reached the floor, 0.83 s after the latest of
 # them was on it; from the geofence's 2.5 m ceiling at rest it runs 3.29 + 0.3 + 0.8 = 4.39 s, inside
 # crazyflie_bridge's LANDING_LIMIT_S (4.5 s).
@@ -783,7 +783,8 @@ class DescentProfile:
     sinking at ``accel`` (m/s^2), from that velocity if sinking, from rest if climbing (a setpoint goes
     down at once; the timer's ``fall_time`` counts a climbing vehicle's rise to a stop at ``accel`` first);
     with ``brake`` > 0, decelerating at ``brake`` (m/s^2, or as hard as it takes if the start is already too
-    fast to stop in time: harder than a vehicle may manage, which then lands faster) so as to sink at
+    fast to stop in time: harder than a policy lagging it follows, which then lands faster: the weakest
+    vehicle of benchmarks.onboard_descent at 1.2 m/s from 1.5 m/s at 0.5 m) so as to sink at
     ``touchdown`` (m/s) from ``flare`` (m above the floor) down (at once from a start below it). ``settle_s`` (s) is what the descent's timer adds to the time to the floor before the
     rotors are cut."""
 
