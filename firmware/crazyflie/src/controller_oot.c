@@ -8,7 +8,8 @@
  * (0..THRUST_MAX N per motor) and, with CONFIG_ENABLE_THRUST_BAT_COMPENSATED, inverts its
  * measured thrust(voltage) curve and the battery voltage into PWM. kf is the simulator's
  * (sim/crazyflie/params.py) so a command means the thrust the policy was trained to expect.
- * With the stock THRUST_MAX (0.1125 N) actions above ~0.74 saturate at full PWM.
+ * With the stock THRUST_MAX (0.1125 N) actions above ~0.74 saturate at a normalized force of 1 (THRUST_MAX;
+ * the PWM that gives it depends on the battery voltage).
  *
  * Fallback: the stock PID controller runs on every step (output discarded while the policy flies).
  * On the step it takes over, its PIDs and filters are reset to the current state first: running
