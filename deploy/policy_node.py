@@ -78,6 +78,26 @@ DROP_LOG_EVERY_S = 1.0  # at most one log line per this many seconds (node clock
 ACTUATION_LOG_EVERY_S = 5.0
 
 
+class LogLimiter:
+    """At most one log line per ``every`` seconds (the caller's clock) for events of one kind; an event of
+    another kind than the last line's gets its line at once, and a clock that went back lets a line through."""
+
+    def __init__(self, every: float):
+        self.every = every
+        self._kind: str | None = None  # the kind of the last line
+        self._at, self._held = -math.inf, 0  # its time (s), and the events of its kind held back since
+
+    def due(self, kind: str, t: float) -> int | None:
+        """None if the event at ``t`` (s) gets no line; else how many of its kind were held back since that
+        kind's last line (0 after a line of another kind)."""
+        if kind == self._kind and 0.0 <= t - self._at < self.every:
+            self._held += 1
+            return None
+        held = self._held if kind == self._kind else 0
+        self._kind, self._at, self._held = kind, t, 0
+        return held
+
+
 class Percentiles:
     """Rolling p50/p99 of the last ``n`` samples (s), reported in ms."""
 
@@ -198,7 +218,7 @@ class ControllerNode(Node):
         self.latency, self.inference = Percentiles(), Percentiles()
         self.rejected: dict[str, int] = {}
         self.accepted = 0  # valid states received
-        self._drop_logged_at, self._drops_unlogged = -math.inf, 0  # (_now() of the last line, drops since)
+        self._drop_log = LogLimiter(DROP_LOG_EVERY_S)  # on _now()
         self._state_received_at: float | None = None  # perf_counter of the newest unused state
         self._ticks = 0
         self.watchdog_ticks = 0  # ticks forced by the steady clock because /clock stopped
@@ -206,8 +226,7 @@ class ControllerNode(Node):
         # taken when /clock ticked): the policy then acts one period late, which lock-step is meant to avoid
         self.older_state_ticks = 0
         self._last = ("", "")
-        # The kind of actuation failure last logged, when (_now()), and its repeats not logged since
-        self._actuate_log: tuple[str, float, int] = ("", -math.inf, 0)
+        self._actuate_log = LogLimiter(ACTUATION_LOG_EVERY_S)  # on _now(), per kind of failure
         self._clock_seen_wall: float | None = None  # when /clock last drove a tick (sim time)
         # Sim time, steady-clock seconds (time.monotonic): the watchdog's last run, when this node last ran
         # again after a stall of its own, and whether the watchdog is ticking for a stopped /clock
@@ -281,26 +300,19 @@ class ControllerNode(Node):
         last such line: a glitch is seen in the log, a burst of them does not flood it (status counts all).
         A warning while the rotors may turn; information while disarmed (a simulator's first samples come
         late while the processes start: that warned on every healthy start)."""
-        self._drops_unlogged += 1
-        t = self._now()
-        if not 0.0 <= t - self._drop_logged_at < DROP_LOG_EVERY_S:  # (a clock that went back logs again)
-            n, self._drops_unlogged, self._drop_logged_at = self._drops_unlogged, 0, t
+        held = self._drop_log.due("dropped", self._now())
+        if held is not None:
             log = self.get_logger()
             (log.info if self.controller.mode is Mode.DISARMED else log.warning)(
-                f"state sample dropped, {why}" + (f" ({n} dropped since the last such line)" if n > 1 else ""))
+                f"state sample dropped, {why}" + (f" ({held + 1} dropped since the last such line)" if held else ""))
 
     def _log_actuation_failure(self, kind: str) -> None:
         """Log a failed actuation: a new kind of failure at once, the same kind again at most once per
         ACTUATION_LOG_EVERY_S (node clock), with how often it came since its last line."""
-        last, logged_at, unlogged = self._actuate_log
-        t = self._now()
-        if kind == last and 0.0 <= t - logged_at < ACTUATION_LOG_EVERY_S:  # (a clock that went back logs again)
-            self._actuate_log = (last, logged_at, unlogged + 1)
-            return
-        again = unlogged if kind == last else 0
-        self._actuate_log = (kind, t, 0)
-        self.get_logger().error(f"actuation failed: {kind}"
-                                + (f" (and {again} times since its last line, not logged)" if again else ""))
+        held = self._actuate_log.due(kind, self._now())
+        if held is not None:
+            self.get_logger().error(f"actuation failed: {kind}"
+                                    + (f" (and {held} times since its last line, not logged)" if held else ""))
 
     def link_problem(self) -> str | None:
         """Why commands cannot reach the vehicle (crazyflie_bridge: no radio link), or None."""

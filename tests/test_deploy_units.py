@@ -29,7 +29,7 @@ from deploy.crazyflie_bridge import (
     state_from_log,
 )
 from deploy.launch import LaunchError, Scope, parse_cli, plan, substitute
-from deploy.policy_node import STATUS_EVERY
+from deploy.policy_node import ACTUATION_LOG_EVERY_S, DROP_LOG_EVERY_S, STATUS_EVERY, LogLimiter
 from deploy.ros import NODE_PARAMETERS, PARAMETERS, names_node, params_file_sections, ros_arguments
 from deploy.safety import (
     CLOCK_RESTART_WINDOW_S,
@@ -209,7 +209,8 @@ def test_failsafe_descent_gives_its_share_of_hover_thrust():
         rpm = (c.descent_action + 1.0) / 2.0 * NOMINAL.rpm_max
         thrust = 4 * NOMINAL.kf * rpm**2
         assert thrust / (NOMINAL.mass * GRAVITY) == pytest.approx(ratio, rel=1e-9)
-        assert c.descent_profile.accel == pytest.approx((1.0 - ratio) * GRAVITY, rel=1e-12) and c.descent_profile.brake == 0.0
+        p = c.descent_profile
+        assert p.accel == pytest.approx((1.0 - ratio) * GRAVITY, rel=1e-12) and p.brake == 0.0
 
 
 @pytest.mark.parametrize("fault", ["stale", "nan", "out_of_range", "geofence", "policy_exception", "policy_nan"])
@@ -718,7 +719,8 @@ def test_sim_time_ticks_on_an_older_state_are_counted():
     node.controller, node._to_rpm, node._now = c, lambda a: a, lambda: clock["t"]
     node.cmd_pub = type("Pub", (), {"publish": lambda self, m: None})()
     node._publish_status = lambda cmd: None
-    node._state_received_at, node._ticks, node._last, node._actuate_log = None, 0, ("", ""), ("", -math.inf, 0)
+    node._state_received_at, node._ticks, node._last, node._actuate_log = (
+        None, 0, ("", ""), LogLimiter(ACTUATION_LOG_EVERY_S))
     node.latency, node._recorder_deadline, node.use_sim_time, node.older_state_ticks = Percentiles(), None, True, 0
     node._recorder_hold = None
     c.on_state(hover_state(1.0), 1.0)
@@ -751,7 +753,8 @@ def test_auto_arm_waits_for_the_recorder_to_listen(recorder):
     node.status_pub = type("Pub", (), {"topic_name": "/cf1/status",
                                        "get_subscription_count": lambda self: matched[self.topic_name]})()
     node._publish_status = lambda cmd: statuses.append((cmd.mode, cmd.reason))
-    node._state_received_at, node._ticks, node._last, node._actuate_log = None, 0, ("", ""), ("", -math.inf, 0)
+    node._state_received_at, node._ticks, node._last, node._actuate_log = (
+        None, 0, ("", ""), LogLimiter(ACTUATION_LOG_EVERY_S))
     node.latency, node.use_sim_time, node.older_state_ticks = Percentiles(), False, 0
     node._recorder_hold = "waiting for the recorder (at most 60 s)"
     node.get_logger = lambda: type("Log", (), {k: staticmethod(logged.append) for k in ("info", "warning")})()
@@ -2020,13 +2023,14 @@ def fake_bridge(controller: SafeController, clock: FakeClock, connected: bool = 
     b.get_clock = lambda: clock
     b._now = b._steady = lambda: clock.t
     b.rejected, b.accepted, b._state_received_at = {}, 0, None
-    b._drop_logged_at, b._drops_unlogged = -math.inf, 0
+    b._drop_log = LogLimiter(DROP_LOG_EVERY_S)
     # /status and rotor_cmd (the node's own _tick and _report_change publish them) are recorded too
     b.statuses, b.rotor_cmds = [], []
     b.status_pub = type("Pub", (), {"publish": lambda self, msg: b.statuses.append(json.loads(msg.data))})()
     b.cmd_pub = type("Pub", (), {"publish": lambda self, msg: b.rotor_cmds.append(list(msg.data))})()
     b._status_msg, b._to_rpm = String, lambda a: action_to_rpm(a, NOMINAL.rpm_max)
-    b._last, b._ticks, b._actuate_log, b.watchdog_ticks, b._recorder_deadline = ("", ""), 0, ("", -math.inf, 0), 0, None
+    b._last, b._ticks, b.watchdog_ticks, b._recorder_deadline = ("", ""), 0, 0, None
+    b._actuate_log = LogLimiter(ACTUATION_LOG_EVERY_S)
     b.use_sim_time, b.older_state_ticks, b._recorder_hold = False, 0, None
     # rclpy's logger writes from C (a dead output pipe does not raise there): kept in a list here
     b.logged = []
@@ -2659,9 +2663,9 @@ def test_stopping_the_bridge_in_flight_descends_before_the_motors_stop(output, m
 def test_stopping_the_bridge_in_flight_lands_on_the_states_that_still_arrive(monkeypatch):
     """Ctrl-C at 1 m with the onboard estimate still streaming (the executor has stopped): the descent
     feeds the newest state to the safety layer itself, so the stop follows the states on the floor
-    (LANDED_SAMPLES in a row), not a timer: here a vehicle that reaches the floor 0.6 s after its setpoint (more than the
-    onboard policy lagged it in the simulator) is on the floor when the stop is sent, and the descent ends before the
-    no-state timer."""
+    (LANDED_SAMPLES in a row), not a timer: here a vehicle that reaches the floor 0.6 s after its setpoint
+    (more than the onboard policy lagged it in the simulator) is on the floor when the stop is sent, and the
+    descent ends before the no-state timer."""
     import deploy.crazyflie_bridge as bridge_module
 
     c = SafeController(FakePolicy(), SafetyConfig())
@@ -3121,7 +3125,8 @@ def test_a_failed_mcu_is_asked_once_and_the_ticks_go_on():
     published, statuses, errors = [], [], []
     node.controller, node._to_rpm, node._now = c, lambda a: a, lambda: 0.0
     node.cmd_pub = type("Pub", (), {"publish": lambda self, m: published.append(m)})()
-    node._state_received_at, node._ticks, node._last, node._actuate_log = None, 0, ("", ""), ("", -math.inf, 0)
+    node._state_received_at, node._ticks, node._last, node._actuate_log = (
+        None, 0, ("", ""), LogLimiter(ACTUATION_LOG_EVERY_S))
     node.latency, node._recorder_deadline = Percentiles(), None
     node.use_sim_time, node.older_state_ticks, node._recorder_hold = False, 0, None
     node._publish_status = lambda cmd: statuses.append(cmd.mode)
@@ -3133,8 +3138,6 @@ def test_a_failed_mcu_is_asked_once_and_the_ticks_go_on():
     assert len(errors) == 1 and "the MCU failed earlier" in errors[0], errors
     # An error that comes and goes (a radio error between sent setpoints): logged once per ACTUATION_LOG_EVERY_S
     # of the node's clock with how often it came in between; another kind at once.
-    from deploy.policy_node import ACTUATION_LOG_EVERY_S
-
     outcomes = iter([None, RuntimeError("radio"), RuntimeError("radio"), None, RuntimeError("radio"),
                      RuntimeError("radio"), OSError("usb"), RuntimeError("radio")])
 
@@ -3221,7 +3224,8 @@ def test_a_failed_mcu_refuses_arming_holds_auto_arm_and_says_so():
     assert why.startswith("the emulated MCU failed (TimeoutError: no answer") and why.endswith("restart the bridge")
     assert b.link_problem() is None
     b._recorder_hold, b._recorder_deadline, b.use_sim_time, b.older_state_ticks = None, None, False, 0
-    b._state_received_at, b._ticks, b._last, b._actuate_log = None, 0, ("", ""), ("", -math.inf, 0)
+    b._state_received_at, b._ticks, b._last, b._actuate_log = (
+        None, 0, ("", ""), LogLimiter(ACTUATION_LOG_EVERY_S))
     b.cmd_pub = type("Pub", (), {"publish": lambda self, m: None})()
     b._publish_status, b._to_rpm, b.actuate = lambda cmd: None, lambda a: a, lambda cmd, now: None
     b._tick()  # the node's tick: auto_arm holds
@@ -3255,7 +3259,8 @@ def test_a_mcu_that_fails_in_flight_is_a_failsafe_that_lands_without_recovering(
     b._now, b._report_change = lambda: now[0], lambda always=False: None
     b.get_logger = lambda: type("Log", (), {k: staticmethod(lambda m: None) for k in ("info", "warning", "error")})()
     b._recorder_hold, b._recorder_deadline, b.use_sim_time, b.older_state_ticks = None, None, False, 0
-    b._state_received_at, b._ticks, b._last, b._actuate_log = None, 0, ("", ""), ("", -math.inf, 0)
+    b._state_received_at, b._ticks, b._last, b._actuate_log = (
+        None, 0, ("", ""), LogLimiter(ACTUATION_LOG_EVERY_S))
     b.cmd_pub = type("Pub", (), {"publish": lambda self, m: None})()
     b._publish_status, b._to_rpm, b.actuate = lambda cmd: None, lambda a: a, lambda cmd, now: None
     c.on_state(hover_state(), 0.0)
@@ -3362,7 +3367,8 @@ def test_the_onboard_descent_starts_where_its_timer_starts_after_a_glitch_to_the
 def test_descent_profiles_refuse_what_would_never_land():
     with pytest.raises(ValueError, match="needs a touchdown speed > 0"):
         DescentProfile(1.0, brake=1.0)
-    for bad in (dict(accel=0.0), dict(accel=1.0, brake=-1.0), dict(accel=1.0, flare=-0.1), dict(accel=1.0, settle_s=-1.0)):
+    for bad in (dict(accel=0.0), dict(accel=1.0, brake=-1.0), dict(accel=1.0, flare=-0.1),
+                dict(accel=1.0, settle_s=-1.0)):
         with pytest.raises(ValueError, match="expected accel > 0"):
             DescentProfile(**bad)
 
