@@ -1,8 +1,7 @@
 """The failsafe descent as the real vehicle flies it: the shipped hover policy following the descending
 position setpoints crazyflie_bridge sends (deploy.safety.OnboardDescent: sinking, then braking to the floor;
-no velocity reference), in the
-torch simulator, from rest at each height and from fast sinks (STARTS), for the nominal vehicle and corners of the hover training's
-randomization. It measures how long the vehicle lags its setpoint, which ONBOARD_DESCENT_LAG_S (the
+no velocity reference), in the torch simulator, from rest at each height and from fast sinks (STARTS), for
+the nominal vehicle and corners of the hover training's randomization. It measures how long the vehicle lags its setpoint, which ONBOARD_DESCENT_LAG_S (the
 no-state timer's margin, deploy/safety.py) must cover, and how fast it reaches the floor. ``--sweep``
 adds the same descents along other profiles (braking, touchdown speed, flare height; the one without
 braking that the bridges flew until 2026-12-02): how deploy/safety.py's were chosen.
@@ -74,6 +73,14 @@ def descend(policy, profile: DescentProfile, h0: float, scales: dict, vz0: float
     return np.array(z), np.array(vz)
 
 
+def first_landed(z: np.ndarray, what: str) -> int:
+    """The period a descent's heights ``z`` (m) are first below landed_height; stops the benchmark with
+    one line naming ``what`` if they never are."""
+    if not (z < LANDED).any():
+        raise SystemExit(f"error: {what} never came below {LANDED * 100:.0f} cm in {len(z) * POLICY_PERIOD:g} s")
+    return int(np.argmax(z < LANDED))
+
+
 def sweep(policy) -> str:
     """A table of the landing speeds and lags of every vehicle and height along other profiles."""
     shipped = DescentProfile.onboard(SafetyConfig())
@@ -90,9 +97,7 @@ def sweep(policy) -> str:
         for scales in VEHICLES.values():
             for h0 in HEIGHTS:
                 z, vz = descend(policy, p, h0, scales)
-                if not (z < LANDED).any():
-                    raise SystemExit(f"error: {label}: a vehicle from {h0:g} m never came below {LANDED * 100:.0f} cm")
-                k = int(np.argmax(z < LANDED))
+                k = first_landed(z, f"{label}: a vehicle from {h0:g} m")
                 fastest.append(-vz[k:].min())
                 lags.append((k + 1) * POLICY_PERIOD - p.fall_time(h0, 0.0))
         rows.append(f"| {label} | {p.fall_time(HEIGHTS[-1], 0.0):.2f} | {max(lags):.2f} | "
@@ -116,11 +121,9 @@ def main() -> None:
     for name, scales in VEHICLES.items():
         for h0, vz0 in STARTS:
             z, vz = descend(policy, profile, h0, scales, vz0)
-            if not (z < LANDED).any():
-                raise SystemExit(f"error: {name} from {h0:g} m never came below {LANDED * 100:.0f} cm in 5 s")
+            k = first_landed(z, f"{name} from {h0:g} m")
             floor = profile.fall_time(h0, vz0)  # s: the setpoint reaches the floor
             timer = floor + SPIN_DOWN_S  # its time, as an open-loop descent's timer would count it
-            k = int(np.argmax(z < LANDED))  # the period it is first below landed_height
             landed = (k + 1) * POLICY_PERIOD
             worst = max(worst, landed - floor)
             t = int(round(timer / POLICY_PERIOD)) - 1

@@ -48,8 +48,9 @@ Modes and rules, checked on every tick:
             last valid height and vertical velocity take to reach the floor at that acceleration
             (a vehicle climbing when the failsafe starts rises first) plus the rotors' spin-down (the
             bridges whose onboard policy flies the descent time its braking setpoints instead and add
-            the policy's lag: DescentProfile.onboard), or until it has landed: ``LANDED_SAMPLES`` valid states below ``landed_height`` with none at twice
-            that height or more and no dropped sample between them, no sooner than it could have fallen
+            the policy's lag: DescentProfile.onboard), or until it has landed: ``LANDED_SAMPLES`` valid
+            states below ``landed_height`` with none at twice that height or more and no dropped sample
+            between them, no sooner than it could have fallen
             freely from the last state in the air (one at twice that height or more, as are
             ``LANDED_SAMPLES`` of the last 2 ``LANDED_SAMPLES`` - 1: fewer may be the estimate's noise)
             (a glitch to the floor may be believed: see "Implausible samples");
@@ -119,7 +120,7 @@ from __future__ import annotations
 import math
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Callable, NamedTuple
 
@@ -750,10 +751,10 @@ class SafeController:
 # (BENCHMARKS.md, "Onboard failsafe descent": the shipped hover policy in the torch simulator, from rest at
 # 1.0 and 2.5 m and from fast sinks, 1 m/s at 1 m and 1.5 m/s at 0.5 m, for the nominal vehicle and corners of
 # the randomization): below landed_height (5 cm) at most 0.27 s after the braking setpoint reached the floor
-# (the light, fast vehicle, which hovers above its setpoint; the others 0.12 s after it or sooner). With this lag the timer, which alone ends a descent when
-# no state arrives, cuts the rotors 1.1 s after the setpoint reached the floor, 0.83 s after the latest of
-# them was on it; from the geofence's 2.5 m ceiling at rest it runs 3.29 + 0.3 + 0.8 = 4.39 s, inside
-# crazyflie_bridge's LANDING_LIMIT_S (4.5 s).
+# (the light, fast vehicle, which hovers above its setpoint; the others 0.12 s after it or sooner). With this
+# lag the timer, which alone ends a descent when no state arrives, cuts the rotors 1.1 s after the setpoint
+# reached the floor, 0.83 s after the latest of them was on it; from the geofence's 2.5 m ceiling at rest it
+# runs 3.29 + 0.3 + 0.8 = 4.39 s, inside crazyflie_bridge's LANDING_LIMIT_S (4.5 s).
 ONBOARD_DESCENT_LAG_S = 0.8
 # The onboard descent's speed at the floor (m/s) and the height (m) from which it sinks at that speed: a
 # setpoint that only sinks at (1 - descent_thrust_ratio) g reaches the floor at up to 2.2 m/s (from the
@@ -785,8 +786,8 @@ class DescentProfile:
     with ``brake`` > 0, decelerating at ``brake`` (m/s^2, or as hard as it takes if the start is already too
     fast to stop in time: harder than a policy lagging it follows, which then lands faster: the weakest
     vehicle of benchmarks.onboard_descent at 1.2 m/s from 1.5 m/s at 0.5 m) so as to sink at
-    ``touchdown`` (m/s) from ``flare`` (m above the floor) down (at once from a start below it). ``settle_s`` (s) is what the descent's timer adds to the time to the floor before the
-    rotors are cut."""
+    ``touchdown`` (m/s) from ``flare`` (m above the floor) down (at once from a start below it).
+    ``settle_s`` (s) is what the descent's timer adds to the time to the floor before the rotors are cut."""
 
     accel: float
     brake: float = 0.0
@@ -810,12 +811,14 @@ class DescentProfile:
     def onboard(cls, cfg: SafetyConfig) -> DescentProfile:
         """The descent an onboard policy flies as position setpoints (OnboardDescent): sinking as the open-loop
         one and braking as fast to the floor, its timer allowing for the policy's lag behind the setpoint."""
-        accel = (1.0 - cfg.descent_thrust_ratio) * GRAVITY
-        return cls(accel, accel, ONBOARD_TOUCHDOWN_SPEED, ONBOARD_FLARE_HEIGHT, SPIN_DOWN_S + ONBOARD_DESCENT_LAG_S)
+        sink = cls.open_loop(cfg)
+        return replace(sink, brake=sink.accel, touchdown=ONBOARD_TOUCHDOWN_SPEED, flare=ONBOARD_FLARE_HEIGHT,
+                       settle_s=SPIN_DOWN_S + ONBOARD_DESCENT_LAG_S)
 
     def _phases(self, h: float, v: float) -> _Phases:
         """The phases from h > 0 m above the floor (the flare included), sinking at v >= 0 m/s."""
         a, b, vt = self.accel, self.brake, self.touchdown
+        tail = 0.0
         if b > 0.0:
             tail = min(h, self.flare) / vt
             h -= self.flare  # from here on: the height above the flare
@@ -826,11 +829,10 @@ class DescentProfile:
             if v * v + 2.0 * a * h > vt * vt:  # sink faster until the braking curve v^2 = vt^2 + 2 b h is met
                 peak = math.sqrt((2.0 * a * b * h + b * v * v + a * vt * vt) / (a + b))
                 return _Phases((peak - v) / a, peak, (peak - vt) / b, b, tail)
-            # too slow to reach the touchdown speed above the flare: sink faster down to it, then at vt
-            peak = math.sqrt(v * v + 2.0 * a * h)
-            return _Phases((peak - v) / a, peak, 0.0, 0.0, tail)
-        peak = math.sqrt(v * v + 2.0 * a * h)  # no braking: sinking faster all the way down
-        return _Phases((peak - v) / a, peak, 0.0, 0.0, 0.0)
+        # Sinking faster all the way down: without braking, or too slow to reach the touchdown speed above
+        # the flare (then at vt from there)
+        peak = math.sqrt(v * v + 2.0 * a * h)
+        return _Phases((peak - v) / a, peak, 0.0, 0.0, tail)
 
     def fall_time(self, h: float, vz: float) -> float:
         """Time (s) from height h (m above the floor) and vertical velocity vz (m/s, up > 0) to the floor."""
